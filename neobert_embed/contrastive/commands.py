@@ -1,0 +1,9 @@
+"""CLI commands of `neobert_embed.contrastive` (registered on the main app by `neobert_embed.cli`)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this area's commands to the main `neobert-embed` app."""

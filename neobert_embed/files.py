@@ -1,0 +1,135 @@
+"""Safe file primitives shared by every long-running command.
+
+Why: an interrupted job must never leave a half-written model, index or checkpoint that a later
+run mistakes for a finished one. Everything that lands on disk goes through a temporary sibling
+and an atomic ``os.replace``. Reading is strict and located: a bad line names its file and line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError, located
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see either the old file or the whole new one.
+
+    Example:
+        >>> atomic_write_bytes("out/manifest.json", b"{}")
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """UTF-8 text version of :func:`atomic_write_bytes`."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON atomically.
+
+    Example:
+        >>> atomic_write_json("run/summary.json", {"ndcg_at_10": 0.41})
+    """
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling directory that replaces ``path`` only if the block succeeds.
+
+    Used for saved models and exported checkpoints: an exception or Ctrl-C inside the block
+    leaves ``path`` exactly as it was (absent, or the previous complete version).
+
+    Example:
+        >>> with atomic_directory("runs/model") as tmp:
+        ...     model.save(str(tmp))
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not overwrite:
+        raise UserInputError(f"{path} already exists; choose another output or remove it")
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file.
+
+    Errors name the file and the 1-based line: a line that is not UTF-8, not JSON, or not a JSON
+    object raises :class:`~neobert_embed.errors.UserInputError`.
+
+    Example:
+        >>> for line, row in iter_jsonl("queries.jsonl"):
+        ...     print(line, row["text"])
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{path}: file not found")
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise located(path, number, f"not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                              "re-encode the file as UTF-8") from None
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise located(path, number, f"invalid JSON ({exc.msg}, column {exc.colno})") from None
+            if not isinstance(record, dict):
+                raise located(path, number, f"expected a JSON object, got {type(record).__name__}")
+            yield number, record
+
+
+def iter_text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, text)`` for each non-blank line of a UTF-8 text file.
+
+    Example:
+        >>> docs = [text for _, text in iter_text_lines("corpus.txt")]
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{path}: file not found")
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise located(path, number, f"not valid UTF-8 ({exc.reason} at byte {exc.start}); "
+                              "re-encode the file as UTF-8") from None
+            if text.strip():
+                yield number, text

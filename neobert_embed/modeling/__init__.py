@@ -1,0 +1,1 @@
+"""NeoBERT for transformers (filled in by the foundation work)."""

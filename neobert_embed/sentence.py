@@ -1,0 +1,134 @@
+"""Sentence-Transformers models over any Hugging Face encoder.
+
+Why: the fair comparison needs every backbone (BERT, RoBERTa, NomicBERT, ModernBERT, NeoBERT)
+wrapped the same way — masked mean pooling and the encoder's real usable length — and the
+library default (the tokenizer's ``model_max_length``, 512 for NeoBERT's BERT tokenizer) would
+silently cut NeoBERT's 4096-token context.
+
+Example:
+    >>> from neobert_embed import load_sentence_model
+    >>> model = load_sentence_model("neobert")            # chandar-lab/NeoBERT from the hub
+    >>> model = load_sentence_model("runs/my-finetune")   # a saved SentenceTransformer directory
+    >>> model.encode(["a sentence"]).shape
+    (1, 768)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.backbones import BACKBONES, resolve_model_name
+from neobert_embed.errors import UserInputError
+
+PRECISIONS = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
+              "bf16": "bfloat16", "bfloat16": "bfloat16"}
+
+
+def is_sentence_transformer_dir(path: str | Path) -> bool:
+    """True when ``path`` is a saved SentenceTransformer (it has ``modules.json``)."""
+    return (Path(path) / "modules.json").is_file()
+
+
+def usable_max_length(config: Any) -> int:
+    """Longest input an encoder can take, from its config (positions, minus RoBERTa's pad offset).
+
+    Example:
+        >>> from transformers import RobertaConfig
+        >>> usable_max_length(RobertaConfig())
+        512
+    """
+    positions = getattr(config, "max_position_embeddings", None) or 512
+    if getattr(config, "model_type", "") in {"roberta", "xlm-roberta", "camembert"}:
+        positions -= (getattr(config, "pad_token_id", 1) or 0) + 1
+    return int(positions)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes", "on"}
+
+
+def _explain_missing(name: str, original: str, exc: Exception) -> UserInputError:
+    known = ", ".join(sorted(BACKBONES))
+    hint = " (HF_HUB_OFFLINE is set: only local directories and cached models can load)" if _offline() else ""
+    return UserInputError(
+        f"cannot load model {original!r} (resolved to {name!r}){hint}: {exc.__class__.__name__}: "
+        f"{str(exc).splitlines()[0] if str(exc) else ''}. Pass a local model directory, a hub id "
+        f"reachable from this machine, or a registry key ({known})."
+    )
+
+
+def load_sentence_model(
+    name_or_path: str | Path,
+    max_seq_length: int | None = None,
+    *,
+    device: str | None = None,
+    precision: str = "fp32",
+    prompts: dict[str, str] | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> Any:
+    """Build a ``SentenceTransformer`` (mean pooling) over any encoder, or load a saved one.
+
+    Args:
+        name_or_path: registry key (``neobert``, ``bert`` …), hub id, plain Hugging Face model
+            directory, or a saved SentenceTransformer directory (loaded as saved).
+        max_seq_length: inputs are truncated to this many tokens; default: what the encoder's
+            positions allow (4096 for NeoBERT, 512 for BERT/RoBERTa), never the tokenizer's default.
+        device: ``cpu``, ``cuda`` … (sentence-transformers picks when None).
+        precision: ``fp32`` | ``fp16`` | ``bf16`` weights.
+        prompts: ``{"query": "...", "document": "..."}`` instructions saved with the model.
+        revision: hub revision (branch, tag or commit).
+        trust_remote_code: only for third-party architectures; NeoBERT never needs it.
+
+    Returns:
+        A ``sentence_transformers.SentenceTransformer``; ``SentenceTransformer(dir)`` reloads it
+        after ``model.save(dir)`` in a fresh process once ``neobert_embed`` is imported.
+
+    Example:
+        >>> model = load_sentence_model("bert", max_seq_length=256, precision="bf16")
+    """
+    import neobert_embed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    if precision not in PRECISIONS:
+        raise UserInputError(f"unknown precision {precision!r}; choose one of fp32, fp16, bf16")
+    import torch
+
+    dtype = getattr(torch, PRECISIONS[precision])
+    original = str(name_or_path)
+    name = resolve_model_name(original)
+    model_kwargs = {"dtype": dtype}
+    try:
+        if is_sentence_transformer_dir(name):
+            model = SentenceTransformer(name, device=device, model_kwargs=model_kwargs,
+                                        trust_remote_code=trust_remote_code)
+            if prompts:
+                model.prompts.update(prompts)
+        else:
+            transformer = Transformer(name, model_kwargs={**model_kwargs, "revision": revision,
+                                                          "trust_remote_code": trust_remote_code},
+                                      processor_kwargs={"revision": revision,
+                                                        "trust_remote_code": trust_remote_code},
+                                      config_kwargs={"revision": revision,
+                                                     "trust_remote_code": trust_remote_code})
+            pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
+            model = SentenceTransformer(modules=[transformer, pooling], device=device,
+                                        prompts=prompts or {})
+            backbone = BACKBONES.get(original)
+            default_length = backbone.max_length if backbone else None
+            model.max_seq_length = min(
+                default_length or usable_max_length(transformer.auto_model.config),
+                usable_max_length(transformer.auto_model.config),
+            )
+    except (OSError, ValueError) as exc:
+        if Path(name).exists() and not isinstance(exc, OSError):
+            raise
+        raise _explain_missing(name, original, exc) from exc
+    if max_seq_length is not None:
+        if max_seq_length < 1:
+            raise UserInputError(f"max_seq_length must be positive, got {max_seq_length}")
+        model.max_seq_length = int(max_seq_length)
+    return model
