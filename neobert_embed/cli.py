@@ -12,6 +12,7 @@ import sys
 import typer
 from rich.console import Console
 
+from neobert_embed import commands as general_commands
 from neobert_embed.contrastive import commands as contrastive_commands
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import commands as evaluation_commands
@@ -28,35 +29,38 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for _area in (modeling_commands, contrastive_commands, evaluation_commands, index_commands,
+for _area in (general_commands, modeling_commands, contrastive_commands, evaluation_commands, index_commands,
               pretraining_commands):
     _area.register(app)
 
 
+@app.callback()
+def _root() -> None:
+    """Build and judge text-embedding models (see each command's --help)."""
+
+
 def main() -> None:
-    """Console-script entry point: user errors print one clear line and exit 2, not a traceback."""
+    """Console-script entry point: user errors print one clear line and exit 2, not a traceback.
+
+    Click's own usage errors (typer vendors click, so they are recognised by their ``show`` and
+    ``exit_code`` attributes) keep click's formatting; Ctrl-C exits 130 after the command has said
+    how to resume.
+    """
     console = Console(stderr=True)
     try:
-        app(standalone_mode=False)
+        status = app(standalone_mode=False)
     except UserInputError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]; completed work was kept (see the messages above "
-                      "for how to resume)")
+    except (KeyboardInterrupt, typer.Abort):
+        console.print("[yellow]interrupted[/]: finished work was kept (see above for how to resume)")
         sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click's own usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            console.print("[yellow]aborted[/]")
-            sys.exit(130)
         raise
+    sys.exit(status or 0)
 
 
 if __name__ == "__main__":

@@ -115,8 +115,10 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, record
 
 
-def iter_text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """Yield ``(line_number, text)`` for each non-blank line of a UTF-8 text file.
+def iter_text_lines(path: str | Path, keep_blank: bool = False) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, text)`` for each line of a UTF-8 text file.
+
+    Blank lines are skipped unless ``keep_blank`` (then row ``i`` of the output is line ``i + 1``).
 
     Example:
         >>> docs = [text for _, text in iter_text_lines("corpus.txt")]
@@ -131,5 +133,5 @@ def iter_text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             except UnicodeDecodeError as exc:
                 raise located(path, number, f"not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                               "re-encode the file as UTF-8") from None
-            if text.strip():
+            if keep_blank or text.strip():
                 yield number, text

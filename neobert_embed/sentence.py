@@ -89,9 +89,10 @@ def load_sentence_model(
     Example:
         >>> model = load_sentence_model("bert", max_seq_length=256, precision="bf16")
     """
-    import neobert_embed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    import neobert_embed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
 
     if precision not in PRECISIONS:
         raise UserInputError(f"unknown precision {precision!r}; choose one of fp32, fp16, bf16")

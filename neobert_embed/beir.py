@@ -1,0 +1,122 @@
+"""Reading retrieval tasks in the BEIR layout, shared by the MTEB runner and ``index eval``.
+
+Why: a retrieval task is judged the same way whether it goes through mteb or through a FAISS
+index; both must read the same files the same way and reject the same mistakes with the file
+and line named.
+
+Layout of a task directory (split ``test`` shown)::
+
+    corpus.jsonl        {"_id": "d1", "title": "optional", "text": "..."}
+    queries.jsonl       {"_id": "q1", "text": "..."}
+    qrels/test.tsv      header line, then: query-id <TAB> corpus-id <TAB> score
+
+Example:
+    >>> task = read_beir_task("tasks/my-retrieval")
+    >>> len(task.queries), len(task.corpus), task.qrels["q1"]
+    (50, 1000, {'d7': 1})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from neobert_embed.errors import UserInputError, located
+from neobert_embed.files import iter_jsonl
+
+
+@dataclass
+class BeirTask:
+    """A retrieval task held in memory: id → text maps and graded relevance judgements."""
+
+    corpus: dict[str, dict[str, str]]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+def _required_text(path: Path, line: int, record: dict, field: str) -> str:
+    value = record.get(field)
+    if not isinstance(value, str):
+        raise located(path, line, f"field {field!r} is missing or not a string; every row needs it")
+    return value
+
+
+def _read_id_text_file(path: Path, with_title: bool) -> dict:
+    """Read ``{_id, text[, title]}`` rows, refusing duplicate or missing ids."""
+    rows: dict = {}
+    for line, record in iter_jsonl(path):
+        raw_id = record.get("_id", record.get("id"))
+        if raw_id is None or str(raw_id) == "":
+            raise located(path, line, "field '_id' is missing; every row needs a unique _id")
+        doc_id = str(raw_id)
+        if doc_id in rows:
+            raise located(path, line, f"duplicate _id {doc_id!r}; ids must be unique")
+        text = _required_text(path, line, record, "text")
+        if with_title:
+            title = record.get("title") or ""
+            rows[doc_id] = {"title": str(title), "text": text}
+        else:
+            rows[doc_id] = text
+    if not rows:
+        raise UserInputError(f"{path}: no rows; the file is empty")
+    return rows
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """Read a BEIR qrels TSV (header, then ``query-id corpus-id score``) into nested dicts.
+
+    Example:
+        >>> read_qrels("task/qrels/test.tsv")["q1"]
+        {'d3': 1}
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{path}: file not found (expected qrels/<split>.tsv in the BEIR layout)")
+    qrels: dict[str, dict[str, int]] = {}
+    with open(path, encoding="utf-8", errors="strict") as handle:
+        try:
+            lines = handle.read().splitlines()
+        except UnicodeDecodeError as exc:
+            raise UserInputError(f"{path}: not valid UTF-8 ({exc.reason}); re-encode the file") from None
+    for number, text in enumerate(lines[1:], start=2):
+        if not text.strip():
+            continue
+        parts = text.split("\t")
+        if len(parts) != 3:
+            raise located(path, number, f"expected 3 tab-separated fields (query-id, corpus-id, score), "
+                          f"got {len(parts)}")
+        try:
+            score = int(float(parts[2]))
+        except ValueError:
+            raise located(path, number, f"score {parts[2]!r} is not a number") from None
+        qrels.setdefault(parts[0], {})[parts[1]] = score
+    if not qrels:
+        raise UserInputError(f"{path}: no judgements after the header line")
+    return qrels
+
+
+def read_beir_task(directory: str | Path, split: str = "test", *, with_corpus: bool = True) -> BeirTask:
+    """Read a BEIR-layout task and check that every judged id exists.
+
+    Args:
+        directory: folder with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv``.
+        split: which qrels file to read.
+        with_corpus: False when the corpus lives elsewhere (e.g. inside a FAISS index).
+
+    Example:
+        >>> task = read_beir_task("tasks/my-retrieval", with_corpus=False)
+    """
+    directory = Path(directory)
+    corpus = _read_id_text_file(directory / "corpus.jsonl", with_title=True) if with_corpus else {}
+    queries = _read_id_text_file(directory / "queries.jsonl", with_title=False)
+    qrels_path = directory / "qrels" / f"{split}.tsv"
+    qrels = read_qrels(qrels_path)
+    for query_id, judged in qrels.items():
+        if query_id not in queries:
+            raise UserInputError(f"{qrels_path}: query-id {query_id!r} is not in {directory / 'queries.jsonl'}")
+        if with_corpus:
+            unknown = [doc_id for doc_id in judged if doc_id not in corpus]
+            if unknown:
+                raise UserInputError(f"{qrels_path}: corpus-id {unknown[0]!r} (query {query_id!r}) is not in "
+                                     f"{directory / 'corpus.jsonl'}")
+    return BeirTask(corpus=corpus, queries=queries, qrels=qrels)

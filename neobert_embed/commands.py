@@ -1,0 +1,39 @@
+"""Top-level CLI commands that belong to no single area: ``encode`` (and the demo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def encode(
+    model: str = typer.Option(..., "--model", "-m", help="Registry key, hub id, HF or SentenceTransformer directory."),
+    input_path: Path = typer.Option(..., "--input", "-i", help="Texts: .txt (one per line) or .jsonl."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the embedding matrix (.npy)."),
+    field: str = typer.Option("text", "--field", help="JSON field holding the text (jsonl input)."),
+    precision: str = typer.Option("float32", "--precision",
+                                  help="Stored precision: float32, float16, int8 or binary (packed bits)."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Texts per forward pass."),
+    max_seq_length: int = typer.Option(None, "--max-length", help="Truncate inputs to this many tokens "
+                                       "(default: what the model's positions allow)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON line."),
+) -> None:
+    """Encode a file of texts into an .npy matrix (length-batched, with progress)."""
+    from neobert_embed.encoding import STORAGE_PRECISIONS, encode_file, report_json
+    from neobert_embed.errors import UserInputError
+
+    if precision not in STORAGE_PRECISIONS:
+        raise UserInputError(f"--precision {precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")
+    report = encode_file(model, input_path, output, field=field, precision=precision, batch_size=batch_size,
+                         max_seq_length=max_seq_length, show_progress=not as_json)
+    if as_json:
+        typer.echo(report_json(report))
+    else:
+        typer.echo(f"encoded {report.texts} texts → {report.output} ({report.dimension}-d, {report.precision}) "
+                   f"in {report.seconds:.1f} s: {report.texts_per_second:.1f} docs/s")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``encode`` to the main app."""
+    app.command("encode")(encode)

@@ -1,0 +1,203 @@
+"""Turning texts into embedding matrices: validation, truncation notice, storage precision.
+
+Why: sentence-transformers rejects a bad input deep inside its preprocessing without saying
+which one, and truncates long inputs silently. Users encoding a file need to know which line is
+wrong and how many texts were cut.
+
+Documented behaviour:
+    * an empty or whitespace-only text is encoded as ``[CLS] [SEP]`` (a valid, content-free input);
+    * a text longer than ``model.max_seq_length`` tokens is truncated, with ONE warning that counts them;
+    * a non-string item raises ``TypeError`` naming its index.
+
+Example:
+    >>> from neobert_embed import load_sentence_model
+    >>> from neobert_embed.encoding import encode_texts
+    >>> vectors = encode_texts(load_sentence_model("neobert"), ["a cat", "a dog"])
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from neobert_embed.errors import UserInputError, located
+from neobert_embed.files import atomic_write_bytes, iter_jsonl, iter_text_lines
+
+logger = logging.getLogger(__name__)
+
+STORAGE_PRECISIONS = ("float32", "float16", "int8", "binary")
+
+
+def check_texts(texts: Sequence[Any]) -> list[str]:
+    """Return ``texts`` as a list of strings, or raise ``TypeError`` naming the first bad index.
+
+    Example:
+        >>> check_texts(["ok", 3])
+        Traceback (most recent call last):
+        TypeError: texts[1] is int, not str: every input must be a string
+    """
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, not one string: wrap it as [text]")
+    checked = list(texts)
+    for index, text in enumerate(checked):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{index}] is {type(text).__name__}, not str: every input must be a string")
+    return checked
+
+
+def count_truncated(model: Any, texts: Sequence[str]) -> int:
+    """How many texts exceed the model's ``max_seq_length`` once tokenized with special tokens."""
+    limit = model.max_seq_length
+    lengths = model.tokenizer(list(texts), add_special_tokens=True, truncation=False,
+                              return_attention_mask=False, verbose=False)["input_ids"]
+    return sum(len(ids) > limit for ids in lengths)
+
+
+def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:
+    """Store float32 embeddings at ``precision`` (float16, int8 scalar-quantized, or packed binary).
+
+    int8 and binary use sentence-transformers' ``quantize_embeddings`` (int8 ranges are taken from
+    the embeddings themselves; binary packs sign bits, 8 dimensions per byte).
+
+    Example:
+        >>> quantize(np.ones((2, 16), dtype=np.float32), "binary").shape
+        (2, 2)
+    """
+    if precision == "float32":
+        return embeddings.astype(np.float32, copy=False)
+    if precision == "float16":
+        return embeddings.astype(np.float16)
+    if precision in {"int8", "binary"}:
+        from sentence_transformers import quantize_embeddings
+
+        return quantize_embeddings(embeddings, precision=precision)
+    raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
+
+
+def encode_texts(
+    model: Any,
+    texts: Sequence[Any],
+    *,
+    batch_size: int = 32,
+    prompt_name: str | None = None,
+    normalize: bool = False,
+    show_progress: bool = False,
+) -> np.ndarray:
+    """Encode ``texts`` with a SentenceTransformer after validating them; returns float32 (n, dim).
+
+    Batches are formed from length-sorted texts (sentence-transformers sorts by length) so
+    little compute goes to padding; NeoBERT additionally skips pad tokens inside the model.
+
+    Example:
+        >>> encode_texts(model, ["", "a long text ..."], prompt_name="document").shape
+        (2, 768)
+    """
+    checked = check_texts(texts)
+    if not checked:
+        return np.zeros((0, model.get_sentence_embedding_dimension()), dtype=np.float32)
+    truncated = count_truncated(model, checked)
+    if truncated:
+        logger.warning("%d of %d texts are longer than max_seq_length=%d tokens and were truncated",
+                       truncated, len(checked), model.max_seq_length)
+    if prompt_name is not None and prompt_name not in model.prompts:
+        prompt_name = None
+    embeddings = model.encode(checked, batch_size=batch_size, prompt_name=prompt_name,
+                              normalize_embeddings=normalize, convert_to_numpy=True,
+                              show_progress_bar=show_progress)
+    return np.asarray(embeddings, dtype=np.float32)
+
+
+def read_texts(path: str | Path, field: str = "text") -> list[str]:
+    """Read texts from a ``.txt`` file (one per line) or a ``.jsonl`` file (``field`` of each row).
+
+    Every line of a ``.txt`` file is a text, blank ones included, so row ``i`` of the output
+    matrix always belongs to line ``i + 1``.
+
+    Errors name the file and line: non-UTF-8 bytes, invalid JSON, a missing or non-string field.
+
+    Example:
+        >>> read_texts("docs.jsonl", field="body")[:1]
+        ['first document']
+    """
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        texts = []
+        for line, record in iter_jsonl(path):
+            if field not in record:
+                raise located(path, line, f"field {field!r} is missing; pass --field with the right name")
+            if not isinstance(record[field], str):
+                raise located(path, line, f"field {field!r} is {type(record[field]).__name__}, not a string")
+            texts.append(record[field])
+    elif path.suffix in {".txt", ""}:
+        texts = [text for _, text in iter_text_lines(path, keep_blank=True)]
+    else:
+        raise UserInputError(f"{path}: unsupported input format {path.suffix!r}; use .txt (one text per "
+                             "line) or .jsonl")
+    if not texts:
+        raise UserInputError(f"{path}: no texts found; the file is empty")
+    return texts
+
+
+@dataclass
+class EncodeReport:
+    """What ``encode_file`` did: how many texts, how fast, where the matrix went."""
+
+    texts: int
+    dimension: int
+    precision: str
+    seconds: float
+    texts_per_second: float
+    output: str
+
+
+def encode_file(
+    model_name: str,
+    input_path: str | Path,
+    output_path: str | Path,
+    *,
+    field: str = "text",
+    precision: str = "float32",
+    batch_size: int = 32,
+    max_seq_length: int | None = None,
+    show_progress: bool = True,
+) -> EncodeReport:
+    """Encode every text of a file into an ``.npy`` matrix written atomically.
+
+    Example:
+        >>> report = encode_file("neobert", "docs.txt", "docs.npy", precision="float16")
+        >>> report.texts_per_second
+        412.7
+    """
+    if precision not in STORAGE_PRECISIONS:
+        raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
+    if batch_size < 1:
+        raise UserInputError(f"--batch-size must be positive, got {batch_size}")
+    from neobert_embed.sentence import load_sentence_model
+
+    texts = read_texts(input_path, field)
+    model = load_sentence_model(model_name, max_seq_length=max_seq_length)
+    start = time.perf_counter()
+    embeddings = encode_texts(model, texts, batch_size=batch_size, prompt_name="document",
+                              show_progress=show_progress)
+    seconds = time.perf_counter() - start
+    stored = quantize(embeddings, precision)
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, stored)
+    atomic_write_bytes(output_path, buffer.getvalue())
+    return EncodeReport(texts=len(texts), dimension=int(embeddings.shape[1]), precision=precision,
+                        seconds=round(seconds, 3), texts_per_second=round(len(texts) / max(seconds, 1e-9), 1),
+                        output=str(output_path))
+
+
+def report_json(report: EncodeReport) -> str:
+    """One-line JSON of an :class:`EncodeReport` (what ``encode --json`` prints)."""
+    return json.dumps(asdict(report))
