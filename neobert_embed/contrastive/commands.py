@@ -1,9 +1,106 @@
-"""CLI commands of `neobert_embed.contrastive` (registered on the main app by `neobert_embed.cli`)."""
+"""CLI commands of `neobert_embed.contrastive` (registered on the main app by `neobert_embed.cli`).
+
+``train-contrastive`` fine-tunes any encoder with the recipe; ``mine-negatives`` adds hard
+negatives to a pairs file. Heavy imports happen inside the commands so ``--help`` is instant.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
+
+from neobert_embed.errors import UserInputError
+
+
+def _parse_data(entries: list[str]) -> dict[str, str]:
+    data: dict[str, str] = {}
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path:
+            raise UserInputError(f"--data {entry!r}: expected NAME=PATH, e.g. --data snli=triplets.jsonl")
+        if name in data:
+            raise UserInputError(f"--data: dataset name {name!r} is given twice; names must be unique")
+        data[name] = path
+    return data
+
+
+def _parse_range(value: str | None) -> tuple[int, int | None]:
+    if value is None:
+        return 0, None
+    low, sep, high = value.partition(":")
+    if not sep:
+        low, high = "0", low
+    try:
+        return int(low or 0), int(high) if high else None
+    except ValueError:
+        raise UserInputError(f"--range {value!r}: expected MIN:MAX ranks, e.g. 10:50 (or MAX)") from None
+
+
+def train_contrastive_command(
+    output: Path = typer.Option(..., "--output", "-o", help="Run directory: becomes the SentenceTransformer."),
+    model: str = typer.Option(None, "--model", "-m",
+                              help="Registry key (bert, roberta, nomicbert, modernbert, neobert, ...), hub id, "
+                                   "HF model dir or SentenceTransformer dir. Optional with --resume."),
+    data: list[str] = typer.Option(None, "--data", "-d",
+                                   help="NAME=PATH (repeatable): .jsonl/.parquet/.csv, saved dataset dir or hub id."),
+    recipe: Path = typer.Option(None, "--recipe", "-r", help="YAML recipe (default: the paper's settings)."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Override the recipe's max_steps."),
+    text_budget: int = typer.Option(None, "--text-budget", help="Texts per step (clears batch_size)."),
+    batch_size: int = typer.Option(None, "--batch-size", help="Examples per step (clears text_budget)."),
+    learning_rate: float = typer.Option(None, "--lr", help="Override the recipe's learning_rate."),
+    temperature: float = typer.Option(None, "--temperature", help="Override the InfoNCE temperature."),
+    max_length: int = typer.Option(None, "--max-length", help="Override the maximum input length."),
+    cached: bool = typer.Option(None, "--cached/--no-cached", help="GradCache loss (large batches, low memory)."),
+    seed: int = typer.Option(None, "--seed", help="Override the recipe's seed."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --output."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --output."),
+    as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
+) -> None:
+    """Fine-tune an encoder into an embedding model with the contrastive recipe.
+
+    Multi-GPU: torchrun --nproc_per_node N -m neobert_embed.cli train-contrastive ... (DDP);
+    DeepSpeed: set 'deepspeed: ds_config.json' in the recipe.
+    """
+    from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
+
+    overrides = {"max_steps": max_steps, "text_budget": text_budget, "batch_size": batch_size,
+                 "learning_rate": learning_rate, "temperature": temperature, "max_length": max_length,
+                 "cached": cached, "seed": seed}
+    given = recipe is not None or any(v is not None for v in overrides.values())
+    loaded = load_contrastive_recipe(recipe, **overrides) if given else None
+    out = train_contrastive(model=model, data=_parse_data(data or []) or None, output=output, recipe=loaded,
+                            resume=resume, overwrite=overwrite)
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        typer.echo(f"saved {out} (SentenceTransformer, prompts 'query'/'document'); "
+                   f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}; "
+                   f"metrics in {out / 'metrics.jsonl'}, summary in {out / 'summary.json'}")
+
+
+def mine_negatives_command(
+    model: str = typer.Option(..., "--model", "-m", help="Model that ranks candidates (key, hub id or dir)."),
+    data: Path = typer.Option(..., "--data", "-d", help="Pairs file (query/positive columns)."),
+    output: Path = typer.Option(..., "--output", "-o", help="JSON-lines file: anchor, positive, negative_1..n."),
+    num_negatives: int = typer.Option(3, "--num-negatives", "-n", help="Negatives per row."),
+    rank_range: str = typer.Option(None, "--range",
+                                   help="Candidate ranks MIN:MAX (skip the top MIN to avoid false negatives)."),
+    margin: float = typer.Option(None, "--margin", help="Keep candidates scoring ≥ margin below the positive."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Encoding batch size."),
+) -> None:
+    """Mine hard negatives with FAISS; the output is ready for train-contrastive."""
+    from neobert_embed.contrastive.mining import mine_negatives
+
+    range_min, range_max = _parse_range(rank_range)
+    out = mine_negatives(model, data, output, num_negatives=num_negatives, range_min=range_min,
+                         range_max=range_max, margin=margin, batch_size=batch_size)
+    typer.echo(f"wrote {out}")
 
 
 def register(app: typer.Typer) -> None:
     """Attach this area's commands to the main `neobert-embed` app."""
+    app.command("train-contrastive")(train_contrastive_command)
+    app.command("mine-negatives")(mine_negatives_command)

@@ -1,9 +1,219 @@
-"""CLI commands of `neobert_embed.index` (registered on the main app by `neobert_embed.cli`)."""
+"""CLI commands of `neobert_embed.index` (registered on the main app by `neobert_embed.cli`).
+
+``neobert-embed index build|add|search|eval``: thin wrappers over :mod:`neobert_embed.index`;
+heavy imports happen inside the commands so ``--help`` stays instant.
+"""
 
 from __future__ import annotations
 
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+index_app = typer.Typer(help="Encode corpora into FAISS indexes, search them, and evaluate them.",
+                        no_args_is_help=True)
+
+TextField = Annotated[str, typer.Option("--text-field", help="Field holding the document text.")]
+IdField = Annotated[str, typer.Option("--id-field", help="Field holding the unique document id.")]
+TitleField = Annotated[str | None, typer.Option("--title-field",
+                                                    help="Optional field joined before the text.")]
+RowIds = Annotated[bool, typer.Option("--row-ids", help="Use line/row numbers as ids (corpus without ids).")]
+Split = Annotated[str, typer.Option("--split", help="Split to read when the corpus is a HF dataset.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
+Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, mps… (default: auto).")]
+ModelOverride = Annotated[str | None, typer.Option(
+    "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _resume_command(**values: object) -> str:
+    words = ["neobert-embed", "index", "build"]
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif value not in (None, False):
+            words += [flag, str(value)]
+    return shlex.join([*words, "--resume"])
+
+
+@index_app.command("build")
+def build(
+    model: Annotated[str, typer.Option("--model", help="Model name, hub id or local directory.")],
+    corpus: Annotated[str, typer.Option("--corpus", help=".jsonl, .parquet, .txt or HF dataset.")],
+    output: Annotated[Path, typer.Option("--output", help="Index directory to create.")],
+    text_field: TextField = "text",
+    id_field: IdField = "_id",
+    title_field: TitleField = None,
+    row_ids: RowIds = False,
+    split: Split = "train",
+    index_type: Annotated[str, typer.Option("--index-type", help="flat | ivf | hnsw | ivfpq | auto")] = "auto",
+    factory: Annotated[str | None, typer.Option(
+        "--factory", help="Explicit FAISS factory string, e.g. 'IVF4096,PQ64'.")] = None,
+    precision: Annotated[str, typer.Option(
+        "--precision", help="Stored precision: float32 | float16 | int8 | binary.")] = "float32",
+    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1,
+                                            help="Documents encoded and persisted per chunk.")] = 8192,
+    batch_size: BatchSize = 32,
+    max_seq_length: Annotated[int | None, typer.Option("--max-seq-length", min=1)] = None,
+    device: Device = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted build.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index.")] = False,
+) -> None:
+    """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest."""
+    from neobert_embed.index.build import BuildInterrupted, build_index
+
+    console = _console()
+    try:
+        manifest = build_index(model, corpus, output, resume=resume, overwrite=overwrite,
+                               text_field=text_field, id_field=id_field, title_field=title_field,
+                               row_ids=row_ids, split=split, index_type=index_type, factory=factory,
+                               precision=precision, chunk_size=chunk_size, batch_size=batch_size,
+                               max_seq_length=max_seq_length, device=device)
+    except BuildInterrupted as stop:
+        command = _resume_command(model=model, corpus=corpus, output=output, text_field=text_field,
+                                  id_field=id_field, title_field=title_field, row_ids=row_ids,
+                                  split=split, index_type=index_type, factory=factory, precision=precision,
+                                  chunk_size=chunk_size, batch_size=batch_size,
+                                  max_seq_length=max_seq_length, device=device)
+        console.print(f"[yellow]interrupted[/]: {stop.encoded} of {stop.total} documents encoded; finished "
+                      f"chunks are kept in {stop.partial}.\nResume with:\n  {command}", highlight=False)
+        raise typer.Exit(130) from None
+    calibration = manifest.calibration
+    recall = f", recall@10 {calibration.recall_at_10:.3f} vs exact" if calibration else ""
+    console.print(f"index of {manifest.documents} documents written to {output} "
+                  f"({manifest.factory}, {manifest.search_params or 'exact'}{recall})", highlight=False)
+
+
+@index_app.command("add")
+def add(
+    index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
+    corpus: Annotated[str, typer.Option("--corpus", help=".jsonl, .parquet, .txt or HF dataset.")],
+    text_field: TextField = "text",
+    id_field: IdField = "_id",
+    title_field: TitleField = None,
+    row_ids: RowIds = False,
+    split: Split = "train",
+    on_duplicate: Annotated[str, typer.Option(
+        "--on-duplicate", help="error: refuse ids already indexed; replace: overwrite them.")] = "error",
+    model: ModelOverride = None,
+    batch_size: BatchSize = 32,
+    device: Device = None,
+) -> None:
+    """Append documents to an index (all or nothing); duplicate ids are refused or replaced."""
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.index.add import add_documents
+    from neobert_embed.index.corpus import CorpusFields
+
+    if on_duplicate not in ("error", "replace"):
+        raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
+    manifest = add_documents(index_dir, corpus, fields=CorpusFields(text_field, id_field, title_field,
+                                                                    row_ids, split),
+                             on_duplicate=on_duplicate, model=model, batch_size=batch_size, device=device)
+    _console().print(f"{index_dir} now holds {manifest.documents} documents "
+                     f"({manifest.replaced} replaced so far)", highlight=False)
+
+
+def _read_queries(path: Path) -> list[str]:
+    from neobert_embed.files import iter_jsonl, iter_text_lines
+
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        from neobert_embed.errors import located
+
+        queries = []
+        for line, record in iter_jsonl(path):
+            if not isinstance(record.get("text"), str):
+                raise located(path, line, "field 'text' is missing or not a string")
+            queries.append(record["text"])
+        return queries
+    return [text for _, text in iter_text_lines(path)]
+
+
+@index_app.command("search")
+def search(
+    index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
+    query: Annotated[str | None, typer.Argument(help="Query text.")] = None,
+    k: Annotated[int, typer.Option("--k", min=1, help="Results per query.")] = 10,
+    queries: Annotated[Path | None, typer.Option(
+        "--queries", help="File of queries: .txt (one per line) or .jsonl with 'text'.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a table.")] = False,
+    model: ModelOverride = None,
+    batch_size: BatchSize = 32,
+    device: Device = None,
+) -> None:
+    """Search with the index's model and query prompt: a table (rank, score, id, snippet) or JSON lines."""
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.index.search import open_index
+
+    if (query is None) == (queries is None):
+        raise UserInputError("give either a QUERY argument or --queries FILE (not both)")
+    texts = [query] if query is not None else _read_queries(queries)
+    if not texts:
+        raise UserInputError(f"{queries}: no queries in the file")
+    with open_index(index_dir, model=model, device=device, batch_size=batch_size) as index:
+        results = index.search(texts, k=k)
+    if as_json:
+        for text, hits in zip(texts, results, strict=True):
+            typer.echo(json.dumps({"query": text, "hits": [
+                {"rank": h.rank, "score": round(h.score, 6), "id": h.doc_id, "title": h.title, "text": h.text}
+                for h in hits]}, ensure_ascii=False))
+        return
+    _print_tables(texts, results)
+
+
+def _print_tables(texts: list[str], results: list) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for text, hits in zip(texts, results, strict=True):
+        table = Table(title=f"query: {text}", title_justify="left")
+        for column in ("rank", "score", "id", "snippet"):
+            table.add_column(column, overflow="fold" if column == "snippet" else "ellipsis")
+        for hit in hits:
+            snippet = f"{hit.title} — {hit.text}" if hit.title else hit.text
+            table.add_row(str(hit.rank), f"{hit.score:.4f}", hit.doc_id,
+                          snippet if len(snippet) <= 100 else snippet[:99] + "…")
+        console.print(table)
+
+
+@index_app.command("eval")
+def evaluate(
+    index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
+    task_dir: Annotated[Path, typer.Option("--task-dir", help="BEIR task: queries.jsonl, qrels/<split>.tsv.")],
+    k: Annotated[int, typer.Option("--k", min=1, help="Cut-off reported as the main metrics.")] = 10,
+    split: Annotated[str, typer.Option("--split", help="Which qrels/<split>.tsv to use.")] = "test",
+    as_json: Annotated[bool, typer.Option("--json", help="End with one JSON object of all metrics.")] = False,
+    model: ModelOverride = None,
+    batch_size: BatchSize = 32,
+    device: Device = None,
+) -> None:
+    """Score the index on a BEIR-layout task: nDCG@k, recall@k/100, MRR@k (mteb's implementation)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from neobert_embed.index.evaluate import evaluate_index
+
+    scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
+                            device=device)
+    table = Table(title=f"{index_dir} on {task_dir} ({scores['queries']} queries)", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in (f"ndcg_at_{k}", f"recall_at_{k}", "recall_at_100", f"mrr_at_{k}", f"map_at_{k}"):
+        table.add_row(key, f"{scores[key]:.5f}")
+    Console(stderr=as_json).print(table)
+    if as_json:
+        typer.echo(json.dumps(scores, sort_keys=True))
 
 
 def register(app: typer.Typer) -> None:
     """Attach this area's commands to the main `neobert-embed` app."""
+    app.add_typer(index_app, name="index")

@@ -2,8 +2,46 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+
+def convert(
+    source: str = typer.Argument(..., help="Official NeoBERT checkpoint directory, or hub id (e.g. "
+                                 "chandar-lab/NeoBERT) when online."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory to write the converted model to."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="Tokenizer directory or hub id when SOURCE "
+                                  "has no tokenizer files."),
+    revision: str = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUTPUT if it exists."),
+) -> None:
+    """Convert an official NeoBERT checkpoint into a directory that loads without remote code.
+
+    Every key and shape is checked against config.json first; problems are listed by key and
+    nothing is written. The output (weights, config, tokenizer) appears atomically.
+    """
+    from rich.console import Console
+
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.modeling.conversion import convert_checkpoint
+
+    console = Console(stderr=True)
+    if output.exists() and not overwrite:
+        raise UserInputError(f"{output} already exists; pass --overwrite to replace it or choose another --output")
+    with console.status(f"converting {source} (strict key check, then re-load verification) …"):
+        report = convert_checkpoint(source, output, tokenizer=tokenizer, revision=revision,
+                                    overwrite=overwrite)
+    console.print(
+        f"[green]converted[/] {report.source} → {report.output}: {report.architecture}, "
+        f"{report.num_tensors} tensors, {report.num_parameters:,} parameters, "
+        f"{report.max_position_embeddings} positions; all keys and shapes matched.\n"
+        f"Load it with `import neobert_embed; AutoModel.from_pretrained('{report.output}')` or "
+        f"`neobert-embed encode --model {report.output} …`.",
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:
     """Attach this area's commands to the main `neobert-embed` app."""
+    app.command("convert")(convert)

@@ -1,9 +1,86 @@
-"""CLI commands of `neobert_embed.pretraining` (registered on the main app by `neobert_embed.cli`)."""
+"""CLI commands of `neobert_embed.pretraining` (registered on the main app by `neobert_embed.cli`).
+
+``neobert-embed pretrain --recipe FILE --corpus FILE|DIR --output DIR`` trains;
+``neobert-embed pretrain prepare …`` tokenizes a corpus; ``neobert-embed pretrain export …``
+turns a checkpoint into a Hugging Face model directory.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+pretrain_app = typer.Typer(
+    help="MLM pretraining of NeoBERT (DeepSpeed ZeRO 0-3, or plain PyTorch). Run with --recipe/--corpus/"
+    "--output to train, or use the prepare / export subcommands.",
+    invoke_without_command=True, no_args_is_help=False)
+
+
+@pretrain_app.callback()
+def pretrain_command(
+    ctx: typer.Context,
+    recipe: Path = typer.Option(None, "--recipe", help="Pretraining recipe YAML (recipes/pretrain-*.yaml)."),
+    corpus: str = typer.Option(None, "--corpus", help="Raw corpus file/dir/HF dataset, or a prepared dir."),
+    output: Path = typer.Option(None, "--output", help="Run directory: checkpoints, metrics.jsonl, final/."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Override training.max_steps (schedule follows)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest usable checkpoint."),
+    stop_after_steps: int = typer.Option(None, "--stop-after-steps",
+                                         help="Leave after N steps of this session (checkpointed); --resume later."),
+) -> None:
+    """Pretrain NeoBERT with masked language modelling.
+
+    Launch several processes with `torchrun --nproc-per-node N -m neobert_embed.cli pretrain ...`.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if recipe is None or corpus is None or output is None:
+        missing = [name for name, value in (("--recipe", recipe), ("--corpus", corpus), ("--output", output))
+                   if value is None]
+        if len(missing) == 3:
+            typer.echo(ctx.get_help())
+            raise typer.Exit(0)
+        from neobert_embed.errors import UserInputError
+
+        raise UserInputError(f"pretrain needs {', '.join(missing)} (see `neobert-embed pretrain --help`)")
+    from neobert_embed.pretraining.trainer import pretrain
+
+    pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
+
+
+@pretrain_app.command("prepare")
+def prepare_command(
+    corpus: str = typer.Option(..., "--corpus", help=".txt (a document per line), .jsonl, .parquet, a "
+                               "directory of them, or a Hugging Face dataset id."),
+    output: Path = typer.Option(..., "--output", help="Directory of the tokenized corpus."),
+    tokenizer: str = typer.Option("google-bert/bert-base-uncased", "--tokenizer",
+                                  help="Hub id, local directory, or 'train' (WordPiece on this corpus)."),
+    vocab_size: int = typer.Option(None, "--vocab-size", help="Vocabulary size for --tokenizer train."),
+    text_field: str = typer.Option("text", "--text-field", help="Field/column holding the document."),
+    num_proc: int = typer.Option(1, "--num-proc", min=1, help="Tokenizing processes."),
+    split: str = typer.Option("train", "--split", help="Split of a Hugging Face dataset."),
+    streaming: bool = typer.Option(False, "--streaming", help="Stream a Hugging Face dataset."),
+    shard_documents: int = typer.Option(20_000, "--shard-documents", min=1,
+                                        help="Documents per shard (the unit of resumption)."),
+) -> None:
+    """Tokenize a corpus into an on-disk dataset; rerun the same command to resume."""
+    from neobert_embed.pretraining.prepare import prepare_corpus
+
+    prepare_corpus(corpus, output, tokenizer=tokenizer, vocab_size=vocab_size, text_field=text_field,
+                   num_proc=num_proc, split=split, streaming=streaming, shard_documents=shard_documents)
+
+
+@pretrain_app.command("export")
+def export_command(
+    source: Path = typer.Argument(..., help="A pretraining output directory or one checkpoint directory."),
+    output: Path = typer.Option(..., "--output", help="Hugging Face model directory to write."),
+) -> None:
+    """Export a checkpoint (ZeRO shards consolidated to fp32) as a Hugging Face MLM model."""
+    from neobert_embed.pretraining.export import export_checkpoint
+
+    export_checkpoint(source, output)
 
 
 def register(app: typer.Typer) -> None:
     """Attach this area's commands to the main `neobert-embed` app."""
+    app.add_typer(pretrain_app, name="pretrain")

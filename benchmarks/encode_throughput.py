@@ -1,0 +1,215 @@
+"""Encoder throughput on CPU: NeoBERT un-padded vs padded, ModernBERT and BERT on the same inputs.
+
+Prints one JSON document (stdout). Every timing is the best of ``--repeats`` runs after a warm-up,
+with the paths being compared run interleaved so background load hits them alike; compare
+ratios within one run. Throughput counts REAL tokens only (padding is not work), and each figure
+is also given as a fraction of the machine's measured matmul peak for its dtype, using the
+estimated useful FLOPs: 2 × (linear weights) per real token + 4 × hidden × (attended keys) per
+real token per layer.
+
+Inputs: (i) a mixed-length batch of 32 with lengths uniform in 16–512; (ii) fixed lengths 128,
+512, 2048 (4096 tokens per batch). Models: NeoBERT, transformers' ModernBERT-base and BERT-base
+configurations with random weights, at equal depth (``--layers``, default 4 × 768: the ≥2×
+criterion) and, unless ``--quick``, at full depth (28 / 22 / 12 layers) on the mixed batch.
+
+Example:
+    .venv/bin/python benchmarks/encode_throughput.py --quick
+    .venv/bin/python benchmarks/encode_throughput.py > runs/encode_throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+FULL_DEPTH = {"neobert": 28, "modernbert": 22, "bert": 12}
+
+
+@dataclass(frozen=True)
+class Batch:
+    name: str
+    lengths: list[int]
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(self.lengths)
+
+    def tensors(self, pad_id: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        width = max(self.lengths)
+        mask = (torch.arange(width)[None, :] < torch.tensor(self.lengths)[:, None]).long()
+        ids = torch.randint(1000, 30000, (len(self.lengths), width), generator=g)
+        return ids.masked_fill(mask == 0, pad_id), mask
+
+
+def batches(quick: bool) -> list[Batch]:
+    rng = random.Random(0)
+    if quick:
+        return [Batch("mixed-8x[16,128]", [rng.randint(16, 128) for _ in range(8)]),
+                Batch("fixed-128", [128] * 4)]
+    return [Batch("mixed-32x[16,512]", [rng.randint(16, 512) for _ in range(32)]),
+            Batch("fixed-128", [128] * 32), Batch("fixed-512", [512] * 8), Batch("fixed-2048", [2048] * 2)]
+
+
+def matmul_peak(dtype: torch.dtype, size: int, repeats: int) -> float:
+    """Best GFLOP/s of a square matmul: the machine's practical peak for ``dtype``."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
+    return 2 * size**3 / best / 1e9
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def build(kind: str, layers: int, dtype: torch.dtype) -> torch.nn.Module:
+    """A random-weight encoder of family ``kind`` (base sizes: 768 wide, 12 heads)."""
+    from transformers import AutoModel, BertConfig, ModernBertConfig
+
+    from neobert_embed.modeling import NeoBERTConfig
+
+    if kind == "neobert":
+        config = NeoBERTConfig(num_hidden_layers=layers)
+    elif kind == "modernbert":
+        config = ModernBertConfig(num_hidden_layers=layers)
+    else:
+        config = BertConfig(num_hidden_layers=layers)
+    torch.manual_seed(0)
+    return AutoModel.from_config(config, dtype=dtype).eval()
+
+
+def useful_gflop(model: torch.nn.Module, lengths: list[int]) -> float:
+    """Estimated FLOPs of the real tokens: linear layers plus attention scores and mixing."""
+    config = model.config
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    windows = []
+    for i in range(config.num_hidden_layers):
+        layer_types = getattr(config, "layer_types", None)
+        local = layer_types is not None and layer_types[i] == "sliding_attention"
+        windows.append(config.local_attention + 1 if local else None)
+    attention = sum(4 * config.hidden_size * n * min(n, w or n) for n in lengths for w in windows)
+    return (2 * linear * sum(lengths) + attention) / 1e9
+
+
+def pad_id(model: torch.nn.Module) -> int:
+    return model.config.pad_token_id or 0
+
+
+def set_path(model: torch.nn.Module, path: str) -> None:
+    """Select NeoBERT's attention path: ``unpadded`` (forced varlen) | ``auto`` | ``padded``."""
+    model.config.attention_backend = {"unpadded": "varlen", "auto": "auto", "padded": "padded"}[path]
+
+
+def time_paths(model: torch.nn.Module, batch: Batch, paths: list[str], repeats: int) -> dict[str, float]:
+    """Best seconds per path; paths interleaved per repeat so load drift hits them alike."""
+    ids, mask = batch.tensors(pad_id(model))
+    best = dict.fromkeys(paths, float("inf"))
+    with torch.inference_mode():
+        for path in paths:  # warm-up (allocator, oneDNN primitives)
+            _maybe_set(model, path)
+            model(input_ids=ids[:2, :32], attention_mask=mask[:2, :32])
+        for _ in range(repeats):
+            for path in paths:
+                _maybe_set(model, path)
+                best[path] = min(best[path], _seconds(lambda: model(input_ids=ids, attention_mask=mask)))
+    return best
+
+
+def _maybe_set(model: torch.nn.Module, path: str) -> None:
+    if path != "default":
+        set_path(model, path)
+
+
+def measure(kind: str, layers: int, dtype: torch.dtype, inputs: list[Batch], repeats: int,
+            peaks: dict[str, float]) -> list[dict]:
+    model = build(kind, layers, dtype)
+    rows = []
+    for batch in inputs:
+        positions = getattr(model.config, "max_position_embeddings", 0)
+        if max(batch.lengths) > positions:
+            rows.append({"model": kind, "layers": layers, "dtype": str(dtype).split(".")[-1],
+                         "input": batch.name, "not_applicable": f"longer than {positions} positions"})
+            continue
+        if kind != "neobert":
+            paths = ["default"]
+        elif batch.name.startswith("mixed"):
+            paths = ["auto", "padded"]
+        else:
+            paths = ["auto", "unpadded", "padded"]
+        gflop = useful_gflop(model, batch.lengths)
+        for path, seconds in time_paths(model, batch, paths, repeats).items():
+            dtype_name = str(dtype).split(".")[-1]
+            rows.append({
+                "model": kind, "layers": layers, "dtype": dtype_name, "input": batch.name, "path": path,
+                "real_tokens": batch.real_tokens, "padded_tokens": len(batch.lengths) * max(batch.lengths),
+                "seconds": round(seconds, 4), "tokens_per_s": round(batch.real_tokens / seconds, 1),
+                "useful_gflop_per_s": round(gflop / seconds, 2),
+                "fraction_of_peak": round(gflop / seconds / peaks[dtype_name], 3),
+            })
+    return rows
+
+
+def speedups(rows: list[dict]) -> list[dict]:
+    """NeoBERT's own forward (auto = un-padded on padded batches) vs the padded reference."""
+    out = []
+    for row in rows:
+        if row.get("model") == "neobert" and row.get("path") == "auto":
+            padded = next(r for r in rows if r.get("path") == "padded" and
+                          all(r[k] == row[k] for k in ("layers", "dtype", "input")))
+            out.append({"layers": row["layers"], "dtype": row["dtype"], "input": row["input"],
+                        "own_forward_vs_padded": round(padded["seconds"] / row["seconds"], 2)})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny inputs, 2 layers, 1 repeat (~1 min)")
+    parser.add_argument("--layers", type=int, default=None, help="equal-depth comparison (default 4; quick 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per figure (default 3; quick 1)")
+    parser.add_argument("--no-full-depth", action="store_true", help="skip the 28/22/12-layer mixed-batch run")
+    args = parser.parse_args()
+    layers = args.layers or (2 if args.quick else 4)
+    repeats = args.repeats or (1 if args.quick else 3)
+    inputs = batches(args.quick)
+    dtypes = (torch.float32, torch.bfloat16)
+    peaks = {str(d).split(".")[-1]: round(matmul_peak(d, 1024 if args.quick else 2048, 3 if args.quick else 5), 1)
+             for d in dtypes}
+    print(f"matmul peak GFLOP/s: {peaks}", file=sys.stderr)
+    rows: list[dict] = []
+    for kind in ("neobert", "modernbert", "bert"):
+        for dtype in dtypes:
+            print(f"{kind} {layers} layers {dtype}", file=sys.stderr)
+            rows += measure(kind, layers, dtype, inputs, repeats, peaks)
+    if not (args.quick or args.no_full_depth):
+        for kind, depth in FULL_DEPTH.items():
+            for dtype in dtypes:
+                print(f"{kind} {depth} layers {dtype} (mixed batch)", file=sys.stderr)
+                rows += measure(kind, depth, dtype, inputs[:1], max(1, repeats - 1), peaks)
+    criterion = [s for s in speedups(rows) if s["layers"] == layers and s["dtype"] == "float32"
+                 and s["input"].startswith("mixed")]
+    print(json.dumps({
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__, "matmul_peak_gflop_per_s": peaks},
+        "settings": {"quick": args.quick, "layers": layers, "repeats": repeats,
+                     "inputs": {b.name: {"sequences": len(b.lengths), "real_tokens": b.real_tokens}
+                                for b in inputs}},
+        "speedups": speedups(rows),
+        "criterion_own_forward_2x_faster_than_padded_fp32_mixed": (
+            criterion[0]["own_forward_vs_padded"] >= 2.0 if criterion else None),
+        "results": rows,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()

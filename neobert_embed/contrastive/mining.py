@@ -1,0 +1,65 @@
+"""Hard-negative mining: add the most confusable wrong documents to (query, positive) pairs.
+
+Why: random in-batch negatives become easy quickly; negatives that a model ranks high but that are
+not the positive carry the signal. This wraps sentence-transformers' ``mine_hard_negatives``
+(FAISS search over the positives of the file) and writes JSON lines with ``anchor, positive,
+negative_1..n`` — exactly what ``train-contrastive`` reads.
+
+Example:
+    >>> mine_negatives("bert", "pairs.jsonl", "mined.jsonl", num_negatives=3, range_min=10, range_max=50)
+    PosixPath('mined.jsonl')
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from neobert_embed.contrastive.data import load_examples
+from neobert_embed.contrastive.recipe import DataSource
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_text
+
+
+def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_negatives: int = 3,
+                   range_min: int = 0, range_max: int | None = None, margin: float | None = None,
+                   batch_size: int = 32) -> Path:
+    """Mine ``num_negatives`` hard negatives per row of ``data`` and write them to ``output``.
+
+    Args:
+        model: anything ``load_sentence_model`` accepts; its "query"/"document" prompts are used.
+        data: a file/dataset readable by ``train-contrastive`` (existing negatives are ignored).
+        output: JSON-lines file to write (atomically).
+        num_negatives: negatives per row; rows without enough candidates are dropped.
+        range_min, range_max: only candidates ranked in [range_min, range_max) are considered;
+            skipping the very top avoids false negatives (unlabelled positives).
+        margin: keep a candidate only if its similarity is at least this far below the positive's.
+
+    Example:
+        >>> mine_negatives("runs/x", "pairs.parquet", "mined.jsonl", num_negatives=5, margin=0.05)
+    """
+    from sentence_transformers.util import mine_hard_negatives
+
+    from neobert_embed.sentence import load_sentence_model
+
+    if num_negatives < 1:
+        raise UserInputError(f"--num-negatives must be at least 1, got {num_negatives}")
+    if range_max is not None and range_max - range_min < num_negatives:
+        raise UserInputError(f"--range {range_min}:{range_max} leaves fewer than {num_negatives} candidates")
+    pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
+    if pairs.num_rows < 2:
+        raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
+    sentence_model = load_sentence_model(model)
+    prompts = {"query_prompt_name": "query" if sentence_model.prompts.get("query") else None,
+               "corpus_prompt_name": "document" if sentence_model.prompts.get("document") else None}
+    mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",
+                                positive_column_name="positive", range_min=range_min, range_max=range_max,
+                                absolute_margin=margin, num_negatives=num_negatives, sampling_strategy="top",
+                                output_format="n-tuple", batch_size=batch_size, use_faiss=True, verbose=False,
+                                **prompts)
+    if mined.num_rows == 0:
+        raise UserInputError(f"{data}: no row got {num_negatives} negatives; widen --range, lower --margin "
+                             "or --num-negatives")
+    output = Path(output)
+    atomic_write_text(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in mined))
+    return output

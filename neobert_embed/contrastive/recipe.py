@@ -1,0 +1,209 @@
+"""The contrastive fine-tuning recipe: one validated description of a run.
+
+Why: the fair comparison only holds if every backbone is tuned with the *same* settings, so the
+settings live in one YAML file checked by pydantic before any model is loaded. Unknown keys and
+incompatible options are rejected up front, naming the key; command-line options override the
+file. The defaults of :class:`ContrastiveRecipe` are the paper's settings
+(``recipes/contrastive.yaml`` spells them out with the reasons).
+
+Example:
+    >>> recipe = load_contrastive_recipe("recipes/contrastive.yaml", max_steps=20)
+    >>> recipe.temperature, recipe.text_budget
+    (0.07, 128)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from neobert_embed.errors import UserInputError, located
+
+DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class DataSource(BaseModel):
+    """One named training dataset: a local file/dir or a Hugging Face dataset id.
+
+    ``path`` may be a ``.jsonl``/``.json`` (JSON lines), ``.parquet`` or ``.csv`` file, a directory
+    written by ``datasets.Dataset.save_to_disk``, or a hub id such as
+    ``sentence-transformers/natural-questions`` (``subset`` and ``split`` select inside it).
+    Instructions are prepended to queries / documents of this dataset only; ``None`` falls back to
+    the recipe-wide ones.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(min_length=1)
+    subset: str | None = None
+    split: str = "train"
+    query_instruction: str | None = None
+    document_instruction: str | None = None
+
+
+class ContrastiveRecipe(BaseModel):
+    """Every setting of a contrastive fine-tuning run (defaults: the paper's recipe).
+
+    Batching: set exactly one of ``text_budget`` (texts per step; the batch holds
+    ``text_budget // texts_per_example`` examples, so a dataset with 3 hard negatives gets smaller
+    batches than one with pairs) or ``batch_size`` (fixed examples per step). Both are per device.
+
+    Example:
+        >>> ContrastiveRecipe(max_steps=100, batch_size=32, text_budget=None).batch_size
+        32
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # optimisation
+    max_steps: int = Field(2000, ge=1)
+    learning_rate: float = Field(1e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = Field(0.01, ge=0)
+    lr_scheduler: Literal["cosine", "linear", "constant_with_warmup"] = "cosine"
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    seed: int = 0
+    # inputs
+    max_length: int = Field(1024, ge=8)
+    query_instruction: str = ""
+    document_instruction: str = ""
+    # loss
+    temperature: float = Field(0.07, gt=0)
+    symmetric: bool = False
+    cached: bool = False
+    mini_batch_size: int | None = Field(None, ge=1)
+    matryoshka_dims: list[int] | None = None
+    gather_across_devices: bool = False
+    # batches
+    alpha: float = Field(0.5, ge=0, le=1)
+    text_budget: int | None = Field(128, ge=2)
+    batch_size: int | None = Field(None, ge=2)
+    # bookkeeping
+    logging_steps: int = Field(1, ge=1)
+    save_steps: int = Field(500, ge=1)
+    save_total_limit: int | None = Field(2, ge=1)
+    deepspeed: str | dict[str, Any] | None = None
+    data: dict[str, DataSource] = Field(default_factory=dict)
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _paths_as_sources(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {name: {"path": src} if isinstance(src, str) else src for name, src in value.items()}
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _dataset_names(cls, value: dict[str, DataSource]) -> dict[str, DataSource]:
+        for name in value:
+            if not DATASET_NAME.match(name):
+                raise ValueError(f"dataset name {name!r} must be letters, digits, '_', '.' or '-'")
+        return value
+
+    @field_validator("matryoshka_dims")
+    @classmethod
+    def _dims(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        if not value or any(d < 1 for d in value) or len(set(value)) != len(value):
+            raise ValueError("must be a non-empty list of distinct positive dimensions, e.g. [768, 256, 64]")
+        return sorted(value, reverse=True)
+
+    @model_validator(mode="after")
+    def _compatible(self) -> ContrastiveRecipe:
+        if (self.text_budget is None) == (self.batch_size is None):
+            raise ValueError("set exactly one of 'text_budget' (texts per step) and 'batch_size' "
+                             "(examples per step); they are incompatible")
+        if self.mini_batch_size is not None and not self.cached:
+            raise ValueError("'mini_batch_size' only applies to the cached (GradCache) loss; "
+                             "set 'cached: true' or remove it")
+        return self
+
+    def batch_examples(self, texts_per_example: int) -> int:
+        """Examples per batch for a dataset whose rows hold ``texts_per_example`` texts.
+
+        Example:
+            >>> ContrastiveRecipe(text_budget=128).batch_examples(3)
+            42
+        """
+        if self.batch_size is not None:
+            return self.batch_size
+        return max(1, self.text_budget // texts_per_example)
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "recipe"
+        if item["type"] == "extra_forbidden":
+            known = ", ".join(ContrastiveRecipe.model_fields)
+            parts.append(f"unknown key {key!r} (known keys: {known})")
+        else:
+            parts.append(f"key {key!r}: {item['msg']}" if item["loc"] else item["msg"])
+    return "; ".join(parts)
+
+
+def _resolve_data_paths(data: Any, base: Path) -> Any:
+    """Paths in a recipe are relative to the recipe file (when such a file exists there)."""
+    if not isinstance(data, dict):
+        return data
+    resolved = {}
+    for name, source in data.items():
+        path = source.get("path") if isinstance(source, dict) else source
+        if isinstance(path, str) and not Path(path).is_absolute() and (base / path).exists():
+            path = str(base / path)
+            source = {**source, "path": path} if isinstance(source, dict) else path
+        resolved[name] = source
+    return resolved
+
+
+def load_contrastive_recipe(path: str | Path | None = None, **overrides: Any) -> ContrastiveRecipe:
+    """Read a YAML recipe, apply overrides (``None`` values are ignored), and validate it.
+
+    Overriding ``batch_size`` clears the file's ``text_budget`` and vice versa, so
+    ``--batch-size 64`` on the command line just works with the paper's recipe.
+
+    Example:
+        >>> load_contrastive_recipe("recipes/contrastive.yaml", max_steps=20, temperature=0.05)
+        >>> load_contrastive_recipe(max_steps=10)          # paper defaults, no file
+    """
+    values: dict[str, Any] = {}
+    where = "recipe"
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        if not path.is_file():
+            raise UserInputError(f"{path}: recipe file not found")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise located(path, mark.line + 1 if mark else None, f"invalid YAML: {exc}") from None
+        except UnicodeDecodeError:
+            raise UserInputError(f"{path}: not valid UTF-8; re-encode the recipe as UTF-8") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise UserInputError(f"{path}: a recipe is a mapping of keys to values, got {type(loaded).__name__}")
+        values = dict(loaded or {})
+        values["data"] = _resolve_data_paths(values.get("data"), path.parent)
+        if values["data"] is None:
+            del values["data"]
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(overrides) - set(ContrastiveRecipe.model_fields))
+    if unknown:
+        raise UserInputError(f"unknown recipe override(s) {unknown}; known keys: "
+                             f"{', '.join(ContrastiveRecipe.model_fields)}")
+    if "batch_size" in overrides:
+        values["text_budget"] = None
+    if "text_budget" in overrides:
+        values["batch_size"] = None
+    values.update(overrides)
+    try:
+        return ContrastiveRecipe(**values)
+    except ValidationError as exc:
+        raise UserInputError(f"{where}: {_describe(exc)}") from None

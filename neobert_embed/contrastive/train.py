@@ -1,0 +1,297 @@
+"""``train_contrastive``: turn any encoder into an embedding model with the recipe.
+
+Output directory layout (``DIR``)::
+
+    DIR/                      the final SentenceTransformer (written atomically at the end)
+    DIR/prompts               saved inside config_sentence_transformers.json: "query", "document"
+    DIR/metrics.jsonl         one line per logged step: step, loss, lr, examples_per_s, grad_norm
+    DIR/summary.json          final loss, steps, wall time, examples/s, reload check
+    DIR/run.json              model, data and recipe of the run (what --resume continues)
+    DIR/checkpoints/          trainer checkpoints (model, optimizer, scheduler, RNG states)
+
+Why this order of work: everything a user can get wrong (recipe, data files, model) is checked
+before ``DIR`` is touched, so a bad input never leaves debris; the model files appear in ``DIR``
+only by one rename after they are completely written.
+
+Multi-GPU (DDP through the trainer; the text budget is per device)::
+
+    torchrun --nproc_per_node 8 -m neobert_embed.cli train-contrastive --model neobert \\
+        --recipe recipes/contrastive.yaml --data nq=nq.jsonl --output runs/neobert-nq
+
+DeepSpeed: set ``deepspeed: ds_config.json`` in the recipe (passed to
+``TrainingArguments.deepspeed``) and launch with ``deepspeed`` or ``torchrun`` the same way.
+
+Example:
+    >>> recipe = load_contrastive_recipe("recipes/contrastive.yaml", max_steps=20)
+    >>> out = train_contrastive(model="bert", data={"snli": "triplets.jsonl"}, output="runs/x", recipe=recipe)
+    >>> SentenceTransformer(str(out)).encode(["hi"], prompt_name="query").shape
+    (1, 768)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_directory, atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+CHECKPOINTS = "checkpoints"
+RELOAD_TOLERANCE = 1e-5
+
+
+def _sources(data: dict[str, Any] | None, recipe: ContrastiveRecipe) -> dict[str, DataSource]:
+    """Command-line data (name → path or DataSource) takes precedence over the recipe's.
+
+    Sorted by name: the batch stream depends on the datasets' order, so a run must not change
+    when ``--data`` options are given in another order or read back from run.json on resume.
+    """
+    chosen = ContrastiveRecipe(**{**recipe.model_dump(), "data": data}).data if data else recipe.data
+    return dict(sorted(chosen.items()))
+
+
+def last_checkpoint(output: Path) -> Path | None:
+    """The newest *complete* checkpoint under ``output/checkpoints`` (trainer_state.json is written last).
+
+    Example:
+        >>> last_checkpoint(Path("runs/x"))
+        PosixPath('runs/x/checkpoints/checkpoint-500')
+    """
+    folder = output / CHECKPOINTS
+    if not folder.is_dir():
+        return None
+    complete = [p for p in folder.glob("checkpoint-*")
+                if (p / "trainer_state.json").is_file() and p.name.split("-")[-1].isdigit()]
+    return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
+                 recipe: ContrastiveRecipe | None, resume: bool, overwrite: bool
+                 ) -> tuple[str, dict[str, DataSource], ContrastiveRecipe]:
+    """Decide model, data and recipe; on resume they come from run.json and must not change."""
+    run_file = output / RUN_FILE
+    if resume and run_file.is_file():
+        saved = json.loads(run_file.read_text(encoding="utf-8"))
+        saved_recipe = ContrastiveRecipe(**saved["recipe"])
+        saved_data = saved_recipe.data
+        changed = []
+        if model is not None and model != saved["model"]:
+            changed.append(f"model ({saved['model']!r} → {model!r})")
+        if recipe is not None:
+            differing = [k for k in ContrastiveRecipe.model_fields if k != "data"
+                         and getattr(recipe, k) != getattr(saved_recipe, k)]
+            changed += [f"recipe key {k!r} ({getattr(saved_recipe, k)!r} → {getattr(recipe, k)!r})"
+                        for k in differing]
+        if data and _sources(data, saved_recipe) != saved_data:
+            changed.append("data")
+        if changed:
+            raise UserInputError(f"{run_file}: --resume must continue the same run, but {', '.join(changed)} "
+                                 "changed; drop those options or start a new --output")
+        return saved["model"], saved_data, saved_recipe
+    if resume:
+        logger.warning("%s: nothing to resume (no %s); starting a new run", output, RUN_FILE)
+    elif output.exists() and any(output.iterdir()) and not overwrite:
+        raise UserInputError(f"{output} already exists and is not empty; pass --resume to continue its run, "
+                             "--overwrite to replace it, or choose another --output")
+    if model is None:
+        raise UserInputError("no model: pass --model (a registry key, hub id or local directory)")
+    recipe = recipe or ContrastiveRecipe()
+    return model, _sources(data, recipe), recipe
+
+
+def _device_flags(precision: str) -> dict[str, Any]:
+    """Mixed precision ("auto": bf16 where the GPU supports it) and the fastest AdamW for the device.
+
+    The fused AdamW kernel is the trainer's default but is several times slower than the
+    multi-tensor one on CPU, so it is used only on GPUs.
+    """
+    import torch
+
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16",
+            "optim": "adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch"}
+
+
+def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, prompts: dict | None):
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(output / CHECKPOINTS), max_steps=recipe.max_steps,
+        per_device_train_batch_size=batch_size, learning_rate=recipe.learning_rate,
+        adam_beta1=recipe.betas[0], adam_beta2=recipe.betas[1], weight_decay=recipe.weight_decay,
+        lr_scheduler_type=recipe.lr_scheduler, warmup_steps=recipe.warmup_ratio,
+        max_grad_norm=recipe.max_grad_norm, seed=recipe.seed, data_seed=recipe.seed,
+        logging_steps=recipe.logging_steps, save_strategy="steps", save_steps=recipe.save_steps,
+        save_total_limit=recipe.save_total_limit, report_to="none", deepspeed=recipe.deepspeed,
+        dataloader_num_workers=0, prompts=prompts, **_device_flags(recipe.precision))
+
+
+def _training_prompts(sources: dict[str, DataSource], recipe: ContrastiveRecipe, sets: dict[str, Any]):
+    """Per-dataset, per-column instructions for the collator (None when there are none)."""
+    prompts = {}
+    for name, source in sources.items():
+        query = recipe.query_instruction if source.query_instruction is None else source.query_instruction
+        document = (recipe.document_instruction if source.document_instruction is None
+                    else source.document_instruction)
+        prompts[name] = {column: query if column == "anchor" else document
+                         for column in sets[name].column_names}
+    return prompts if any(p for cols in prompts.values() for p in cols.values()) else None
+
+
+def _load_model(model_name: str, recipe: ContrastiveRecipe):
+    from neobert_embed.sentence import load_sentence_model
+
+    model = load_sentence_model(model_name)
+    if recipe.max_length < model.max_seq_length:
+        model.max_seq_length = recipe.max_length
+    elif recipe.max_length > model.max_seq_length:
+        logger.warning("max_length %d exceeds what %s can take; using %d", recipe.max_length, model_name,
+                       model.max_seq_length)
+    model.prompts = {**model.prompts, "query": recipe.query_instruction,
+                     "document": recipe.document_instruction}
+    return model
+
+
+def _reload_difference(model, directory: Path, texts: list[str]) -> float:
+    """Largest |Δ| between the in-memory model's and the saved copy's embeddings of ``texts``."""
+    import numpy as np
+
+    from neobert_embed.sentence import load_sentence_model
+
+    reloaded = load_sentence_model(str(directory), device=str(model.device))
+    before = model.encode(texts, prompt_name="query", convert_to_numpy=True)
+    after = reloaded.encode(texts, prompt_name="query", convert_to_numpy=True)
+    return float(np.abs(before - after).max())
+
+
+def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) -> None:
+    """Write the model next to the run files in a temp dir, check it reloads, swap it in."""
+    with atomic_directory(output) as tmp:
+        model.save(str(tmp))
+        summary["reload_max_abs_diff"] = _reload_difference(model, tmp, texts)
+        if summary["reload_max_abs_diff"] > RELOAD_TOLERANCE:
+            raise RuntimeError(f"the saved model encodes differently from the trained one "
+                               f"(max |Δ| {summary['reload_max_abs_diff']:.2e}); nothing was written")
+        for name in ("metrics.jsonl", RUN_FILE):
+            if (output / name).exists():
+                shutil.copy2(output / name, tmp / name)
+        atomic_write_json(tmp / "summary.json", summary)
+        if (output / CHECKPOINTS).exists():
+            os.replace(output / CHECKPOINTS, tmp / CHECKPOINTS)
+
+
+def _resume_hint(output: Path) -> str:
+    return f"neobert-embed train-contrastive --output {output} --resume"
+
+
+def train_contrastive(model: str | None = None, data: dict[str, Any] | None = None,
+                      output: str | Path = "runs/contrastive", recipe: ContrastiveRecipe | None = None,
+                      resume: bool = False, overwrite: bool = False,
+                      callbacks: list[Any] | None = None) -> Path:
+    """Fine-tune ``model`` contrastively on ``data`` with ``recipe``; return the saved model dir.
+
+    Args:
+        model: registry key (``bert``, ``neobert`` …), hub id, HF or SentenceTransformer directory.
+            May be omitted with ``resume=True`` (taken from the run).
+        data: ``{name: path or DataSource}``; overrides the recipe's ``data``.
+        output: run directory; becomes the SentenceTransformer (see the module docstring).
+        recipe: settings (default: the paper's, :class:`ContrastiveRecipe`).
+        resume: continue from the last checkpoint in ``output``; the run's model/data/recipe are
+            reused and passing different ones is an error.
+        overwrite: replace a finished or abandoned run in ``output`` (its old model stays until
+            the new one is complete).
+        callbacks: extra ``transformers.TrainerCallback`` objects (loggers, early stopping …).
+
+    Raises:
+        UserInputError: bad recipe/data/model or output conflict (before anything is written).
+        KeyboardInterrupt: after Ctrl-C, once a resumable checkpoint has been saved.
+
+    Example:
+        >>> out = train_contrastive(model="bert", data={"snli": "triplets.jsonl"}, output="runs/x",
+        ...                         recipe=load_contrastive_recipe(max_steps=20))
+    """
+    from datasets import DatasetDict
+    from transformers.trainer_callback import ProgressCallback
+
+    from neobert_embed.contrastive.data import load_training_data
+    from neobert_embed.contrastive.loss import build_contrastive_loss
+    from neobert_embed.contrastive.trainer import (
+        ContrastiveTrainer,
+        GracefulInterrupt,
+        KeepSpecialTokenIds,
+        MetricsFileCallback,
+        QuietProgressCallback,
+        texts_per_example,
+    )
+
+    output = Path(output)
+    model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
+    summary_file = output / "summary.json"
+    if resume and summary_file.is_file() and (output / "modules.json").is_file():
+        logger.warning("%s: this run already finished; nothing to resume", output)
+        return output
+    sets = load_training_data(sources)
+    for name, dataset in sets.items():
+        needed = recipe.batch_examples(texts_per_example(dataset))
+        if needed > dataset.num_rows:
+            raise UserInputError(f"dataset {name!r} has {dataset.num_rows} rows but one batch needs {needed}; "
+                                 "lower text_budget/batch_size or add data")
+    sentence_model = _load_model(model_name, recipe)
+    loss = build_contrastive_loss(sentence_model, recipe)
+
+    checkpoint = last_checkpoint(output) if resume else None
+    if overwrite and not resume:
+        shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
+        for name in ("metrics.jsonl", "summary.json", RUN_FILE):
+            (output / name).unlink(missing_ok=True)
+    output.mkdir(parents=True, exist_ok=True)
+    run_record = {"model": model_name, "recipe": {**recipe.model_dump(mode="json"),
+                                                  "data": {k: v.model_dump() for k, v in sources.items()}}}
+    atomic_write_json(output / RUN_FILE, run_record)
+
+    batch = max(recipe.batch_examples(texts_per_example(d)) for d in sets.values())
+    args = _training_args(recipe, output, batch, _training_prompts(sources, recipe, sets))
+    trainer = ContrastiveTrainer(recipe=recipe, model=sentence_model, args=args,
+                                 train_dataset=DatasetDict(sets), loss=loss, callbacks=list(callbacks or []))
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(KeepSpecialTokenIds(sentence_model[0].auto_model.config))
+    trainer.add_callback(QuietProgressCallback())
+    trainer.add_callback(MetricsFileCallback(output / "metrics.jsonl", trainer))
+    interrupt = GracefulInterrupt()
+    trainer.add_callback(interrupt)
+
+    started = time.perf_counter()
+    with interrupt:
+        result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if interrupt.requested:
+        print(f"stopped at step {trainer.state.global_step}; checkpoint saved in {output / CHECKPOINTS}. "
+              f"Resume with:\n  {_resume_hint(output)}", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+    summary = {
+        "model": model_name, "output": str(output), "steps": trainer.state.global_step,
+        "final_loss": _last_logged_loss(trainer), "train_loss": result.training_loss,
+        "wall_s": round(time.perf_counter() - started, 2),
+        "examples_per_s": round(trainer.examples_seen / max(time.perf_counter() - started, 1e-9), 2),
+        "datasets": {name: d.num_rows for name, d in sets.items()},
+        "resumed_from": str(checkpoint) if checkpoint else None,
+    }
+    texts = [sets[name][0]["anchor"] for name in sets][:8]
+    _save_final(sentence_model, output, summary, texts)
+    logger.info("saved the model, metrics.jsonl and summary.json in %s", output)
+    return output
+
+
+def _last_logged_loss(trainer) -> float | None:
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return losses[-1] if losses else None

@@ -1,0 +1,179 @@
+"""SentenceTransformerTrainer, adapted to the recipe: batching, metrics, progress, Ctrl-C.
+
+Why a subclass: the trainer is reused whole (optimizer, scheduler, checkpoints, DDP, DeepSpeed,
+prompts); only what it lacks is added through its documented hooks: per-dataset batch sizes from
+the text budget, the α-weighted one-dataset-per-step sampler, a ``metrics.jsonl`` log, a progress
+bar that does not print a dict per step, and a Ctrl-C that finishes the current step, saves a
+checkpoint and says how to resume instead of killing the run mid-update.
+
+Example:
+    >>> trainer = ContrastiveTrainer(recipe=recipe, model=model, args=args,
+    ...                              train_dataset=DatasetDict(sets), loss=loss)
+    >>> trainer.train()
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sentence_transformers import SentenceTransformerTrainer
+from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+from neobert_embed.contrastive.recipe import ContrastiveRecipe
+from neobert_embed.contrastive.sampler import AlphaBatchSampler, no_duplicates_sampler
+from neobert_embed.files import atomic_write_text
+
+
+def texts_per_example(dataset: Any) -> int:
+    """Number of text columns of a normalized dataset (anchor, positive, negatives)."""
+    return len([c for c in dataset.column_names if c != "dataset_name"])
+
+
+class ContrastiveTrainer(SentenceTransformerTrainer):
+    """SentenceTransformerTrainer whose training batches follow a :class:`ContrastiveRecipe`.
+
+    Each dataset gets ``recipe.batch_examples(texts per row)`` examples per batch (no repeated text
+    inside a batch); an :class:`AlphaBatchSampler` picks the dataset of each step. It also counts
+    the examples seen so :class:`MetricsFileCallback` can report examples per second.
+
+    Example:
+        >>> ContrastiveTrainer(recipe=recipe, model=model, args=args, train_dataset=sets, loss=loss).train()
+    """
+
+    def __init__(self, *args: Any, recipe: ContrastiveRecipe, **kwargs: Any) -> None:
+        self.recipe = recipe
+        self.examples_seen = 0
+        super().__init__(*args, **kwargs)
+
+    def get_batch_sampler(self, dataset, batch_size, drop_last, valid_label_columns=None, generator=None,
+                          seed=0):
+        """One dataset's no-duplicates sampler, sized by the recipe (text budget or fixed examples)."""
+        position = next(i for i, d in enumerate(self.train_dataset.values()) if d is dataset)
+        return no_duplicates_sampler(dataset, self.recipe.batch_examples(texts_per_example(dataset)),
+                                     seed=self.args.seed, position=position)
+
+    def get_multi_dataset_batch_sampler(self, dataset, batch_samplers, generator=None, seed=0):
+        """The α-weighted stream: exactly the batches of this run (steps × processes)."""
+        world = self.args.world_size
+        return AlphaBatchSampler(dataset, batch_samplers, seed=self.args.seed, alpha=self.recipe.alpha,
+                                 num_batches=self.args.max_steps * world, batches_per_draw=world)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Count examples (rows of the anchor column) before delegating to the recipe's loss."""
+        if model.training:
+            anchor = next((v for k, v in inputs.items() if k.endswith("input_ids")), None)
+            if anchor is not None:
+                self.examples_seen += int(anchor.shape[0])
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Append ``{"step", "loss", "lr", "examples_per_s", "grad_norm"}`` per log to ``metrics.jsonl``.
+
+    On resume the lines after the checkpoint's step are dropped first, so the file reads as one
+    uninterrupted run.
+
+    Example:
+        >>> trainer.add_callback(MetricsFileCallback(Path("runs/x/metrics.jsonl"), trainer))
+    """
+
+    def __init__(self, path: Path, trainer: ContrastiveTrainer) -> None:
+        self.path = path
+        self.trainer = trainer
+        self._last_time = time.perf_counter()
+        self._last_examples = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.path.exists():
+            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line)["step"] <= state.global_step]
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        self._last_time, self._last_examples = time.perf_counter(), self.trainer.examples_seen
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "loss" not in logs:
+            return
+        now, seen = time.perf_counter(), self.trainer.examples_seen
+        record = {"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate"),
+                  "examples_per_s": round((seen - self._last_examples) * args.world_size
+                                          / max(now - self._last_time, 1e-9), 2),
+                  "grad_norm": logs.get("grad_norm")}
+        self._last_time, self._last_examples = now, seen
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class QuietProgressCallback(ProgressCallback):
+    """The trainer's progress bar, showing the latest loss instead of printing every log dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:
+            self.training_bar.set_postfix(loss=f"{logs['loss']:.4f}", refresh=False)
+
+
+class KeepSpecialTokenIds(TrainerCallback):
+    """Undo the trainer's "align special tokens" rewrite of the encoder config.
+
+    ``Trainer.train`` copies the tokenizer's pad/bos/eos ids into the model config. For an encoder
+    that is not a harmless label: RoBERTa derives position ids from ``pad_token_id``, so a model
+    whose tokenizer pads with another id would be *saved* as a different function than the one
+    trained (the reload check in ``train_contrastive`` caught exactly this). Fine-tuning must not
+    change the architecture, so the original ids are restored as training starts.
+    """
+
+    NAMES = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.saved = {name: getattr(config, name, None) for name in self.NAMES}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        for name, value in self.saved.items():
+            setattr(self.config, name, value)
+
+
+class GracefulInterrupt(TrainerCallback):
+    """First Ctrl-C: finish the step, save a checkpoint, stop. Second Ctrl-C: abort immediately.
+
+    Use as a context manager around ``trainer.train()``; ``requested`` tells afterwards whether
+    the run stopped early. Outside the main thread (where signals cannot be caught) it is inert.
+
+    Example:
+        >>> interrupt = GracefulInterrupt()
+        >>> trainer.add_callback(interrupt)
+        >>> with interrupt:
+        ...     trainer.train()
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
+        print("\ninterrupt received: finishing this step and saving a checkpoint "
+              "(press Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> GracefulInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requested:
+            control.should_save = True
+            control.should_training_stop = True
+        return control

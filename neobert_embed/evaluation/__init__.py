@@ -1,0 +1,33 @@
+"""Uniform MTEB evaluation: one recipe for every model, local tasks, honest summaries, comparison.
+
+The public names are imported on first use (mteb and torch are heavy), so importing the package
+— as the CLI does for ``--help`` — stays instant.
+
+Example:
+    >>> from neobert_embed.evaluation import run_mteb
+    >>> report = run_mteb("runs/model", task_dirs=["../shared/data/tasks"], output="runs/mteb")
+    >>> report.scores, report.failures
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EvaluationRecipe": "recipe", "load_evaluation_recipe": "recipe",
+    "load_task_dir": "local_tasks", "load_task_dirs": "local_tasks",
+    "run_mteb": "runner", "select_tasks": "runner", "EvaluationReport": "runner", "TaskOutcome": "runner",
+    "write_summary": "summary", "summarize": "summary",
+    "UniformEncoder": "encoder", "model_identity": "encoder",
+    "compare_models": "compare", "CompareResult": "compare",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

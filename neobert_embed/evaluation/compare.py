@@ -1,0 +1,113 @@
+"""``compare``: the paper's protocol end to end — same fine-tuning, same evaluation, one table.
+
+Why: the headline comparison of BERT, RoBERTa, NomicBERT, ModernBERT and NeoBERT is only
+meaningful if every backbone gets the identical contrastive recipe and the identical evaluation
+recipe. This runs both for each model, reusing whatever a previous run finished (trainings resume
+from their checkpoints, finished task results are skipped), and writes::
+
+    OUTPUT/models/<model>/     fine-tuned SentenceTransformer of each backbone (train-contrastive)
+    OUTPUT/results/...         mteb's JSON per task, per model name and revision
+    OUTPUT/summary.md|csv      the paper's table (incomplete averages marked)
+    OUTPUT/plots/<cat>.png     one bar chart per category
+
+Example:
+    >>> result = compare_models(["bert", "neobert"], recipe="recipes/contrastive.yaml",
+    ...                         data={"snli": "triplets.jsonl"}, task_dirs=["../shared/data/tasks"],
+    ...                         output="runs/compare")
+    >>> result.summary_md, result.failures
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
+from neobert_embed.evaluation.runner import EvaluationReport, TaskOutcome, run_mteb, select_tasks
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CompareResult:
+    """Where the comparison's outputs are, and what failed (model → task → error)."""
+
+    summary_md: Path
+    summary_csv: Path
+    plots: list[Path]
+    models: dict[str, Path]
+    reports: list[EvaluationReport]
+    failures: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def _run_dir_name(model: str) -> str:
+    """Folder under ``models/`` (and the name in the table): the key, or a path's last part."""
+    path = Path(model)
+    return path.name if path.exists() else model.replace("/", "__")
+
+
+def _failed_report(model: str, name: str, tasks: list[Any], error: str) -> EvaluationReport:
+    """A report whose every task failed, so a model that could not be trained shows as missing."""
+    outcomes = [TaskOutcome(t.metadata.name, t.metadata.type, "failed", t.metadata.main_score, error=error)
+                for t in tasks]
+    return EvaluationReport(model, name, "untrained", "", "", outcomes)
+
+
+def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = None,
+                   data: dict[str, str] | None = None, benchmark: str | None = None,
+                   tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
+                   task_dirs: Sequence[str | Path] | None = None,
+                   evaluation: EvaluationRecipe | None = None, device: str | None = None) -> CompareResult:
+    """Fine-tune each model with one contrastive recipe, evaluate each the same way, tabulate and plot.
+
+    Args:
+        models: registry keys (``bert,roberta,nomicbert,modernbert,neobert``), hub ids or directories.
+        output: comparison directory (see the module docstring); rerun to resume.
+        recipe: contrastive recipe (path or ``ContrastiveRecipe``), identical for every model.
+        data: training data ``{name: path}`` (overrides the recipe's ``data``).
+        benchmark, tasks, task_types, task_dirs: evaluation tasks, as for ``neobert-embed mteb``.
+        evaluation: the evaluation recipe (default ``recipes/mteb-eval.yaml``).
+
+    Returns:
+        A :class:`CompareResult`; a model whose training fails is reported and shown as missing.
+    """
+    from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
+    from neobert_embed.evaluation.plots import plot_categories
+    from neobert_embed.evaluation.summary import summarize, write_summary
+
+    if not models:
+        raise UserInputError("--models: give at least one model, e.g. bert,roberta,nomicbert,modernbert,neobert")
+    names = [_run_dir_name(m) for m in models]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UserInputError(f"--models: {duplicates} appear more than once; each model needs its own name")
+    output = Path(output)
+    contrastive = recipe if recipe is None or not isinstance(recipe, str | Path) else load_contrastive_recipe(recipe)
+    evaluation = evaluation or load_evaluation_recipe()
+    selected = select_tasks(benchmark, tasks, task_types, task_dirs)  # bad task dirs fail before training
+
+    reports, trained, failures = [], {}, {}
+    for model, name in zip(models, names, strict=True):
+        logger.info("compare: fine-tuning %s into %s", model, output / "models" / name)
+        try:
+            trained[name] = Path(train_contrastive(model=model, data=data, output=output / "models" / name,
+                                                   recipe=contrastive, resume=True))
+        except UserInputError as exc:
+            logger.error("compare: training %s failed: %s", model, exc)
+            reports.append(_failed_report(model, name, selected, f"training failed: {exc}"))
+            failures[name] = {"training": str(exc)}
+            continue
+        report = run_mteb(trained[name], output=output, benchmark=benchmark, tasks=tasks, task_types=task_types,
+                          task_dirs=task_dirs, recipe=evaluation, device=device, summary=False)
+        reports.append(report)
+        if report.failures:
+            failures[name] = report.failures
+    summary_md, summary_csv = write_summary(reports, output, tasks=selected)
+    task_types_map = {t.metadata.name: t.metadata.type for t in selected}
+    plots = plot_categories(summarize(reports, task_types_map), output / "plots")
+    logger.info("compare: table in %s, plots in %s", summary_md, output / "plots")
+    return CompareResult(summary_md, summary_csv, plots, trained, reports, failures)

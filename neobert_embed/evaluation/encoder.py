@@ -1,0 +1,131 @@
+"""The model side of the uniform recipe: one mteb encoder that applies the recipe to any model.
+
+Why: mteb's ``SentenceTransformerEncoderWrapper`` takes instructions from the model's own prompts
+(which differ per model and must name registered tasks); the comparison needs the *recipe's*
+instruction for every task — local ones included — and the recipe's normalization, identical for
+every model. This subclass changes only that; batching, similarity and metrics stay mteb's.
+
+Results are stored by mteb under ``results/<model name>/<revision>/experiments/recipe_<hash>/``:
+the revision of a local directory is a hash of its files (so a retrained model never overwrites
+the scores of the previous one) and the recipe hash keeps results of different recipes apart.
+
+Example:
+    >>> identity = model_identity("runs/bert-contrastive")
+    >>> encoder = UniformEncoder.load("runs/bert-contrastive", EvaluationRecipe(), identity)
+    >>> mteb.evaluate(encoder, mteb.get_task("STSBenchmark"))
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mteb import SentenceTransformerEncoderWrapper
+from mteb.models import ModelMeta
+from mteb.types import PromptType
+
+from neobert_embed.backbones import resolve_model_name
+from neobert_embed.evaluation.recipe import EvaluationRecipe
+from neobert_embed.sentence import load_sentence_model, usable_max_length
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What results are stored under: ``name`` (hub id or directory name) and ``revision``."""
+
+    source: str
+    name: str
+    revision: str
+
+    def meta(self, recipe: EvaluationRecipe, base: ModelMeta | None = None) -> ModelMeta:
+        """mteb model metadata carrying this identity and the recipe (decides the results folder)."""
+        update = {"name": self.name, "revision": self.revision,
+                  "experiment_kwargs": {"recipe": recipe.fingerprint()}}
+        return (base or ModelMeta.create_empty()).model_copy(update=update)
+
+
+def directory_fingerprint(directory: Path) -> str:
+    """Hash of the files of a model directory (weights, config, tokenizer).
+
+    Hidden files and a ``checkpoints/`` folder (training state kept by ``train-contrastive``,
+    not part of the model) are left out, so hashing stays cheap and stable.
+    """
+    digest = hashlib.sha256()
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        relative = file.relative_to(directory)
+        if relative.parts[0] == "checkpoints" or any(part.startswith(".") for part in relative.parts):
+            continue
+        digest.update(str(relative).encode("utf-8"))
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+def _hub_revision(repo_id: str, revision: str | None) -> str:
+    """Commit of a hub model in the local cache (exact), else the requested revision or ``main``."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True)).name
+    except Exception:  # not cached or not a hub id: fall back to what the user asked for
+        return revision or "main"
+
+
+def model_identity(name_or_path: str | Path, revision: str | None = None) -> ModelIdentity:
+    """Name and revision a model's results are stored under, computed without loading the model.
+
+    Example:
+        >>> model_identity("bert").name
+        'google-bert/bert-base-uncased'
+        >>> model_identity("runs/model").revision   # hash of the directory's files
+        '3f2a9c0d11e4'
+    """
+    source = str(name_or_path)
+    path = Path(source)
+    if path.is_dir():
+        return ModelIdentity(source, path.resolve().name, revision or directory_fingerprint(path))
+    name = resolve_model_name(source)
+    return ModelIdentity(source, name, _hub_revision(name, revision))
+
+
+class UniformEncoder(SentenceTransformerEncoderWrapper):
+    """mteb encoder applying the evaluation recipe (instruction per task, normalization) to a model."""
+
+    def __init__(self, model: Any, recipe: EvaluationRecipe, identity: ModelIdentity) -> None:
+        super().__init__(model)
+        self.model_prompts = None  # the recipe decides instructions, never the model's saved prompts
+        self.recipe = recipe
+        self.mteb_model_meta = identity.meta(recipe, base=self.mteb_model_meta)
+
+    @classmethod
+    def load(cls, identity: ModelIdentity, recipe: EvaluationRecipe, device: str | None = None) -> UniformEncoder:
+        """Load ``identity.source`` with the recipe's precision and maximum length.
+
+        The length is the recipe's (1024 by default) capped by the encoder's position embeddings,
+        so BERT-style models (512 positions) are not asked for more than they can take.
+        """
+        model = load_sentence_model(identity.source, device=device, precision=recipe.precision,
+                                    revision=None if Path(identity.source).is_dir() else identity.revision)
+        first = model[0]
+        config = getattr(getattr(first, "auto_model", None), "config", None)
+        limit = usable_max_length(config) if config is not None else recipe.max_length
+        model.max_seq_length = min(recipe.max_length, limit)
+        return cls(model, recipe, identity)
+
+    def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str,
+               prompt_type: PromptType | None = None, **kwargs: Any) -> Any:
+        """Embed every text of ``inputs`` with the recipe's instruction for this task and side."""
+        texts = [text for batch in inputs for text in batch["text"]]
+        prompt = self.recipe.instruction(task_metadata, prompt_type)
+        if prompt_type == PromptType.query:
+            encode = self.model.encode_query
+        elif prompt_type == PromptType.document:
+            encode = self.model.encode_document
+        else:
+            encode = self.model.encode
+        kwargs.setdefault("batch_size", self.recipe.batch_size)
+        return encode(texts, prompt=prompt, normalize_embeddings=self.recipe.normalize,
+                      convert_to_numpy=True, **kwargs)

@@ -1,0 +1,254 @@
+"""``run_mteb``: evaluate one model on MTEB tasks (hub or local) with the uniform recipe.
+
+Why: the comparison must be rerunnable and robust — finished tasks are reused, a failing task is
+reported while the others run, an offline hub task fails at once with what to do, and Ctrl-C
+keeps every finished result. Scoring is mteb's (``mteb.evaluate``); results are mteb's own JSON
+in an ``mteb.ResultCache`` rooted at the output directory.
+
+Example:
+    >>> report = run_mteb("runs/model", task_dirs=["../shared/data/tasks"], output="runs/mteb")
+    >>> report.scores
+    {'STSBenchmarkDev': 0.8671..., 'TRECCoarse': 0.5272}
+    >>> report.failures
+    {}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.evaluation.local_tasks import check_task_data, load_task_dirs
+from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
+from neobert_embed.files import atomic_write_json
+
+logger = logging.getLogger(__name__)
+DEFAULT_BENCHMARK = "MTEB(eng, v1)"
+TASK_TYPE_NAMES = ("Classification", "Clustering", "PairClassification", "Reranking", "Retrieval", "STS",
+                   "Summarization")
+
+
+@dataclass
+class TaskOutcome:
+    """One task's fate in a run: ``done`` (evaluated now), ``cached`` (reused) or ``failed``."""
+
+    task: str
+    type: str
+    status: str
+    main_score: str
+    score: float | None = None
+    error: str | None = None
+    result_file: str | None = None
+
+
+@dataclass
+class EvaluationReport:
+    """What ``run_mteb`` did for one model: per-task outcomes and where results are."""
+
+    model: str
+    name: str
+    revision: str
+    recipe: str
+    results_dir: str
+    outcomes: list[TaskOutcome] = field(default_factory=list)
+
+    @property
+    def scores(self) -> dict[str, float]:
+        """Main score per task that has one (fractions, as mteb reports them)."""
+        return {o.task: o.score for o in self.outcomes if o.score is not None}
+
+    @property
+    def failures(self) -> dict[str, str]:
+        """Task name → error, for every task that failed."""
+        return {o.task: o.error or "failed" for o in self.outcomes if o.status == "failed"}
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain-JSON form (for ``--json``)."""
+        return {**asdict(self), "scores": self.scores, "failures": self.failures}
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes", "on"}
+
+
+def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = None,
+                 task_types: Sequence[str] | None = None,
+                 task_dirs: Sequence[str | Path] | None = None) -> list[Any]:
+    """The tasks to run: registered ones (benchmark / names) with local copies replacing hub data.
+
+    A local ``mteb_task`` directory named like a selected hub task replaces it (offline copies);
+    other local tasks are added. With neither a benchmark nor task names, local directories alone
+    are run, or ``MTEB(eng, v1)`` when none are given either.
+
+    Example:
+        >>> [t.metadata.name for t in select_tasks(tasks=["STSBenchmark"], task_dirs=["copies/"])]
+        ['STSBenchmark']
+    """
+    import mteb
+
+    unknown_types = sorted(set(task_types or ()) - set(TASK_TYPE_NAMES))
+    if unknown_types:
+        raise UserInputError(f"--task-types: unknown type(s) {unknown_types}; choose from {', '.join(TASK_TYPE_NAMES)}")
+    local = load_task_dirs(task_dirs) if task_dirs else []
+    registered: list[Any] = []
+    if benchmark or not (tasks or local):
+        name = benchmark or DEFAULT_BENCHMARK
+        try:
+            registered = list(mteb.get_benchmark(name).tasks)
+        except (KeyError, ValueError) as exc:
+            raise UserInputError(f"--benchmark: {exc}") from None
+        if tasks:
+            registered = [t for t in registered if t.metadata.name in set(tasks)]
+    elif tasks:
+        local_names = {t.metadata.name for t in local}
+        hub_names = [name for name in tasks if name not in local_names]
+        try:
+            registered = list(mteb.get_tasks(tasks=hub_names)) if hub_names else []
+        except KeyError as exc:
+            raise UserInputError(f"--tasks: {exc}") from None
+        missing = sorted(set(hub_names) - {t.metadata.name for t in registered})
+        if missing:
+            raise UserInputError(f"--tasks: {missing} are not mteb tasks; check the names "
+                                 "(`mteb.get_tasks()`) or give local copies with --task-dir")
+        local = [t for t in local if t.metadata.name in set(tasks)]
+    by_name = {t.metadata.name: t for t in registered}
+    by_name.update({t.metadata.name: t for t in local})
+    selected = list(by_name.values())
+    if task_types:
+        selected = [t for t in selected if t.metadata.type in set(task_types)]
+    if not selected:
+        raise UserInputError("no tasks selected; check --benchmark/--tasks/--task-types/--task-dir")
+    return selected
+
+
+def _is_local(task: Any) -> bool:
+    return str(task.metadata.dataset.get("revision", "")).startswith("local-")
+
+
+def _result_file(cache: Any, task: Any, meta: Any) -> Path:
+    return cache.get_task_result_path(task.metadata.name, meta)
+
+
+def _cached_score(cache: Any, task: Any, meta: Any) -> float | None:
+    """Main score of a finished earlier run of this exact task/model/recipe, else None."""
+    from mteb import TaskResult
+
+    path = _result_file(cache, task, meta)
+    if not path.is_file():
+        return None
+    result = TaskResult.from_disk(path)
+    if result.dataset_revision != task.metadata.revision or result.get_missing_evaluations(task):
+        return None
+    return float(result.get_score())
+
+
+def _offline_error(task: Any) -> str:
+    name = task.metadata.name
+    return (f"HF_HUB_OFFLINE is set, so the hub dataset of {name} cannot be downloaded; give a local "
+            f"copy with --task-dir DIR, where DIR/task.json is {{\"mteb_task\": \"{name}\"}} beside its data files")
+
+
+class _LazyEncoder:
+    """Loads the model only when a task actually has to be evaluated (reruns may need none)."""
+
+    def __init__(self, identity: Any, recipe: EvaluationRecipe, device: str | None) -> None:
+        self.identity, self.recipe, self.device, self.encoder = identity, recipe, device, None
+
+    def get(self) -> Any:
+        if self.encoder is None:
+            from neobert_embed.evaluation.encoder import UniformEncoder
+
+            self.encoder = UniformEncoder.load(self.identity, self.recipe, device=self.device)
+        return self.encoder
+
+
+def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskOutcome:
+    import mteb
+
+    outcome = TaskOutcome(task.metadata.name, task.metadata.type, "failed", task.metadata.main_score,
+                          result_file=str(_result_file(cache, task, meta)))
+    if not _is_local(task) and _offline():
+        outcome.error = _offline_error(task)
+        return outcome
+    try:
+        cached = _cached_score(cache, task, meta)
+        if cached is not None:
+            outcome.status, outcome.score = "cached", cached
+            return outcome
+        if _is_local(task):
+            check_task_data(task)
+        result = mteb.evaluate(lazy.get(), task, cache=cache, raise_error=False, show_progress_bar=False,
+                               encode_kwargs={"batch_size": lazy.recipe.batch_size, "show_progress_bar": False},
+                               overwrite_strategy="only-missing", co2_tracker=False)
+    except UserInputError as exc:
+        outcome.error = str(exc)
+        return outcome
+    if result.exceptions:
+        outcome.error = result.exceptions[0].exception
+        return outcome
+    outcome.status, outcome.score = "done", float(result.task_results[0].get_score())
+    return outcome
+
+
+def run_mteb(model: str | Path, *, output: str | Path, benchmark: str | None = None,
+             tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
+             task_dirs: Sequence[str | Path] | None = None, recipe: EvaluationRecipe | None = None,
+             revision: str | None = None, device: str | None = None, summary: bool = True,
+             show_progress: bool = True) -> EvaluationReport:
+    """Evaluate ``model`` on the selected tasks with the uniform recipe; never raises for one task.
+
+    Args:
+        model: registry key, hub id, SentenceTransformer directory, plain HF directory, or a
+            ``train-contrastive`` output.
+        output: results root; mteb JSON goes to ``output/results/<name>/<revision>/...`` and
+            ``summary.md``/``summary.csv`` to ``output`` (when ``summary``).
+        benchmark, tasks, task_types, task_dirs: task selection, see :func:`select_tasks`.
+        recipe: the evaluation recipe (default: ``recipes/mteb-eval.yaml``).
+        revision: hub revision; for local directories the default is a hash of their files.
+
+    Returns:
+        An :class:`EvaluationReport`; ``report.failures`` lists the tasks that failed.
+
+    Example:
+        >>> report = run_mteb("bert", tasks=["STSBenchmark"], output="runs/mteb")
+    """
+    from mteb import ResultCache
+    from rich.progress import Progress
+
+    from neobert_embed.evaluation.encoder import model_identity
+    from neobert_embed.evaluation.summary import write_summary
+
+    recipe = recipe or load_evaluation_recipe()
+    selected = select_tasks(benchmark, tasks, task_types, task_dirs)
+    identity = model_identity(model, revision)
+    meta = identity.meta(recipe)
+    cache = ResultCache(Path(output))
+    report = EvaluationReport(str(model), identity.name, identity.revision, recipe.fingerprint(),
+                              str(_result_file(cache, selected[0], meta).parent))
+    Path(report.results_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(report.results_dir) / "recipe.json", recipe.model_dump())
+    logger.info("results of %s go to %s", identity.name, report.results_dir)
+    lazy = _LazyEncoder(identity, recipe, device)
+    try:
+        with Progress(disable=not show_progress, transient=True) as progress:
+            bar = progress.add_task(f"MTEB {identity.name}", total=len(selected))
+            for task in selected:
+                progress.update(bar, description=f"{identity.name}: {task.metadata.name}")
+                outcome = _evaluate_one(task, lazy, cache, meta)
+                report.outcomes.append(outcome)
+                logger.info("%s %s: %s", identity.name, outcome.task, outcome.status)
+                progress.advance(bar)
+    except KeyboardInterrupt:
+        logger.warning("interrupted after %d of %d tasks; finished results are kept in %s; rerun the same "
+                       "command to resume (finished tasks are skipped)", len(report.outcomes), len(selected),
+                       report.results_dir)
+        raise
+    finally:
+        if summary and report.outcomes:
+            write_summary([report], Path(output), tasks=selected)
+    return report

@@ -1,0 +1,154 @@
+"""``summary.md`` / ``summary.csv``: the paper's table layout, honest about missing tasks.
+
+Why: the official script silently averaged over whichever tasks had finished, so a model that
+failed on hard tasks looked better. Here every category average and the overall average is over
+the *selected* tasks; when any is missing the value is marked incomplete (``*`` and ``k/n`` in
+Markdown, ``complete=false`` and the missing names in CSV) instead of being quietly re-normalized.
+
+Layout (as the paper's Table): Class., Clust., PairClass., Rerank., Retr., STS, Summ., Avg.
+Scores are mteb main scores × 100. ``Avg.`` is the mean over all selected tasks (the MTEB
+leaderboard convention), not the mean of the category means.
+
+Example:
+    >>> md_path, csv_path = write_summary([report_bert, report_neobert], "runs/compare")
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.files import atomic_write_text
+
+CATEGORIES = (("Classification", "Class."), ("Clustering", "Clust."), ("PairClassification", "PairClass."),
+              ("Reranking", "Rerank."), ("Retrieval", "Retr."), ("STS", "STS"), ("Summarization", "Summ."))
+
+
+@dataclass
+class Cell:
+    """One average: value over the tasks that have scores, and how many of how many."""
+
+    value: float | None
+    done: int
+    expected: int
+
+    @property
+    def complete(self) -> bool:
+        return self.done == self.expected
+
+    def markdown(self) -> str:
+        if self.expected == 0:
+            return "—"
+        if self.value is None:
+            return f"missing (0/{self.expected})"
+        text = f"{self.value:.2f}"
+        return text if self.complete else f"{text}* ({self.done}/{self.expected})"
+
+
+@dataclass
+class SummaryRow:
+    """One model's line of the table."""
+
+    label: str
+    revision: str
+    cells: dict[str, Cell]
+    average: Cell
+    task_scores: dict[str, float | None]
+
+    @property
+    def missing(self) -> list[str]:
+        return [task for task, score in self.task_scores.items() if score is None]
+
+
+def _average(scores: list[float | None]) -> Cell:
+    present = [s for s in scores if s is not None]
+    value = 100 * sum(present) / len(present) if present else None
+    return Cell(value, len(present), len(scores))
+
+
+def summarize(reports: Sequence[Any], task_types: dict[str, str]) -> list[SummaryRow]:
+    """One :class:`SummaryRow` per report, over the expected tasks ``{name: type}``.
+
+    Example:
+        >>> rows = summarize([report], {"STSBenchmark": "STS", "SciFact": "Retrieval"})
+        >>> rows[0].average.complete
+        False
+    """
+    names = [r.name for r in reports]
+    rows = []
+    for report in reports:
+        label = report.name if names.count(report.name) == 1 else f"{report.name}@{report.revision[:8]}"
+        scores = {task: report.scores.get(task) for task in task_types}
+        cells = {short: _average([scores[t] for t, kind in task_types.items() if kind == category])
+                 for category, short in CATEGORIES}
+        rows.append(SummaryRow(label, report.revision, cells, _average(list(scores.values())), scores))
+    return rows
+
+
+def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str]) -> str:
+    """The table (paper layout), then per-task scores and the missing tasks of each model."""
+    headers = ["Model"] + [short for _, short in CATEGORIES] + ["Avg."]
+    lines = ["# MTEB summary", "", f"Main scores × 100 over {len(task_types)} selected task(s). "
+             "`*` marks an average over fewer tasks than selected (done/selected): it is incomplete, "
+             "not comparable.", "",
+             "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in rows:
+        cells = [row.cells[short].markdown() for _, short in CATEGORIES]
+        lines.append("| " + " | ".join([row.label, *cells, row.average.markdown()]) + " |")
+    lines += ["", "## Per task", "", "| Task | Type | " + " | ".join(r.label for r in rows) + " |",
+              "|---|---|" + "---|" * len(rows)]
+    for task, kind in task_types.items():
+        values = ["missing" if r.task_scores[task] is None else f"{100 * r.task_scores[task]:.2f}" for r in rows]
+        lines.append(f"| {task} | {kind} | " + " | ".join(values) + " |")
+    incomplete = [r for r in rows if r.missing]
+    if incomplete:
+        lines += ["", "## Missing tasks (averages above are incomplete)", ""]
+        lines += [f"- {r.label}: {', '.join(r.missing)}" for r in incomplete]
+    return "\n".join(lines) + "\n"
+
+
+def render_csv(rows: Sequence[SummaryRow], task_types: dict[str, str]) -> str:
+    """Same numbers as CSV: category averages, Avg., completeness, then one column per task."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    shorts = [short for _, short in CATEGORIES]
+    writer.writerow(["model", "revision", *shorts, "Avg.", "tasks_done", "tasks_selected", "complete",
+                     "missing", *task_types])
+
+    def number(value: float | None) -> str:
+        return "" if value is None else f"{value:.4f}"
+
+    for row in rows:
+        writer.writerow([row.label, row.revision, *(number(row.cells[s].value) for s in shorts),
+                         number(row.average.value), row.average.done, row.average.expected,
+                         str(row.average.complete).lower(), ";".join(row.missing),
+                         *(number(None if s is None else 100 * s) for s in row.task_scores.values())])
+    return buffer.getvalue()
+
+
+def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[Any] | None = None) -> tuple[Path, Path]:
+    """Write ``summary.md`` and ``summary.csv`` under ``output`` for these evaluation reports.
+
+    Args:
+        reports: :class:`~neobert_embed.evaluation.runner.EvaluationReport` objects (one per model).
+        output: directory for the two files (written atomically).
+        tasks: the selected mteb tasks; default: every task any report attempted.
+
+    Example:
+        >>> write_summary([run_mteb("runs/model", task_dirs=["tasks/"], output="runs/mteb", summary=False)],
+        ...               "runs/mteb")
+    """
+    if tasks is not None:
+        task_types = {t.metadata.name: t.metadata.type for t in tasks}
+    else:
+        task_types = {o.task: o.type for report in reports for o in report.outcomes}
+    rows = summarize(reports, task_types)
+    output = Path(output)
+    md_path, csv_path = output / "summary.md", output / "summary.csv"
+    atomic_write_text(md_path, render_markdown(rows, task_types))
+    atomic_write_text(csv_path, render_csv(rows, task_types))
+    return md_path, csv_path

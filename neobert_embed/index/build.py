@@ -1,0 +1,282 @@
+"""``index build``: encode a corpus into a FAISS index, chunk by chunk, resumably.
+
+Why: encoding a large corpus takes hours and machines get interrupted. The build works in
+``OUTPUT.partial``: the corpus is first imported into the SQLite store (validating ids and fields
+with file and line), then encoded in chunks, each persisted as a shard and marked finished in the
+store. ``--resume`` continues after the last finished chunk. Only when every vector is encoded is
+the index trained on a sample, filled, calibrated against exact search, and moved to ``OUTPUT`` in
+one rename, so ``OUTPUT`` is either absent, the previous index, or the complete new one.
+
+Example:
+    >>> manifest = build_index("runs/my-embedder", "corpus.jsonl", "runs/my-index")
+    >>> manifest.documents, manifest.factory
+    (7600, 'Flat')
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_json
+from neobert_embed.index.corpus import CorpusFields, corpus_fingerprint, read_corpus
+from neobert_embed.index.encoder import IndexEncoder, load_encoder
+from neobert_embed.index.factory import (
+    IndexSpec,
+    as_codes,
+    check_options,
+    choose_index_spec,
+    create_index,
+    write_faiss_index,
+)
+from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, write_manifest
+from neobert_embed.index.progress import document_progress
+from neobert_embed.index.shards import ShardDirectory
+from neobert_embed.index.store import DocumentStore
+from neobert_embed.index.tuning import CALIBRATION_QUERIES, calibrate, exact_neighbours
+
+STATE_NAME = "build_state.json"
+SAMPLE_SEED = 0
+RESUME_KEYS = ("model", "corpus", "text_field", "id_field", "title_field", "row_ids", "split",
+               "index_type", "factory", "precision", "chunk_size", "max_seq_length")
+
+
+class BuildOptions(BaseModel):
+    """Everything ``index build`` accepts; the result-relevant part is saved for ``--resume``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    corpus: str
+    text_field: str = "text"
+    id_field: str = "_id"
+    title_field: str | None = None
+    row_ids: bool = False
+    split: str = "train"
+    index_type: str = "auto"
+    factory: str | None = None
+    precision: str = "float32"
+    chunk_size: int = Field(default=8192, gt=0)
+    batch_size: int = Field(default=32, gt=0)
+    max_seq_length: int | None = Field(default=None, gt=0)
+    device: str | None = None
+    revision: str | None = None
+
+    @property
+    def fields(self) -> CorpusFields:
+        """How corpus records map to id, text and title."""
+        return CorpusFields(self.text_field, self.id_field, self.title_field, self.row_ids, self.split)
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    """Reported to ``on_chunk`` after each chunk is persisted."""
+
+    chunk: int
+    n_chunks: int
+    documents_encoded: int
+    documents_total: int
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a build: finished chunks are kept in ``partial`` for ``--resume``."""
+
+    def __init__(self, partial: Path, encoded: int, total: int) -> None:
+        super().__init__(f"build interrupted: {encoded} of {total} documents are encoded and kept in "
+                         f"{partial}; rerun the same build with resume=True (CLI: --resume) to continue")
+        self.partial, self.encoded, self.total = partial, encoded, total
+
+
+def partial_directory(output: Path) -> Path:
+    """Where an unfinished build of ``output`` lives."""
+    return output.with_name(output.name + ".partial")
+
+
+def _saved_state(options: BuildOptions, encoder: IndexEncoder) -> dict[str, Any]:
+    state = {key: getattr(options, key) for key in RESUME_KEYS}
+    state.update(corpus_fingerprint=corpus_fingerprint(options.corpus), model_fingerprint=encoder.fingerprint)
+    return state
+
+
+def _check_resumable(partial: Path, state: dict[str, Any]) -> None:
+    saved = json.loads((partial / STATE_NAME).read_text(encoding="utf-8"))
+    for key, value in state.items():
+        if saved.get(key) != value:
+            what = {"corpus_fingerprint": "the corpus file changed",
+                    "model_fingerprint": "the model's weights changed"}.get(
+                key, f"option {key!r} was {saved.get(key)!r}, now {value!r}")
+            raise UserInputError(f"{partial}: cannot resume: {what} since the interrupted build; rerun "
+                                 "with the same inputs, or use --overwrite to start over")
+
+
+def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrite: bool) -> Path:
+    """Create, reuse (``resume``) or refuse the work directory; refuse to clobber a finished index."""
+    partial = partial_directory(output)
+    if (output / "manifest.json").exists() and not overwrite:
+        raise UserInputError(f"{output} already holds an index; add documents with `neobert-embed index "
+                             "add`, choose another --output, or pass --overwrite to rebuild it")
+    if partial.exists():
+        resumable = (partial / STATE_NAME).is_file()
+        if resume and resumable and not overwrite:
+            _check_resumable(partial, state)
+            return partial
+        encoded = any((partial / "shards").glob("chunk-*.npy")) if resumable else False
+        if encoded and not overwrite:
+            raise UserInputError(f"{partial} holds an interrupted build with encoded chunks; pass --resume "
+                                 "to continue it or --overwrite to discard it")
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    atomic_write_json(partial / STATE_NAME, state)
+    return partial
+
+
+def _import_corpus(store: DocumentStore, options: BuildOptions) -> int:
+    if not store.import_finished(options.corpus):
+        store.import_documents(read_corpus(options.corpus, options.fields), source=options.corpus)
+    total = store.total_rows()
+    if total == 0:
+        raise UserInputError(f"{options.corpus}: the corpus is empty (no documents); check the file and "
+                             "--text-field")
+    return total
+
+
+def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexEncoder,
+                   options: BuildOptions, total: int, show_progress: bool,
+                   on_chunk: Callable[[ChunkDone], None] | None) -> int:
+    n_chunks = math.ceil(total / options.chunk_size)
+    start = store.finished_chunks()
+    with document_progress(show_progress) as progress:
+        task = progress.add_task("encoding documents", total=total,
+                                 completed=min(total, start * options.chunk_size))
+        for chunk in range(start, n_chunks):
+            first = chunk * options.chunk_size
+            documents = store.documents_between(first, first + options.chunk_size)
+            vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], "document",
+                                                     advance=lambda n: progress.advance(task, n))
+            shards.write(chunk, vectors)
+            store.mark_chunk_finished(chunk, first, len(documents))
+            if on_chunk is not None:
+                on_chunk(ChunkDone(chunk, n_chunks, first + len(documents), total))
+    return n_chunks
+
+
+def _sample_rows(total: int, size: int, seed: int) -> np.ndarray:
+    if size >= total:
+        return np.arange(total, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).choice(total, size=size, replace=False)).astype(np.int64)
+
+
+def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
+               sample: Callable[[np.ndarray], np.ndarray], total: int) -> Any:
+    """Create ``spec``, train it on a seeded sample of the vectors, and add every block.
+
+    Shared with the benchmark so measured indexes are built exactly as ``index build`` builds them.
+
+    Args:
+        blocks: returns a fresh iterator of ``(first_row, vectors)``.
+        sample: returns the vectors at sorted rows.
+
+    Example:
+        >>> index = fill_index(spec, 384, lambda: [(0, x)], lambda rows: x[rows], len(x))
+    """
+    index = create_index(spec, dimension)
+    if spec.train_size and not index.is_trained:
+        index.train(as_codes(spec, sample(_sample_rows(total, spec.train_size, SAMPLE_SEED))))
+    for _, block in blocks():
+        index.add(as_codes(spec, np.asarray(block, dtype=np.float32)))
+    return index
+
+
+def calibrate_index(index: Any, spec: IndexSpec, blocks: Callable[[], Any],
+                    sample: Callable[[np.ndarray], np.ndarray], total: int) -> tuple[dict[str, int], Any]:
+    """Calibrate the search parameter on sampled indexed vectors against brute-force search.
+
+    Example:
+        >>> params, calibration = calibrate_index(index, spec, lambda: [(0, x)], lambda r: x[r], len(x))
+    """
+    query_rows = _sample_rows(total, CALIBRATION_QUERIES, SAMPLE_SEED + 1)
+    queries = sample(query_rows)
+    exact = exact_neighbours(queries, blocks(), k=min(10, max(1, total - 1)), query_rows=query_rows)
+    return calibrate(index, spec, queries, query_rows, exact)
+
+
+def _publish(partial: Path, output: Path) -> None:
+    """Move the finished build into place in one rename (replacing an older index if asked)."""
+    old = None
+    if output.exists():
+        old = output.with_name(f".{output.name}.old-{os.getpid()}")
+        os.replace(output, old)
+    os.replace(partial, output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, resume: bool = False,
+                overwrite: bool = False, show_progress: bool = True,
+                on_chunk: Callable[[ChunkDone], None] | None = None, **options: Any) -> IndexManifest:
+    """Encode ``corpus`` with ``model`` into a searchable index directory ``output``.
+
+    Args:
+        model: model name/path (``load_sentence_model`` rules); its "document" prompt is applied.
+        corpus: ``.jsonl``, ``.parquet``, ``.txt`` or a Hugging Face dataset.
+        output: index directory to create (``index.faiss``, ``documents.sqlite``, ``manifest.json``).
+        resume: continue an interrupted build of the same inputs from its last finished chunk.
+        overwrite: replace an existing index / discard an interrupted build.
+        on_chunk: called after each persisted chunk (progress hooks; raising stops the build).
+        **options: any :class:`BuildOptions` field (text_field, id_field, title_field, row_ids,
+            split, index_type, factory, precision, chunk_size, batch_size, max_seq_length, device).
+
+    Raises:
+        BuildInterrupted: on Ctrl-C (a ``KeyboardInterrupt``); finished chunks are kept.
+
+    Example:
+        >>> build_index("runs/my-embedder", "news.jsonl", "runs/news-index", index_type="hnsw",
+        ...             title_field="title")
+    """
+    opts = BuildOptions(model=str(model), corpus=str(corpus), **options)
+    output = Path(output)
+    encoder = load_encoder(opts.model, device=opts.device, batch_size=opts.batch_size,
+                           max_seq_length=opts.max_seq_length, revision=opts.revision)
+    check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
+    if opts.factory is not None:
+        create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)
+    partial = _prepare_partial(output, _saved_state(opts, encoder), resume, overwrite)
+    shards = ShardDirectory(partial / "shards")
+    with DocumentStore(partial / STORE_NAME) as store:
+        total = _import_corpus(store, opts)
+        spec = choose_index_spec(opts.index_type, total, encoder.dimension, opts.precision, opts.factory)
+        try:
+            n_chunks = _encode_chunks(store, shards, encoder, opts, total, show_progress, on_chunk)
+        except KeyboardInterrupt:
+            encoded = min(total, store.finished_chunks() * opts.chunk_size)
+            raise BuildInterrupted(partial, encoded, total) from None
+        blocks = functools.partial(shards.blocks, n_chunks)
+        sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
+        index = fill_index(spec, encoder.dimension, blocks, sample, total)
+        params, calibration = calibrate_index(index, spec, blocks, sample, total)
+        write_faiss_index(index, partial / INDEX_NAME)
+        store.forget_chunks()
+    manifest = IndexManifest(
+        model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
+        model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
+        similarity=encoder.similarity, normalized=encoder.normalized,
+        max_seq_length=int(encoder.model.max_seq_length), prompts=encoder.prompts,
+        index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
+        search_params=params, calibration=calibration, documents=total, vectors=total,
+        sources=[opts.corpus])
+    write_manifest(partial, manifest)
+    shards.remove()
+    (partial / STATE_NAME).unlink()
+    _publish(partial, output)
+    return manifest

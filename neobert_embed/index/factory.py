@@ -1,0 +1,259 @@
+"""Choosing, creating and querying FAISS indexes.
+
+Why: the right index depends on the corpus size. Exact search is best below ~100k vectors;
+above, an inverted file (IVF) or a graph (HNSW) trades a little recall for a lot of speed, and the
+stored precision (float16, int8 scalar quantizer, binary codes, product quantization) trades more
+recall for memory. This module turns ``--index-type``/``--precision``/``--factory`` into one FAISS
+factory string, refusing combinations FAISS cannot do, and runs every search the same way
+(search-time parameters, exclusion of replaced rows, binary codes).
+
+Example:
+    >>> spec = choose_index_spec("auto", n_vectors=1_000_000, dimension=384)
+    >>> spec.factory, spec.tuned_parameter
+    ('IVF1024,Flat', 'nprobe')
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from neobert_embed.errors import UserInputError
+
+INDEX_TYPES = ("auto", "flat", "ivf", "hnsw", "ivfpq")
+PRECISIONS = ("float32", "float16", "int8", "binary")
+EXACT_SEARCH_LIMIT = 100_000
+HNSW_NEIGHBOURS = 32
+KMEANS_POINTS_PER_CENTROID = 40
+KMEANS_ITERATIONS = 20
+NPROBE_CANDIDATES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
+EF_SEARCH_CANDIDATES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
+_SQ_SUFFIX = {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8"}
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """A resolved index choice.
+
+    Attributes:
+        index_type: flat, ivf, hnsw, ivfpq, or custom (``--factory``).
+        factory: FAISS factory string (``index_binary_factory`` syntax when ``binary``).
+        precision: how vectors are stored.
+        binary: codes are sign bits searched by Hamming distance.
+        tuned_parameter: search-time knob calibrated for recall (nprobe, efSearch) or None.
+        train_size: vectors sampled to train the index (0: needs no training).
+    """
+
+    index_type: str
+    factory: str
+    precision: str
+    binary: bool
+    tuned_parameter: str | None
+    train_size: int
+
+    @property
+    def candidates(self) -> tuple[int, ...]:
+        """Values of the tuned parameter tried in increasing cost order."""
+        if self.tuned_parameter == "nprobe":
+            return NPROBE_CANDIDATES
+        if self.tuned_parameter == "efSearch":
+            return EF_SEARCH_CANDIDATES
+        return ()
+
+
+def ivf_lists(n_vectors: int) -> int:
+    """Number of IVF cells: the power of two nearest sqrt(n), with >= 40 training points per cell.
+
+    Example:
+        >>> ivf_lists(1_000_000)
+        1024
+    """
+    nlist = 2 ** max(0, round(math.log2(math.sqrt(max(n_vectors, 1)))))
+    while nlist > 1 and nlist * KMEANS_POINTS_PER_CENTROID > n_vectors:
+        nlist //= 2
+    return nlist
+
+
+def _pq_layout(dimension: int, n_vectors: int) -> str:
+    """``PQ{m}x{bits}``: 8 dimensions per sub-quantizer, 8 bits when there are enough points to train."""
+    sub = next(s for s in (8, 4, 2, 1) if dimension % s == 0)
+    bits = 8 if n_vectors >= 256 * 39 else 4
+    if n_vectors < 16 * 39:
+        raise UserInputError(f"--index-type ivfpq needs at least {16 * 39} vectors to train its codebooks, "
+                             f"the corpus has {n_vectors}; use flat or ivf")
+    return f"PQ{dimension // sub}x{bits}"
+
+
+def check_options(index_type: str, precision: str, factory: str | None, dimension: int) -> None:
+    """Refuse unknown or incompatible ``--index-type``/``--precision``/``--factory`` before any work.
+
+    Example:
+        >>> check_options("ivfpq", "int8", None, 384)
+        Traceback (most recent call last):
+        UserInputError: --precision does not apply to --index-type ivfpq ...
+    """
+    if index_type not in INDEX_TYPES:
+        raise UserInputError(f"--index-type {index_type!r} is unknown; choose one of {', '.join(INDEX_TYPES)}")
+    if precision not in PRECISIONS:
+        raise UserInputError(f"--precision {precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
+    if factory is not None and index_type != "auto":
+        raise UserInputError("pass either --index-type or --factory, not both: the factory string "
+                             "already names the index type")
+    if factory is not None and precision != "float32":
+        raise UserInputError("--precision cannot be combined with --factory; put the storage in the "
+                             "factory string instead (e.g. 'IVF1024,SQ8' or 'HNSW32,SQfp16')")
+    if index_type == "ivfpq" and precision != "float32":
+        raise UserInputError("--precision does not apply to --index-type ivfpq (product quantization "
+                             "already compresses the vectors); drop --precision or use flat/ivf/hnsw")
+    if precision == "binary" and index_type in ("ivf", "ivfpq"):
+        raise UserInputError(f"--precision binary works with --index-type flat, hnsw or auto, not "
+                             f"{index_type} (FAISS's binary IVF cannot skip replaced documents)")
+    if precision == "binary" and dimension % 8:
+        raise UserInputError(f"--precision binary needs a dimension divisible by 8; the model has {dimension}")
+
+
+def _custom_spec(factory: str, n_vectors: int) -> IndexSpec:
+    binary = factory.startswith("B")
+    tuned = "nprobe" if "IVF" in factory else ("efSearch" if "HNSW" in factory else None)
+    needs_training = "IVF" in factory or "PQ" in factory or "SQ" in factory or "LSH" in factory
+    train_size = min(n_vectors, max(256 * 39, KMEANS_POINTS_PER_CENTROID * 4096)) if needs_training else 0
+    return IndexSpec("custom", factory, "binary" if binary else "float32", binary, tuned, train_size)
+
+
+def choose_index_spec(index_type: str, n_vectors: int, dimension: int, precision: str = "float32",
+                      factory: str | None = None) -> IndexSpec:
+    """Resolve the user's options into an :class:`IndexSpec`, refusing impossible combinations.
+
+    ``auto`` is exact below ``EXACT_SEARCH_LIMIT`` vectors and IVF above (HNSW for binary codes);
+    the approximate indexes get their search parameter calibrated after building so recall@10
+    against exact search stays >= 0.95 (see :mod:`neobert_embed.index.tuning`).
+
+    Example:
+        >>> choose_index_spec("hnsw", 50_000, 384, precision="int8").factory
+        'HNSW32,SQ8'
+    """
+    check_options(index_type, precision, factory, dimension)
+    if factory is not None:
+        return _custom_spec(factory, n_vectors)
+    binary = precision == "binary"
+    if index_type == "auto":
+        index_type = "flat" if n_vectors < EXACT_SEARCH_LIMIT else ("hnsw" if binary else "ivf")
+    nlist = ivf_lists(n_vectors)
+    ivf_train = min(n_vectors, KMEANS_POINTS_PER_CENTROID * nlist)
+    sq_train = min(n_vectors, 100_000) if precision in ("int8",) else 0
+    if index_type == "flat":
+        return IndexSpec("flat", "BFlat" if binary else _SQ_SUFFIX[precision], precision, binary, None,
+                         sq_train)
+    if index_type == "hnsw":
+        name = f"BHNSW{HNSW_NEIGHBOURS}" if binary else f"HNSW{HNSW_NEIGHBOURS}"
+        if precision in ("float16", "int8"):
+            name += f",{_SQ_SUFFIX[precision]}"
+        return IndexSpec("hnsw", name, precision, binary, "efSearch", sq_train)
+    if index_type == "ivf":
+        return IndexSpec("ivf", f"IVF{nlist},{_SQ_SUFFIX[precision]}", precision, False, "nprobe",
+                         ivf_train)
+    pq = _pq_layout(dimension, n_vectors)
+    return IndexSpec("ivfpq", f"IVF{nlist},{pq}", precision, False, "nprobe",
+                     min(n_vectors, max(ivf_train, 256 * 39)))
+
+
+def create_index(spec: IndexSpec, dimension: int) -> Any:
+    """Instantiate an empty FAISS index (inner product; Hamming for binary codes).
+
+    Example:
+        >>> create_index(choose_index_spec("flat", 10, 32), 32).ntotal
+        0
+    """
+    import faiss
+
+    try:
+        if spec.binary:
+            return faiss.index_binary_factory(dimension, spec.factory)
+        index = faiss.index_factory(dimension, spec.factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        raise UserInputError(f"--factory {spec.factory!r} is not a valid FAISS factory string for "
+                             f"{dimension}-d vectors: {str(exc).strip().splitlines()[-1]}") from None
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.cp.niter = KMEANS_ITERATIONS
+        ivf.cp.seed = 1234
+    return index
+
+
+def as_codes(spec: IndexSpec, vectors: np.ndarray) -> np.ndarray:
+    """What FAISS stores for ``vectors``: the floats, or packed sign bits for binary indexes.
+
+    Example:
+        >>> as_codes(binary_spec, np.ones((1, 16), "float32")).shape
+        (1, 2)
+    """
+    if spec.binary:
+        return np.packbits(vectors > 0, axis=1)
+    return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def _search_parameters(index: Any, params: dict[str, int], excluded: np.ndarray | None) -> tuple[Any, Any]:
+    """Build the right ``SearchParameters`` subclass; returns it with the selector it references."""
+    import faiss
+
+    selector = None
+    if excluded is not None and len(excluded):
+        selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.asarray(excluded, dtype=np.int64)))
+    ivf = faiss.try_extract_index_ivf(index) if isinstance(index, faiss.Index) else None
+    if ivf is not None:
+        parameters = faiss.SearchParametersIVF()
+        parameters.nprobe = int(params.get("nprobe", ivf.nprobe))
+    elif hasattr(index, "hnsw"):
+        parameters = faiss.SearchParametersHNSW()
+        parameters.efSearch = int(params.get("efSearch", index.hnsw.efSearch))
+    else:
+        parameters = faiss.SearchParameters()
+    if selector is not None:
+        parameters.sel = selector
+    return parameters, selector
+
+
+def search_vectors(index: Any, spec: IndexSpec, queries: np.ndarray, k: int,
+                   params: dict[str, int] | None = None,
+                   excluded: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` (scores, FAISS ids) for each query; ids are -1 where fewer than ``k`` exist.
+
+    Scores are inner products (cosine for normalized models); for binary codes they are
+    ``1 - 2 * hamming / dimension``, the cosine estimate of sign-bit codes.
+
+    Example:
+        >>> scores, ids = search_vectors(index, spec, encoder.encode(["q"], "query"), k=10)
+    """
+    parameters, _selector = _search_parameters(index, params or {}, excluded)
+    k = max(1, min(int(k), int(index.ntotal))) if index.ntotal else 1
+    scores, ids = index.search(as_codes(spec, queries), k, params=parameters)
+    if spec.binary:
+        scores = 1.0 - 2.0 * scores.astype(np.float32) / float(index.d)
+    return scores.astype(np.float32), ids
+
+
+def write_faiss_index(index: Any, path: Path) -> None:
+    """Write a float or binary FAISS index via a temporary file and a rename."""
+    import faiss
+
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(index, faiss.IndexBinary):
+        faiss.write_index_binary(index, str(tmp))
+    else:
+        faiss.write_index(index, str(tmp))
+    os.replace(tmp, path)
+
+
+def read_faiss_index(path: str | Path, binary: bool) -> Any:
+    """Load an index written by :func:`write_faiss_index`."""
+    import faiss
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{path}: missing; the index directory is incomplete, rebuild it")
+    return faiss.read_index_binary(str(path)) if binary else faiss.read_index(str(path))

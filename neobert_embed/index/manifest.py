@@ -1,0 +1,99 @@
+"""The manifest written next to every index: what made it, how to search it, what it holds.
+
+Why: vectors from one model are meaningless to another. The manifest pins the model (name,
+revision and a fingerprint of its weights), the prompts and normalization used for documents,
+and the FAISS factory string plus the search parameters calibrated for it, so ``index search``
+can reproduce the query side exactly and refuse a model that would return garbage.
+
+Example:
+    >>> manifest = read_manifest("runs/news-index")
+    >>> manifest.factory, manifest.search_params
+    ('IVF1024,Flat', {'nprobe': 16})
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_text
+
+MANIFEST_NAME = "manifest.json"
+INDEX_NAME = "index.faiss"
+STORE_NAME = "documents.sqlite"
+FORMAT_VERSION = 1
+
+
+class Calibration(BaseModel):
+    """How the search parameter was chosen: recall@10 against exact search on sampled vectors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    parameter: str | None = Field(description="nprobe or efSearch; None for exact indexes")
+    value: int | None = None
+    recall_at_10: float
+    target: float
+    queries: int
+
+
+class IndexManifest(BaseModel):
+    """Everything needed to search an index correctly, saved as ``manifest.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    model: str = Field(description="model name or path as given at build time")
+    model_path: str | None = Field(default=None, description="absolute path when the model is local")
+    model_revision: str | None = None
+    model_fingerprint: str = Field(description="hash of the model's weights; search refuses others")
+    dimension: int
+    similarity: Literal["cosine", "dot"]
+    normalized: bool
+    max_seq_length: int
+    prompts: dict[str, str] = Field(default_factory=dict, description="'query' and 'document' prompts")
+    index_type: Literal["flat", "ivf", "hnsw", "ivfpq", "custom"]
+    factory: str
+    precision: Literal["float32", "float16", "int8", "binary"]
+    binary: bool = False
+    search_params: dict[str, int] = Field(default_factory=dict)
+    calibration: Calibration | None = None
+    documents: int = Field(description="searchable documents")
+    vectors: int = Field(description="vectors in the FAISS index, replaced ones included")
+    replaced: int = 0
+    sources: list[str] = Field(default_factory=list)
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    updated_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+def write_manifest(directory: str | Path, manifest: IndexManifest) -> None:
+    """Write ``manifest.json`` atomically.
+
+    Example:
+        >>> write_manifest("runs/news-index", manifest)
+    """
+    atomic_write_text(Path(directory) / MANIFEST_NAME, manifest.model_dump_json(indent=2) + "\n")
+
+
+def read_manifest(directory: str | Path) -> IndexManifest:
+    """Read and validate an index directory's manifest, explaining what is wrong when it is not one.
+
+    Example:
+        >>> read_manifest("runs/news-index").documents
+        7600
+    """
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        partial = directory.with_name(directory.name + ".partial")
+        hint = (f"; an interrupted build is in {partial}: rerun `neobert-embed index build` with "
+                "--resume" if partial.is_dir() else "; build one with `neobert-embed index build`")
+        raise UserInputError(f"{directory}: not an index (no {MANIFEST_NAME}){hint}")
+    try:
+        return IndexManifest.model_validate_json(path.read_text(encoding="utf-8"))
+    except (ValidationError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"{path}: invalid manifest ({str(exc).splitlines()[0]}); "
+                             "rebuild the index") from None

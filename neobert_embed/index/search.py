@@ -1,0 +1,126 @@
+"""``index search``: query an index with the model (and query prompt) it was built with.
+
+Why: a query must be encoded exactly like the documents' counterpart at build time: same weights
+(checked by fingerprint, a different model is refused), the manifest's "query" prompt, the same
+normalization; and replaced documents must never come back.
+
+Example:
+    >>> with open_index("runs/news-index") as index:
+    ...     for hit in index.search(["oil prices fall"], k=3)[0]:
+    ...         print(hit.rank, round(hit.score, 3), hit.doc_id, hit.text[:40])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.index.encoder import IndexEncoder, load_encoder
+from neobert_embed.index.factory import IndexSpec, read_faiss_index, search_vectors
+from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, read_manifest
+from neobert_embed.index.store import DocumentStore
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result."""
+
+    rank: int
+    score: float
+    doc_id: str
+    title: str
+    text: str
+
+
+def spec_of(manifest: IndexManifest) -> IndexSpec:
+    """The :class:`IndexSpec` an index was built with, as far as searching needs it."""
+    tuned = next(iter(manifest.search_params), None)
+    return IndexSpec(manifest.index_type, manifest.factory, manifest.precision, manifest.binary, tuned, 0)
+
+
+def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | None = None,
+                device: str | None = None, batch_size: int = 32) -> IndexEncoder:
+    """Load the index's model (or ``model``), refuse it if its weights differ, use the saved prompts.
+
+    Example:
+        >>> encoder = encoder_for(read_manifest(d), d, model="runs/other")  # raises if different
+    """
+    if model is not None:
+        name = str(model)
+    elif manifest.model_path and Path(manifest.model_path).exists():
+        name = manifest.model_path
+    else:
+        name = manifest.model
+    try:
+        encoder = load_encoder(name, device=device, batch_size=batch_size,
+                               max_seq_length=manifest.max_seq_length, revision=manifest.model_revision)
+    except UserInputError as exc:
+        raise UserInputError(f"{directory}: cannot load the index's model: {exc}. If the model moved, "
+                             "pass --model with its new location") from None
+    encoder.check_matches(manifest, directory)
+    encoder.prompts = dict(manifest.prompts)
+    return encoder
+
+
+class SearchIndex:
+    """An opened index: FAISS vectors, the document store and the matching encoder."""
+
+    def __init__(self, directory: str | Path, model: str | Path | None = None, device: str | None = None,
+                 batch_size: int = 32) -> None:
+        self.directory = Path(directory)
+        self.manifest = read_manifest(self.directory)
+        self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size)
+        self.spec = spec_of(self.manifest)
+        self.faiss_index: Any = read_faiss_index(self.directory / INDEX_NAME, self.manifest.binary)
+        self.store = DocumentStore(self.directory / STORE_NAME, read_only=True)
+        self.excluded = self.store.deleted_rows()
+
+    def __enter__(self) -> SearchIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the document store."""
+        self.store.close()
+
+    def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` (scores, FAISS rows) for already-encoded query vectors (-1 pads missing hits)."""
+        return search_vectors(self.faiss_index, self.spec, vectors, k, self.manifest.search_params,
+                              self.excluded)
+
+    def search(self, queries: list[str], k: int = 10) -> list[list[Hit]]:
+        """Encode ``queries`` with the query prompt and return their top-``k`` documents.
+
+        Example:
+            >>> index.search(["who won the match?"], k=1)[0][0].doc_id
+            'n1043'
+        """
+        if k < 1:
+            raise UserInputError(f"--k must be at least 1, got {k}")
+        scores, rows = self.search_vectors(self.encoder.encode(list(queries), "query"), k)
+        results = []
+        for score_row, id_row in zip(scores, rows, strict=True):
+            kept = [(float(s), int(r)) for s, r in zip(score_row, id_row, strict=True) if r >= 0]
+            documents = self.store.get([r for _, r in kept])
+            results.append([Hit(rank, score, doc.doc_id, doc.title, doc.text)
+                            for rank, ((score, _), doc) in enumerate(zip(kept, documents, strict=True),
+                                                                     start=1)])
+        return results
+
+
+def open_index(directory: str | Path, model: str | Path | None = None, device: str | None = None,
+               batch_size: int = 32) -> SearchIndex:
+    """Open an index for searching; ``model`` overrides the manifest's path but must be the same model.
+
+    Example:
+        >>> index = open_index("runs/news-index")
+        >>> index.manifest.documents
+        7600
+    """
+    return SearchIndex(directory, model=model, device=device, batch_size=batch_size)

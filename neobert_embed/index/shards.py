@@ -1,0 +1,67 @@
+"""Encoded vectors of an unfinished build, one ``.npy`` file per chunk.
+
+Why: encoding is the expensive part of a build. Each finished chunk is written atomically as its
+own file, so a killed build loses at most the chunk in flight, and the final index can be trained
+and filled from memory-mapped shards without holding every float vector in RAM twice.
+
+Example:
+    >>> shards = ShardDirectory("runs/index.partial/shards")
+    >>> shards.write(0, vectors)
+    >>> sum(len(block) for _, block in shards.blocks(2))
+    16384
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+
+class ShardDirectory:
+    """Chunk ``i`` covers store rows ``[i * chunk_size, (i + 1) * chunk_size)``."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def path(self, chunk: int) -> Path:
+        """File holding chunk ``chunk``."""
+        return self.directory / f"chunk-{chunk:06d}.npy"
+
+    def write(self, chunk: int, vectors: np.ndarray) -> None:
+        """Persist one chunk atomically (temporary file, fsync, rename)."""
+        final = self.path(chunk)
+        tmp = final.with_suffix(".tmp")
+        with open(tmp, "wb") as handle:
+            np.save(handle, np.ascontiguousarray(vectors, dtype=np.float32))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+
+    def load(self, chunk: int) -> np.ndarray:
+        """Memory-map one chunk."""
+        return np.load(self.path(chunk), mmap_mode="r")
+
+    def blocks(self, n_chunks: int) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first_row, vectors)`` for chunks ``0 .. n_chunks - 1``, memory-mapped."""
+        first = 0
+        for chunk in range(n_chunks):
+            vectors = self.load(chunk)
+            yield first, vectors
+            first += len(vectors)
+
+    def gather(self, rows: np.ndarray, chunk_size: int) -> np.ndarray:
+        """Vectors at sorted store ``rows`` (a training or calibration sample)."""
+        parts = []
+        chunks = rows // chunk_size
+        for chunk in np.unique(chunks):
+            parts.append(np.asarray(self.load(int(chunk))[rows[chunks == chunk] - chunk * chunk_size]))
+        return np.concatenate(parts).astype(np.float32, copy=False)
+
+    def remove(self) -> None:
+        """Delete all shards once the final index holds the vectors."""
+        shutil.rmtree(self.directory, ignore_errors=True)

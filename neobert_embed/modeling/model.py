@@ -1,0 +1,345 @@
+"""NeoBERT encoder, MLM head and sequence classifier, native to this package (no remote code).
+
+Why: the official ``chandar-lab/NeoBERT`` code hard-imports xformers, computes over padding and
+cannot be saved under transformers 5. These classes keep its exact parameter names and math
+(so the official checkpoint loads with no missing/unexpected keys and gives the same numbers)
+while dropping pad tokens before every linear layer (see :mod:`.attention`).
+
+Layout (parameter names are the official ones):
+``encoder`` (token embedding) → ``transformer_encoder.{i}``: pre-norm blocks
+(``attention_norm`` → ``qkv`` laid out per head → RoPE → attention → ``wo``;
+``ffn_norm`` → ``ffn.w12`` / ``ffn.w3`` SwiGLU) → ``layer_norm``; the MLM head is ``decoder``.
+
+Example:
+    >>> config = NeoBERTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2)
+    >>> model = NeoBERTModel(config).eval()
+    >>> out = model(torch.tensor([[101, 7592, 102, 0]]), torch.tensor([[1, 1, 1, 0]]))
+    >>> out.last_hidden_state.shape
+    torch.Size([1, 4, 32])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.modeling.attention import build_varlen_batch, padded_attention, varlen_attention
+from neobert_embed.modeling.configuration import NeoBERTConfig, swiglu_hidden_size
+from neobert_embed.modeling.rotary import RotaryEmbedding, apply_rotary
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class SwiGLU(nn.Module):
+    """``w3(silu(a) * b)`` with ``a, b`` the first and second halves of ``w12(x)`` (gate first)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.w12 = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.w3 = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.w12(x).chunk(2, dim=-1)
+        return self.w3(F.silu(gate) * value)
+
+
+class NeoBERTLayer(GradientCheckpointingLayer):
+    """One pre-norm block; works on padded (batch, length, hidden) or un-padded (tokens, hidden)."""
+
+    def __init__(self, config: NeoBERTConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.ffn = SwiGLU(config.hidden_size, swiglu_hidden_size(config.intermediate_size))
+        self.attention_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.ffn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+
+    def forward(self, x: torch.Tensor, rotations: torch.Tensor, attend: Attend) -> torch.Tensor:
+        leading = x.shape[:-1]
+        # The official checkpoint lays qkv out per head: (…, heads, [q | k | v] of head_dim each).
+        qkv = self.qkv(self.attention_norm(x)).view(*leading, self.num_heads, 3, -1)
+        qk = apply_rotary(qkv[..., :2, :], rotations)
+        attended = attend(qk[..., 0, :], qk[..., 1, :], qkv[..., 2, :])
+        x = x + self.wo(attended.reshape(*leading, -1))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class NeoBERTPreTrainedModel(PreTrainedModel):
+    """Shared loading/initialisation logic; ``base_model_prefix = "model"`` as in the checkpoint."""
+
+    config_class = NeoBERTConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["NeoBERTLayer"]
+    _supports_sdpa = True
+    _keys_to_ignore_on_load_unexpected = [r"^decoder\."]
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+        """``PreTrainedModel.from_pretrained``, but a wrong-shaped tensor is an error NAMING the key.
+
+        transformers only says "look at the report above" when shapes mismatch; here the
+        message lists each key with its checkpoint and expected shapes.
+        ``ignore_mismatched_sizes=True`` keeps transformers' behaviour (re-initialise them).
+        """
+        if kwargs.get("ignore_mismatched_sizes"):
+            return super().from_pretrained(*args, **kwargs)
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, ignore_mismatched_sizes=True, output_loading_info=True,
+                                              **kwargs)
+        if info["mismatched_keys"]:
+            details = "; ".join(f"{key}: checkpoint {tuple(found)} vs model {tuple(expected)}"
+                                for key, found, expected in sorted(info["mismatched_keys"]))
+            raise UserInputError(
+                f"checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!s} has "
+                f"tensors of the wrong shape for this config: {details}. Check that config.json "
+                "matches the weights (hidden_size, intermediate_size, vocab_size …)"
+            )
+        return (model, info) if want_info else model
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Official init: uniform ±range for embedding and linear layers, normal for the classifier."""
+        config = self.config
+        if isinstance(module, NeoBERTForSequenceClassification):
+            for layer in (module.dense, module.classifier):
+                init.normal_(layer.weight, mean=0.0, std=config.classifier_init_range)
+                init.zeros_(layer.bias)
+        elif isinstance(module, nn.Linear):
+            init.uniform_(module.weight, -config.decoder_init_range, config.decoder_init_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.uniform_(module.weight, -config.embedding_init_range, config.embedding_init_range)
+        elif isinstance(module, nn.RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, RotaryEmbedding):  # a non-persistent buffer: rebuilt after meta-device loading
+            init.copy_(module.inv_freq, module.compute_inv_freq(seq_len=None)[0])
+
+
+class NeoBERTModel(NeoBERTPreTrainedModel):
+    """The NeoBERT encoder (official class name ``NeoBERT``)."""
+
+    def __init__(self, config: NeoBERTConfig) -> None:
+        super().__init__(config)
+        self.encoder = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.rotary = RotaryEmbedding(config)
+        self.transformer_encoder = nn.ModuleList(NeoBERTLayer(config) for _ in range(config.num_hidden_layers))
+        self.layer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.encoder = value
+
+    def attention_path(self, attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> str:
+        """``"varlen"`` | ``"padded"`` for this input, from ``config.attention_backend``.
+
+        ``auto`` un-pads when the mask has padding or documents are packed, and otherwise runs
+        plain SDPA over the (pad-free) batch; ``attn_implementation="eager"`` means ``padded``.
+        """
+        backend = self.config.attention_backend
+        if self.config._attn_implementation == "eager":
+            backend = "padded"
+        if backend == "padded":
+            if cu_seqlens is not None:
+                raise ValueError("packed documents (cu_seqlens) need the varlen attention path; "
+                                 "set config.attention_backend to 'auto' or 'varlen'")
+            return "padded"
+        if backend == "varlen" or cu_seqlens is not None:
+            return "varlen"
+        has_padding = attention_mask is not None and not bool(attention_mask.all())
+        return "varlen" if has_padding else "padded"
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        position_ids: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **ignored: Any,
+    ) -> BaseModelOutput | tuple:
+        """Encode a batch.
+
+        Args:
+            input_ids: (batch, length) token ids (or pass ``inputs_embeds`` (batch, length, hidden)).
+            attention_mask: (batch, length) 1 for real tokens, 0 for padding (right padding, as the
+                tokenizer produces). With padding, pad tokens are dropped before every linear
+                layer (un-padded path) unless ``config.attention_backend == "padded"``.
+            position_ids: (batch, length) RoPE positions; default: the index within the row, or
+                within the packed document when ``cu_seqlens`` is given.
+            cu_seqlens: PACKED PRETRAINING. int32 (documents + 1,) boundaries of documents over the
+                flattened batch × length tokens (starts at 0, ends at batch × length). Attention
+                is then restricted to each document — no token attends across a boundary — and
+                positions restart at 0 in each document. May be combined with ``attention_mask``
+                (masked tokens are dropped from their document).
+            max_seqlen: longest document (optional; computed when omitted).
+            output_hidden_states: also return (embeddings, output of each layer); pre-final-norm,
+                re-padded to (batch, length, hidden).
+            return_dict: return a ``BaseModelOutput`` (default) or a tuple.
+            **ignored: ``token_type_ids`` and other keys tokenizers/sentence-transformers pass.
+
+        Returns:
+            ``BaseModelOutput`` whose ``last_hidden_state`` is (batch, length, hidden) after the
+            final RMSNorm; un-padded runs return zeros at pad positions.
+        """
+        output_hidden_states = output_hidden_states or self.config.output_hidden_states
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        hidden = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
+        batch, length, width = hidden.shape
+        states: list[torch.Tensor] = []
+        if self.attention_path(attention_mask, cu_seqlens) == "padded":
+            if position_ids is None:
+                position_ids = torch.arange(length, device=hidden.device).expand(batch, length)
+            rotations = self.rotary(position_ids)
+            if attention_mask is not None and bool(attention_mask.all()):
+                attention_mask = None  # same result, lets SDPA pick its fastest kernel
+            attend = functools.partial(padded_attention, attention_mask=attention_mask)
+            hidden = self._run_layers(hidden, rotations, attend, states if output_hidden_states else None)
+            hidden = self.layer_norm(hidden)
+        else:
+            plan = build_varlen_batch(attention_mask, cu_seqlens, (batch, length), position_ids, hidden.device)
+            if max_seqlen is not None:
+                plan = dataclasses.replace(plan, max_seqlen=int(max_seqlen))
+            tokens = hidden.reshape(batch * length, width)
+            if plan.token_index is not None:
+                tokens = tokens[plan.token_index]
+            rotations = self.rotary(plan.position_ids)
+            attend = functools.partial(varlen_attention, batch=plan)
+            token_states: list[torch.Tensor] = []
+            tokens = self._run_layers(tokens, rotations, attend, token_states if output_hidden_states else None)
+            hidden = _repad(self.layer_norm(tokens), plan.token_index, batch, length)
+            states = [_repad(state, plan.token_index, batch, length) for state in token_states]
+        hidden_states = tuple(states) if output_hidden_states else None
+        if not return_dict:
+            return (hidden,) + ((hidden_states,) if hidden_states is not None else ())
+        return BaseModelOutput(last_hidden_state=hidden, hidden_states=hidden_states)
+
+    def _run_layers(self, x: torch.Tensor, rotations: torch.Tensor, attend: Attend,
+                    states: list[torch.Tensor] | None) -> torch.Tensor:
+        for layer in self.transformer_encoder:
+            if states is not None:
+                states.append(x)
+            x = layer(x, rotations, attend)
+        if states is not None:
+            states.append(x)
+        return x
+
+
+def _repad(tokens: torch.Tensor, token_index: torch.Tensor | None, batch: int, length: int) -> torch.Tensor:
+    """Scatter un-padded (tokens, hidden) back to (batch, length, hidden), zeros at padding."""
+    if token_index is None:
+        return tokens.reshape(batch, length, -1)
+    full = tokens.new_zeros(batch * length, tokens.shape[-1])
+    return full.index_copy(0, token_index, tokens).reshape(batch, length, -1)
+
+
+class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
+    """NeoBERT with its MLM head ``decoder`` (official class name ``NeoBERTLMHead``)."""
+
+    _keys_to_ignore_on_load_unexpected: list[str] = []
+
+    def __init__(self, config: NeoBERTConfig) -> None:
+        super().__init__(config)
+        self.model = NeoBERTModel(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.decoder
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.decoder = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        labels: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> MaskedLMOutput | tuple:
+        """Logits over the vocabulary; with ``labels`` (-100 = ignore) also the mean MLM loss.
+
+        Accepts every keyword of :meth:`NeoBERTModel.forward` (``position_ids``,
+        ``cu_seqlens``, ``max_seqlen`` for packed pretraining rows …).
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        output = self.model(input_ids, attention_mask, return_dict=True, **kwargs)
+        logits = self.decoder(output.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device),
+                                   ignore_index=-100)
+        if not return_dict:
+            rest = (logits,) + ((output.hidden_states,) if output.hidden_states is not None else ())
+            return ((loss,) + rest) if loss is not None else rest
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
+
+
+class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
+    """[CLS] → dropout → dense → tanh → dropout → classifier (the official head layout)."""
+
+    def __init__(self, config: NeoBERTConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = NeoBERTModel(config)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        labels: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput | tuple:
+        """Logits (batch, num_labels); with ``labels`` the loss for ``config.problem_type``
+        (inferred like transformers does: regression for 1 label, single-label for integer labels).
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        output = self.model(input_ids, attention_mask, return_dict=True, **kwargs)
+        x = self.dropout(output.last_hidden_state[:, 0])
+        logits = self.classifier(self.dropout(torch.tanh(self.dense(x))))
+        loss = None if labels is None else self._loss(logits, labels)
+        if not return_dict:
+            rest = (logits,) + ((output.hidden_states,) if output.hidden_states is not None else ())
+            return ((loss,) + rest) if loss is not None else rest
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.config.problem_type is None:
+            if self.num_labels == 1:
+                self.config.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                self.config.problem_type = "single_label_classification"
+            else:
+                self.config.problem_type = "multi_label_classification"
+        if self.config.problem_type == "regression":
+            return F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
+        if self.config.problem_type == "single_label_classification":
+            return F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1))
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())

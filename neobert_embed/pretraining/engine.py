@@ -1,0 +1,239 @@
+"""The training engine: DeepSpeed (ZeRO 0-3, any number of processes) or plain PyTorch.
+
+Why one small interface: the training loop must not care whether gradients are sharded. Both
+engines take a micro-batch at a time (``forward`` -> ``backward`` -> ``step``), apply the
+optimizer at accumulation boundaries, clip gradients, and save/load their complete state
+(parameters, optimizer, scheduler) into a directory. DeepSpeed is driven directly through
+``deepspeed.initialize`` (accelerate's DeepSpeed path breaks with several CPU processes); when it
+is not installed the same loop runs in plain PyTorch in one process, with a warning.
+
+Launching: ``torchrun --nproc-per-node N -m neobert_embed.cli pretrain ...`` or
+``deepspeed --num_gpus N ...``; a plain single process needs nothing (the rendezvous variables
+are filled in).
+
+Example:
+    >>> engine = build_engine(recipe, MaskedLMObjective(model))
+    >>> loss, correct, count = engine.forward(**batch)
+    >>> engine.backward(loss); engine.step()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.pretraining.recipe import PretrainRecipe
+from neobert_embed.pretraining.schedule import build_scheduler
+
+EXTENSIONS_CACHE = Path.home() / ".cache" / "neobert-embed" / "torch_extensions"
+
+
+def deepspeed_available() -> bool:
+    """True when the ``pretrain`` extra (deepspeed) is importable."""
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def fill_rendezvous_env() -> None:
+    """Let a plain ``python``/``neobert-embed`` process act as a world of one (torchrun and the
+    deepspeed launcher set these variables themselves)."""
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_CACHE))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> torch.optim.AdamW:
+    """AdamW with the recipe's settings; norms, biases and embeddings get no weight decay."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
+    opt = recipe.optimizer
+    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
+
+
+class TorchEngine:
+    """Single-process PyTorch engine (bf16 through autocast, fp32 master weights)."""
+
+    kind = "torch"
+
+    def __init__(self, recipe: PretrainRecipe, module: torch.nn.Module) -> None:
+        self.module = module
+        self.optimizer = build_optimizer(recipe, module)
+        self.scheduler = build_scheduler(self.optimizer, recipe.schedule.warmup_steps,
+                                         recipe.training.max_steps, recipe.schedule.decay_fraction,
+                                         recipe.schedule.final_lr_ratio)
+        self.accumulation = recipe.training.gradient_accumulation_steps
+        self.clip = recipe.optimizer.grad_clip
+        self.bf16 = recipe.training.precision == "bf16"
+        self.rank, self.world_size = 0, 1
+        self._micro = 0
+        self._grad_norm: float | None = None
+
+    def forward(self, **batch: Any):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            return self.module(**batch)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.accumulation).backward()
+
+    def step(self) -> None:
+        self._micro += 1
+        if self._micro % self.accumulation:
+            return
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.clip if self.clip > 0 else float("inf"))
+        self._grad_norm = float(norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def grad_norm(self) -> float | None:
+        return self._grad_norm
+
+    @property
+    def base_optimizer(self) -> torch.optim.Optimizer:
+        return self.optimizer
+
+    def save(self, directory: Path) -> None:
+        torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict()}, directory / "engine.pt")
+
+    def load(self, directory: Path) -> None:
+        state = torch.load(directory / "engine.pt", map_location="cpu", weights_only=False)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def barrier(self) -> None:
+        """Nothing to wait for in one process."""
+
+
+class DeepSpeedEngine:
+    """``deepspeed.initialize`` with the recipe's ZeRO stage, precision, clipping and accumulation."""
+
+    kind = "deepspeed"
+    TAG = "engine"
+
+    def __init__(self, recipe: PretrainRecipe, module: torch.nn.Module) -> None:
+        import deepspeed
+
+        fill_rendezvous_env()
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                                   verbose=False)
+        training = recipe.training
+        self.optimizer = build_optimizer(recipe, module)
+        scheduler = build_scheduler(self.optimizer, recipe.schedule.warmup_steps, training.max_steps,
+                                    recipe.schedule.decay_fraction, recipe.schedule.final_lr_ratio)
+        config = {
+            "train_micro_batch_size_per_gpu": training.micro_batch_size,
+            "gradient_accumulation_steps": training.gradient_accumulation_steps,
+            "gradient_clipping": recipe.optimizer.grad_clip,
+            "zero_optimization": {"stage": training.zero_stage},
+            "bf16": {"enabled": training.precision == "bf16"},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 2**62,
+            "wall_clock_breakdown": False,
+        }
+        self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=self.optimizer,
+                                                    lr_scheduler=scheduler, config=config)
+        self.module = self.engine.module
+        self.rank = self.engine.global_rank
+        self.world_size = self.engine.world_size
+        self.zero_stage = training.zero_stage
+
+    def forward(self, **batch: Any):
+        return self.engine(**batch)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        if boundary and self.zero_stage == 0:
+            self._stage0_norm = self._local_grad_norm()
+        self.engine.step()
+
+    def _local_grad_norm(self) -> float | None:
+        grads = [p.grad.float() for p in self.module.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else None
+
+    def grad_norm(self) -> float | None:
+        norm = self.engine.get_global_grad_norm()
+        if norm is None and self.zero_stage == 0:
+            return getattr(self, "_stage0_norm", None)
+        return None if norm is None else float(norm)
+
+    @property
+    def base_optimizer(self) -> torch.optim.Optimizer:
+        return self.optimizer
+
+    def save(self, directory: Path) -> None:
+        self.engine.save_checkpoint(str(directory), tag=self.TAG, save_latest=False)
+
+    def load(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(directory), tag=self.TAG, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"{directory}: DeepSpeed found no checkpoint to load")
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        if self.world_size > 1:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.world_size > 1:
+            dist.barrier()
+
+
+def build_engine(recipe: PretrainRecipe, module: torch.nn.Module) -> TorchEngine | DeepSpeedEngine:
+    """The engine the recipe asks for (``training.engine``: auto | deepspeed | torch).
+
+    Example:
+        >>> build_engine(recipe, objective).kind
+        'deepspeed'
+    """
+    wanted = recipe.training.engine
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if wanted == "torch":
+        if world > 1:
+            raise UserInputError("training.engine 'torch' runs one process; use 'deepspeed' with torchrun")
+        return TorchEngine(recipe, module)
+    if deepspeed_available():
+        return DeepSpeedEngine(recipe, module)
+    if wanted == "deepspeed" or world > 1:
+        raise UserInputError("deepspeed is not installed but training.engine 'deepspeed' or a multi-process "
+                             "launch needs it; install it with `pip install neobert-embed[pretrain]`")
+    ignored = f" (training.zero_stage {recipe.training.zero_stage} ignored)" if recipe.training.zero_stage else ""
+    warnings.warn(f"deepspeed is not installed; training in plain PyTorch on one process{ignored}; "
+                  "install neobert-embed[pretrain] for ZeRO and multi-GPU runs", stacklevel=2)
+    return TorchEngine(recipe, module)

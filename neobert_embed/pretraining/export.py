@@ -1,0 +1,97 @@
+"""``pretrain export``: a checkpoint -> a Hugging Face model directory.
+
+Why: DeepSpeed checkpoints are sharded by ZeRO stage and process count, and loading them
+"module only" under ZeRO-3 silently loads nothing. Export consolidates the fp32 weights through
+DeepSpeed's own conversion (``get_fp32_state_dict_from_zero_checkpoint``), loads them strictly
+into ``NeoBERTForMaskedLM`` (every key must match) and saves a directory that
+``AutoModelForMaskedLM.from_pretrained`` (after ``import neobert_embed``), sentence-transformers
+and ``neobert-embed train-contrastive`` load directly, with the tokenizer beside it.
+
+Example:
+    >>> export_checkpoint("runs/tiny", "models/neobert-tiny")      # newest valid checkpoint
+    PosixPath('models/neobert-tiny')
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_directory
+from neobert_embed.pretraining.checkpoint import (
+    MODEL_FILES,
+    PREFIX,
+    TRAINER_STATE,
+    CorruptCheckpoint,
+    latest_valid_checkpoint,
+    verify_checkpoint,
+)
+
+OBJECTIVE_PREFIX = "mlm."
+
+
+def write_model_files(model, tokenizer, target: Path) -> None:
+    """Save the model's config and the tokenizer (no weights) into ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(str(target))
+    tokenizer.save_pretrained(str(target))
+
+
+def _checkpoint_dir(source: Path) -> Path:
+    if source.name.startswith(PREFIX) and (source / TRAINER_STATE).is_file():
+        try:
+            verify_checkpoint(source)
+        except CorruptCheckpoint as exc:
+            raise UserInputError(f"cannot export: {exc}; export an earlier checkpoint instead") from None
+        return source
+    if (source / "checkpoints").is_dir():
+        return latest_valid_checkpoint(source / "checkpoints")
+    raise UserInputError(f"{source}: neither a pretraining output directory nor a checkpoint (step-NNNNNNNN)")
+
+
+def _engine_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """fp32 weights of the objective module, whatever engine and ZeRO stage wrote them."""
+    state = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))
+    if state["engine"] == "torch":
+        return torch.load(checkpoint / "engine.pt", map_location="cpu", weights_only=False)["module"]
+    if state["zero_stage"] == 0:
+        files = sorted((checkpoint / "engine").glob("mp_rank_*_model_states.pt"))
+        if not files:
+            raise UserInputError(f"{checkpoint}: no DeepSpeed model states found")
+        module = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+        return {key: value.float() for key, value in module.items()}
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="engine")
+
+
+def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool = True) -> Path:
+    """Export ``source`` (a run directory: its newest valid checkpoint; or one checkpoint directory)
+    to ``output`` as a Hugging Face ``NeoBERTForMaskedLM`` with its tokenizer."""
+    import neobert_embed  # noqa: F401  (Auto-class registration)
+    from transformers import AutoConfig, AutoTokenizer
+
+    from neobert_embed.modeling import NeoBERTForMaskedLM
+
+    checkpoint = _checkpoint_dir(Path(source))
+    config = AutoConfig.from_pretrained(str(checkpoint / MODEL_FILES))
+    weights = {key.removeprefix(OBJECTIVE_PREFIX): value for key, value in _engine_state_dict(checkpoint).items()}
+    model = NeoBERTForMaskedLM(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise UserInputError(f"{checkpoint}: weights do not fit the saved config (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint / MODEL_FILES))
+    tokenizer.model_max_length = config.max_position_embeddings
+    output = Path(output)
+    with atomic_directory(output) as tmp:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+    if progress:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"exported {checkpoint} -> {output}", highlight=False)
+    return output

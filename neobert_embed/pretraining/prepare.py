@@ -1,0 +1,177 @@
+"""``pretrain prepare``: tokenize a corpus once into an on-disk, memory-mapped dataset.
+
+Why: tokenizing web-scale text is slower than you want to repeat and must survive interruption.
+Documents are cut into shards of ``shard_documents``; each shard is tokenized (in ``num_proc``
+processes) and written atomically as an Arrow stream file — the format of Hugging Face
+``datasets`` cache files, so ``datasets.Dataset.from_file(shard)`` opens it — and a rerun skips
+finished shards. ``manifest.json``, written last, marks the directory complete.
+
+Layout of ``output``::
+
+    prepare.json      what is being prepared (corpus fingerprint, tokenizer) — guards resumption
+    tokenizer/        the tokenizer used (trained here when ``tokenizer="train"``)
+    shards/000000.arrow …  columns ``input_ids`` (list<int32>, with [CLS]/[SEP]) and ``length``
+    manifest.json     shard list and totals: present only when complete
+
+Example:
+    >>> corpus = prepare_corpus("docstrings.jsonl", "runs/prepared", tokenizer="train", vocab_size=4096)
+    >>> corpus.num_documents, corpus.num_tokens
+    (9120, 811532)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_json
+from neobert_embed.pretraining.corpus import MANIFEST, PreparedCorpus, is_prepared, load_prepared
+from neobert_embed.pretraining.sources import iter_documents, source_fingerprint
+from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
+
+__all__ = ["prepare_corpus", "load_prepared", "is_prepared", "PreparedCorpus"]
+
+
+def prepare_corpus(
+    corpus: str | Path,
+    output: str | Path,
+    *,
+    tokenizer: str = "google-bert/bert-base-uncased",
+    vocab_size: int | None = None,
+    text_field: str = "text",
+    num_proc: int = 1,
+    split: str = "train",
+    streaming: bool = False,
+    shard_documents: int = 20_000,
+    progress: bool = True,
+) -> PreparedCorpus:
+    """Tokenize ``corpus`` into ``output`` (resuming a previous, interrupted preparation).
+
+    ``tokenizer`` is a hub id, a local directory, or ``"train"`` (learn a WordPiece vocabulary of
+    ``vocab_size`` on the corpus). Returns the prepared corpus, ready for :func:`pretrain`.
+    """
+    output = Path(output)
+    if is_prepared(output):
+        return load_prepared(output)
+    if tokenizer == "train" and not vocab_size:
+        raise UserInputError("--tokenizer train needs --vocab-size (e.g. 8192)")
+    plan = {"corpus": str(corpus), "fingerprint": source_fingerprint(str(corpus), text_field),
+            "tokenizer": str(tokenizer), "vocab_size": vocab_size, "text_field": text_field,
+            "split": split, "shard_documents": shard_documents}
+    _claim_output(output, plan)
+    documents = lambda: iter_documents(corpus, text_field, split, streaming)  # noqa: E731
+    if next(documents(), None) is None:
+        raise UserInputError(f"{corpus}: the corpus holds no documents (it is empty or only blank lines)")
+    tokenizer_dir = output / "tokenizer"
+    if not tokenizer_dir.is_dir():
+        if tokenizer == "train":
+            _say(progress, f"learning a {vocab_size}-piece WordPiece vocabulary on {corpus}")
+            train_wordpiece(documents(), vocab_size, tokenizer_dir)
+        else:
+            load_tokenizer(tokenizer).save_pretrained(str(tokenizer_dir))
+    shards = _tokenize_shards(documents(), output, shard_documents, num_proc, progress)
+    if not shards:
+        raise UserInputError(f"{corpus}: no document produced any token with tokenizer {tokenizer!r}")
+    num_documents = sum(count for _, count, _ in shards)
+    num_tokens = sum(tokens for _, _, tokens in shards)
+    atomic_write_json(output / MANIFEST, {
+        "shards": [name for name, _, _ in shards], "num_documents": num_documents,
+        "num_tokens": num_tokens, **plan})
+    _say(progress, f"prepared {num_documents:,} documents, {num_tokens:,} tokens -> {output}")
+    return load_prepared(output)
+
+
+def _claim_output(output: Path, plan: dict) -> None:
+    """Start a preparation in ``output``, or check that the partial one there is the same job."""
+    state = output / "prepare.json"
+    if state.is_file():
+        previous = json.loads(state.read_text(encoding="utf-8"))
+        if previous != plan:
+            changed = sorted(k for k in plan if previous.get(k) != plan[k])
+            raise UserInputError(
+                f"{output} holds an unfinished preparation with different settings ({', '.join(changed)}); "
+                "rerun with the same corpus and options to resume it, or choose another --output")
+        return
+    if output.exists() and any(output.iterdir()):
+        raise UserInputError(f"{output} exists and is not a prepared corpus; choose another --output")
+    atomic_write_json(state, plan)
+
+
+def _chunks(documents: Iterator[str], size: int) -> Iterator[tuple[int, list[str]]]:
+    for index in itertools.count():
+        chunk = list(itertools.islice(documents, size))
+        if not chunk:
+            return
+        yield index, chunk
+
+
+def _tokenize_shards(documents: Iterator[str], output: Path, shard_documents: int, num_proc: int,
+                     progress: bool) -> list[tuple[str, int, int]]:
+    """Tokenize every missing shard; return (file name, documents, tokens) for all shards."""
+    from rich.progress import Progress
+
+    shard_dir = output / "shards"
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    jobs = ((index, chunk, str(output)) for index, chunk in _chunks(documents, shard_documents))
+    results = []
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("tokenizing documents", total=None)
+        if num_proc > 1:
+            context = multiprocessing.get_context("spawn")
+            with context.Pool(num_proc) as pool:
+                for result in pool.imap(_tokenize_shard, jobs):
+                    results.append(result)
+                    bar.advance(task, result[1])
+        else:
+            for job in jobs:
+                results.append(_tokenize_shard(job))
+                bar.advance(task, results[-1][1])
+    return [r for r in results if r[1] > 0]
+
+
+_WORKER_TOKENIZERS: dict[str, object] = {}
+
+
+def _tokenize_shard(job: tuple[int, list[str], str]) -> tuple[str, int, int]:
+    """Tokenize one chunk of documents into ``shards/NNNNNN.arrow`` (skipped when already there)."""
+    import pyarrow as pa
+
+    index, texts, output = job
+    name = f"{index:06d}.arrow"
+    path = Path(output) / "shards" / name
+    if path.is_file():
+        lengths = _read_lengths(path)
+        return name, len(lengths), int(sum(lengths))
+    if output not in _WORKER_TOKENIZERS:
+        _WORKER_TOKENIZERS[output] = load_tokenizer(Path(output) / "tokenizer")
+    tokenizer = _WORKER_TOKENIZERS[output]
+    encoded = tokenizer(texts, add_special_tokens=True, return_attention_mask=False,
+                        return_token_type_ids=False, verbose=False)["input_ids"]
+    encoded = [ids for ids in encoded if len(ids) > 2]  # drop documents with no real token
+    lengths = [len(ids) for ids in encoded]
+    table = pa.table({"input_ids": pa.array(encoded, type=pa.list_(pa.int32())),
+                      "length": pa.array(lengths, type=pa.int32())})
+    tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)
+    return name, len(lengths), int(sum(lengths))
+
+
+def _read_lengths(path: Path) -> list[int]:
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_stream(source).read_all().column("length").to_pylist()
+
+
+def _say(enabled: bool, message: str) -> None:
+    if enabled:
+        from rich.console import Console
+
+        Console(stderr=True).print(message, highlight=False)

@@ -1,0 +1,311 @@
+"""The pretraining loop behind ``neobert-embed pretrain``.
+
+Why this shape: everything that must survive an interruption — parameters, optimizer, scheduler,
+RNGs, the data-stream position, counters — is restored from a checkpoint, and batches are a pure
+function of the step (see :mod:`batches`), so a resumed run continues exactly. A non-finite loss
+on any process skips that step's update (learning rate 0 for it, parameters untouched) and is
+counted; ``training.max_bad_steps`` in a row stop the run with a clear error. Ctrl-C saves a
+checkpoint of the last finished step and prints the command that resumes it.
+
+Outputs in ``output``: ``metrics.jsonl``, ``checkpoints/step-NNNNNNNN`` (last K), ``final/`` (the
+exported Hugging Face model, when training ends), ``prepared/`` (when given a raw corpus).
+
+Example:
+    >>> result = pretrain("recipes/pretrain-tiny.yaml", "docstrings.jsonl", "runs/tiny")
+    >>> result.export_dir
+    PosixPath('runs/tiny/final')
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.pretraining.batches import BatchMaker
+from neobert_embed.pretraining.checkpoint import (
+    list_checkpoints,
+    load_latest_checkpoint,
+    save_checkpoint,
+)
+from neobert_embed.pretraining.corpus import PreparedCorpus, is_prepared, load_prepared
+from neobert_embed.pretraining.engine import build_engine, fill_rendezvous_env
+from neobert_embed.pretraining.metrics import MetricsLog
+from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
+from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
+
+
+@dataclass
+class PretrainResult:
+    """What a :func:`pretrain` call did. ``model`` is the trained ``NeoBERTForMaskedLM`` (its
+    parameters are shards under ZeRO-3); ``export_dir`` is set when training reached its end."""
+
+    output: Path
+    step: int
+    finished: bool
+    skipped_steps: int
+    metrics_path: Path
+    checkpoint: Path | None
+    export_dir: Path | None
+    model: Any = field(repr=False, default=None)
+
+
+@dataclass
+class RunState:
+    """Counters a checkpoint restores besides the engine."""
+
+    step: int = 0
+    position: StreamPosition = field(default_factory=StreamPosition)
+    skipped_steps: int = 0
+    bad_in_row: int = 0
+    real_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "position": self.position.to_dict(), "skipped_steps": self.skipped_steps,
+                "bad_in_row": self.bad_in_row, "real_tokens": self.real_tokens}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        return cls(data["step"], StreamPosition(**data["position"]), data["skipped_steps"],
+                   data["bad_in_row"], data["real_tokens"])
+
+
+def pretrain(
+    recipe: PretrainRecipe | str | Path,
+    corpus: str | Path,
+    output: str | Path,
+    *,
+    max_steps: int | None = None,
+    resume: bool = False,
+    stop_after_steps: int | None = None,
+    progress: bool = True,
+) -> PretrainResult:
+    """Pretrain NeoBERT with MLM on ``corpus`` (a raw corpus, prepared into ``output/prepared``
+    first, or a directory from ``pretrain prepare``), writing everything under ``output``.
+
+    ``max_steps`` overrides ``training.max_steps`` (the schedule follows it); ``resume`` continues
+    from the newest usable checkpoint; ``stop_after_steps`` leaves after that many steps of this
+    call with a checkpoint (for time-limited jobs), to be continued with ``resume``.
+    """
+    if not isinstance(recipe, PretrainRecipe):
+        recipe = load_pretrain_recipe(recipe)
+    recipe = recipe.with_max_steps(max_steps)
+    output = Path(output)
+    _warn_short_schedule(recipe)
+    checkpoints = output / "checkpoints"
+    existing = list_checkpoints(checkpoints)
+    if existing and not resume:
+        raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
+                             "to continue it, or choose another --output")
+    fill_rendezvous_env()
+    prepared = _resolve_corpus(recipe, corpus, output)
+    from neobert_embed.pretraining.model_factory import build_mlm_model
+    from neobert_embed.pretraining.objective import MaskedLMObjective
+
+    model = build_mlm_model(recipe, prepared.tokenizer)
+    engine = build_engine(recipe, MaskedLMObjective(model))
+    state = RunState()
+    if resume and existing:
+        restored, path = load_latest_checkpoint(engine, checkpoints)
+        state = RunState.from_dict(restored)
+        _say(engine, f"resumed from {path} (step {state.step})")
+    elif resume:
+        warnings.warn(f"--resume: no checkpoint in {checkpoints} yet; starting from step 0", stacklevel=2)
+    loop = _Loop(recipe, prepared, engine, output, state, corpus)
+    return loop.run(stop_after_steps, progress)
+
+
+def _warn_short_schedule(recipe: PretrainRecipe) -> None:
+    if recipe.schedule.warmup_steps >= recipe.training.max_steps:
+        warnings.warn(f"schedule.warmup_steps ({recipe.schedule.warmup_steps}) >= training.max_steps "
+                      f"({recipe.training.max_steps}): the learning rate never reaches its peak", stacklevel=3)
+
+
+def _resolve_corpus(recipe: PretrainRecipe, corpus: str | Path, output: Path) -> PreparedCorpus:
+    """A prepared corpus as is, or a raw one prepared into ``output/prepared`` (by process 0)."""
+    if is_prepared(corpus):
+        return load_prepared(corpus)
+    import torch.distributed as dist
+
+    from neobert_embed.pretraining.prepare import prepare_corpus
+
+    target = output / "prepared"
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        source = recipe.model.init_from or recipe.tokenizer.source
+        prepare_corpus(corpus, target, tokenizer=source, vocab_size=recipe.tokenizer.vocab_size,
+                       text_field=recipe.data.text_field, num_proc=recipe.data.num_proc)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return load_prepared(target)
+
+
+def _say(engine, message: str) -> None:
+    if engine.rank == 0:
+        from rich.console import Console
+
+        Console(stderr=True).print(message, highlight=False)
+
+
+@dataclass
+class _StepStats:
+    loss_sum: float = 0.0
+    finite_batches: int = 0
+    correct: int = 0
+    masked: int = 0
+    real_tokens: int = 0
+    bad: bool = False
+
+
+class _Loop:
+    """One invocation of the training loop over an engine restored to ``state``."""
+
+    def __init__(self, recipe: PretrainRecipe, corpus: PreparedCorpus, engine, output: Path,
+                 state: RunState, corpus_arg: str | Path) -> None:
+        self.recipe, self.corpus, self.engine, self.output, self.state = recipe, corpus, engine, output, state
+        self.corpus_arg = corpus_arg
+        mixture = recipe.data.length_mixture
+        self.stream = DocumentStream(
+            corpus.lengths, recipe.training.seed,
+            LengthMixture(tuple(b.max_tokens for b in mixture), tuple(b.weight for b in mixture)) if mixture else None,
+            StreamPosition(**state.position.to_dict()))
+        self.batches = BatchMaker(corpus, recipe, engine.rank, engine.world_size)
+        self.metrics = (MetricsLog(output / "metrics.jsonl", state.step, recipe.training.tensorboard,
+                                   recipe.training.wandb) if engine.rank == 0 else None)
+        self.last_saved = state.step
+        self.stats_lr = 0.0
+
+    def run(self, stop_after_steps: int | None, progress: bool) -> PretrainResult:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        training = self.recipe.training
+        end = training.max_steps if stop_after_steps is None else min(training.max_steps,
+                                                                      self.state.step + stop_after_steps)
+        columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                   TextColumn("{task.fields[info]}")]
+        try:
+            with Progress(*columns, disable=not progress or self.engine.rank != 0) as bar:
+                task = bar.add_task("", total=training.max_steps, completed=self.state.step, info="")
+                window = _Window()
+                while self.state.step < end:
+                    stats = self._train_step()
+                    self._after_step(stats, window, bar, task)
+        except KeyboardInterrupt:
+            path = self._checkpoint()
+            _say(self.engine, f"[yellow]interrupted[/]: checkpoint of step {self.state.step} saved to {path}. "
+                 f"Resume with: neobert-embed pretrain --recipe RECIPE --corpus {self.corpus_arg} "
+                 f"--output {self.output} --resume")
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+        return self._finish()
+
+    def _train_step(self) -> _StepStats:
+        """One optimizer step over this process's micro-batches (the stream advances past it)."""
+        stats = _StepStats()
+        lr = self.engine.base_optimizer.param_groups[0]["lr"]
+        for batch in self.batches.step_batches(self.stream, self.state.step):
+            loss, correct, masked = self.engine.forward(**batch)
+            finite = torch.tensor(float(torch.isfinite(loss.detach()).all()))
+            if self.engine.all_reduce_sum(finite).item() < self.engine.world_size:
+                stats.bad = True
+                loss = self._zero_loss(batch)
+            else:
+                stats.loss_sum += float(loss.detach())
+                stats.finite_batches += 1
+                stats.correct += int(correct)
+                stats.masked += int(masked)
+            stats.real_tokens += int(batch["attention_mask"].sum())
+            self.engine.backward(loss)
+            if stats.bad:
+                for group in self.engine.base_optimizer.param_groups:
+                    group["lr"] = 0.0  # the update of a step with a non-finite loss is skipped
+            self.engine.step()
+        self.stats_lr = lr
+        return stats
+
+    def _zero_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A loss whose gradient is exactly zero for every parameter (keeps all processes' collective
+        gradient reductions in step while contributing nothing)."""
+        tiny = {"input_ids": batch["input_ids"][:1, :2], "attention_mask": batch["attention_mask"][:1, :2].clone(),
+                "labels": torch.full_like(batch["input_ids"][:1, :2], -100)}
+        tiny["attention_mask"].fill_(1)
+        loss, _, _ = self.engine.forward(**tiny)
+        return loss * 0.0
+
+    def _after_step(self, stats: _StepStats, window: _Window, bar, task) -> None:
+        state, training = self.state, self.recipe.training
+        totals = self.engine.all_reduce_sum(torch.tensor(
+            [stats.loss_sum, stats.finite_batches, stats.correct, stats.masked, stats.real_tokens],
+            dtype=torch.float64))
+        state.step += 1
+        state.position = StreamPosition(**self.stream.position.to_dict())
+        state.real_tokens += int(totals[4])
+        if stats.bad:
+            state.skipped_steps += 1
+            state.bad_in_row += 1
+        else:
+            state.bad_in_row = 0
+        loss = float(totals[0] / totals[1]) if totals[1] else math.nan
+        record = {"step": state.step, "loss": loss,
+                  "mlm_accuracy": float(totals[2] / totals[3]) if totals[3] else 0.0,
+                  "tokens_per_s": window.tokens_per_s(int(totals[4])), "lr": self.stats_lr,
+                  "grad_norm": None if stats.bad else self.engine.grad_norm(),
+                  "skipped_steps": state.skipped_steps}
+        if self.metrics is not None and (state.step % training.log_every_steps == 0 or stats.bad):
+            self.metrics.write(record)
+        bar.update(task, completed=state.step,
+                   info=f"loss {loss:.3f}  acc {record['mlm_accuracy']:.3f}  {record['tokens_per_s']:,.0f} tok/s")
+        if state.bad_in_row >= training.max_bad_steps:
+            raise UserInputError(
+                f"the loss was NaN/inf for {state.bad_in_row} steps in a row (step {state.step}; "
+                f"{state.skipped_steps} skipped in all); lower optimizer.lr, check the data, or use "
+                f"precision fp32; the last good checkpoint is in {self.output / 'checkpoints'}")
+        if state.step % self.recipe.checkpoint.every_steps == 0:
+            self._checkpoint()
+
+    def _checkpoint(self) -> Path:
+        from neobert_embed.pretraining.export import write_model_files
+
+        path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, self.state.to_dict()
+                               | {"engine": self.engine.kind, "zero_stage": getattr(self.engine, "zero_stage", 0)},
+                               lambda target: write_model_files(self.engine.module.mlm, self.corpus.tokenizer, target),
+                               self.recipe.checkpoint.keep_last)
+        self.last_saved = self.state.step
+        return path
+
+    def _finish(self) -> PretrainResult:
+        from neobert_embed.pretraining.export import export_checkpoint
+
+        checkpoint = self._checkpoint() if self.last_saved != self.state.step else (
+            self.output / "checkpoints" / f"step-{self.state.step:08d}")
+        finished = self.state.step >= self.recipe.training.max_steps
+        export_dir = None
+        if finished and self.engine.rank == 0:
+            export_dir = export_checkpoint(checkpoint, self.output / "final", progress=False)
+        _say(self.engine, f"step {self.state.step}: metrics in {self.output / 'metrics.jsonl'}, checkpoint "
+             f"{checkpoint}" + (f", model exported to {export_dir}" if export_dir else
+                                "; continue with --resume"))
+        return PretrainResult(self.output, self.state.step, finished, self.state.skipped_steps,
+                              self.output / "metrics.jsonl", checkpoint, export_dir, self.engine.module.mlm)
+
+
+class _Window:
+    """Real tokens per second since the previous step."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def tokens_per_s(self, tokens: int) -> float:
+        now = time.perf_counter()
+        rate = tokens / max(now - self.started, 1e-9)
+        self.started = now
+        return rate
