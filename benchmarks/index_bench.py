@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from neobert_embed.index.build import calibrate_index, fill_index
+from neobert_embed.index.build import calibrate_index, calibration_queries, fill_index
 from neobert_embed.index.factory import choose_index_spec, search_vectors, write_faiss_index
 from neobert_embed.index.tuning import exact_neighbours, recall_at_k
 
@@ -65,7 +65,8 @@ def _blocks(vectors: np.ndarray, size: int = 65_536):
     return lambda: ((start, vectors[start:start + size]) for start in range(0, len(vectors), size))
 
 
-def bench_index(index_type: str, vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray) -> dict:
+def bench_index(index_type: str, vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray,
+                calibration_set: tuple) -> dict:
     """Build one index type the way ``index build`` does and measure it."""
     spec = choose_index_spec(index_type, len(vectors), vectors.shape[1])
     gc.collect()
@@ -78,7 +79,8 @@ def bench_index(index_type: str, vectors: np.ndarray, queries: np.ndarray, truth
         write_faiss_index(index, Path(tmp) / "index.faiss")
         file_mb = (Path(tmp) / "index.faiss").stat().st_size / 2**20
     start = time.perf_counter()
-    params, calibration = calibrate_index(index, spec, _blocks(vectors), lambda rows: vectors[rows], len(vectors))
+    params, calibration = calibrate_index(index, spec, _blocks(vectors), lambda rows: vectors[rows], len(vectors),
+                                          calibration_set)
     calibrate_s = time.perf_counter() - start
     search_vectors(index, spec, queries[:8], 10, params)
     start = time.perf_counter()
@@ -105,7 +107,8 @@ def bench_corpus(vectors: np.ndarray, queries: np.ndarray) -> dict:
             continue
         if truth is None:
             truth = exact_neighbours(queries, _blocks(vectors)(), k=10)
-        rows[index_type] = bench_index(index_type, vectors, queries, truth)
+            calibration_set = calibration_queries(_blocks(vectors), lambda r: vectors[r], len(vectors))
+        rows[index_type] = bench_index(index_type, vectors, queries, truth, calibration_set)
         print(f"  {index_type}: {json.dumps(rows[index_type])}", file=sys.stderr, flush=True)
     flat_qps = rows["flat"]["queries_per_s"]
     for row in rows.values():
@@ -194,7 +197,7 @@ def main() -> None:
     report: dict = {"benchmark": "index_bench", "quick": args.quick, "faiss": faiss.__version__,
                     "threads": faiss.omp_get_max_threads(), "cpus": os.cpu_count()}
     if not args.skip_real:
-        report["ag_news"] = bench_real(2000 if args.quick else None, args.queries, 1 if args.quick else 2)
+        report["ag_news"] = bench_real(2000 if args.quick else None, args.queries, 1)
     if not args.skip_synthetic:
         report["synthetic"] = bench_synthetic(n, args.queries)
     report["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

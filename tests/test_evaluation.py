@@ -275,4 +275,10 @@ def test_task_selection_and_recipe_errors(tmp_path):
     with pytest.raises(UserInputError, match=r"bad\.yaml.*normalise"):
         load_evaluation_recipe(bad)
     assert load_evaluation_recipe(None, max_length=256).max_length == 256
+    with pytest.raises(UserInputError, match="precision"):
+        load_evaluation_recipe(None, precision="fp8")
+    with pytest.raises(UserInputError, match="not in benchmark"):
+        select_tasks(benchmark="MTEB(eng, v1)", tasks=["STSBenchmark", "TRECCoarse"])
+    with pytest.raises(UserInputError, match="no-such-model"):
+        run_mteb("org/no-such-model", task_dirs=[copy], output=tmp_path / "out", show_progress=False)
     assert [t.metadata.name for t in load_task_dirs([copy])] == ["STSBenchmark"]

@@ -113,6 +113,21 @@ def test_official_checkpoint_matches_reference_math(official_dir, backend):
     assert (real_tokens(logits, mask) - real_tokens(logits_ref, mask)).abs().max() <= 1e-4
 
 
+def test_inputs_embeds_and_eager_request_use_the_same_math(official_dir):
+    model = AutoModel.from_pretrained(official_dir).eval()
+    eager = AutoModel.from_pretrained(official_dir, attn_implementation="eager").eval()
+    ids, mask = mixed_batch([7, 2, 12])
+    assert model.attention_path(mask, None) == "varlen" and eager.attention_path(mask, None) == "padded"
+    with torch.no_grad():
+        expected = model(ids, mask).last_hidden_state
+        from_embeds = model(inputs_embeds=model.encoder(ids), attention_mask=mask).last_hidden_state
+        from_eager = eager(ids, mask).last_hidden_state
+    assert torch.equal(expected, from_embeds)
+    assert (real_tokens(from_eager, mask) - real_tokens(expected, mask)).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+        model(attention_mask=mask)
+
+
 def test_official_config_loads_natively_despite_auto_map(official_dir):
     config = AutoConfig.from_pretrained(official_dir)  # trust_remote_code not given: never prompts
     assert type(config) is NeoBERTConfig
@@ -257,12 +272,18 @@ def test_wrong_shaped_checkpoint_error_names_the_key(tmp_path):
             auto_class.from_pretrained(directory)
 
 
-def test_rope_scaling_dynamic_and_yarn(tmp_path):
+def test_rope_scaling_dynamic_and_yarn(tmp_path, monkeypatch):
+    from neobert_embed.modeling import model as model_module
+
+    warnings = []
+    monkeypatch.setattr(model_module.logger, "warning_once", warnings.append)
     ids, _ = mixed_batch([2 * MAX_LENGTH])
     plain = tiny_model()
     dynamic = tiny_model(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     yarn = tiny_model(rope_scaling={"rope_type": "yarn", "factor": 2.0})
     with torch.no_grad():
+        plain(ids)  # beyond the trained length without scaling: works, warns once
+        assert len(warnings) == 1 and "set rope_scaling" in warnings[0]
         short = ids[:, :MAX_LENGTH]
         assert torch.equal(plain(short).last_hidden_state, dynamic(short).last_hidden_state)
         long_plain, long_dynamic = plain(ids).last_hidden_state, dynamic(ids).last_hidden_state

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, atomic_write_json
@@ -221,11 +222,79 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         >>> out = train_contrastive(model="bert", data={"snli": "triplets.jsonl"}, output="runs/x",
         ...                         recipe=load_contrastive_recipe(max_steps=20))
     """
+    output = Path(output)
+    model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
+    if resume and (output / "summary.json").is_file() and (output / "modules.json").is_file():
+        logger.warning("%s: this run already finished; nothing to resume", output)
+        return output
+    sets = _checked_training_data(sources, recipe)
+    sentence_model = _load_model(model_name, recipe)
+    loss = build_contrastive_loss(sentence_model, recipe)
+    checkpoint = last_checkpoint(output) if resume else None
+    if _is_main_process():
+        _prepare_output(output, overwrite and not resume, model_name, sources, recipe)
+    trainer, interrupt = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
+
+    started = time.perf_counter()
+    with interrupt:
+        result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if interrupt.requested:
+        print(f"stopped at step {trainer.state.global_step}; checkpoint saved in {output / CHECKPOINTS}. "
+              f"Resume with:\n  {_resume_hint(output)}", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+    if not trainer.is_world_process_zero():
+        return output
+    elapsed = time.perf_counter() - started
+    summary = {
+        "model": model_name, "output": str(output), "steps": trainer.state.global_step,
+        "final_loss": _last_logged_loss(trainer), "train_loss": result.training_loss,
+        "wall_s": round(elapsed, 2), "examples_per_s": round(trainer.examples_seen / max(elapsed, 1e-9), 2),
+        "datasets": {name: d.num_rows for name, d in sets.items()},
+        "resumed_from": str(checkpoint) if checkpoint else None,
+    }
+    first = next(iter(sets.values()))
+    _save_final(sentence_model, output, summary, first["anchor"][:4] + first["positive"][:4])
+    logger.info("saved the model, metrics.jsonl and summary.json in %s", output)
+    return output
+
+
+def _is_main_process() -> bool:
+    """Rank 0 under torchrun (files are written once), or a plain single process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, Any]:
+    """Load every dataset and check each can fill one batch of the recipe's size."""
+    from neobert_embed.contrastive.data import load_training_data
+    from neobert_embed.contrastive.trainer import texts_per_example
+
+    sets = load_training_data(sources)
+    for name, dataset in sets.items():
+        needed = recipe.batch_examples(texts_per_example(dataset))
+        if needed > dataset.num_rows:
+            raise UserInputError(f"dataset {name!r} has {dataset.num_rows} rows but one batch needs {needed}; "
+                                 "lower text_budget/batch_size or add data")
+    return sets
+
+
+def _prepare_output(output: Path, start_over: bool, model_name: str, sources: dict[str, DataSource],
+                    recipe: ContrastiveRecipe) -> None:
+    """Create the run directory and record what the run is (run.json), clearing an overwritten run."""
+    if start_over:
+        shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
+        for name in ("metrics.jsonl", "summary.json", RUN_FILE):
+            (output / name).unlink(missing_ok=True)
+    output.mkdir(parents=True, exist_ok=True)
+    recipe_record = {**recipe.model_dump(mode="json"), "data": {k: v.model_dump() for k, v in sources.items()}}
+    atomic_write_json(output / RUN_FILE, {"model": model_name, "recipe": recipe_record})
+
+
+def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str, DataSource],
+                   recipe: ContrastiveRecipe, output: Path, callbacks: list[Any] | None):
+    """The recipe's trainer with its callbacks: metrics file, quiet progress bar, graceful Ctrl-C."""
     from datasets import DatasetDict
     from transformers.trainer_callback import ProgressCallback
 
-    from neobert_embed.contrastive.data import load_training_data
-    from neobert_embed.contrastive.loss import build_contrastive_loss
     from neobert_embed.contrastive.trainer import (
         ContrastiveTrainer,
         GracefulInterrupt,
@@ -235,61 +304,17 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         texts_per_example,
     )
 
-    output = Path(output)
-    model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
-    summary_file = output / "summary.json"
-    if resume and summary_file.is_file() and (output / "modules.json").is_file():
-        logger.warning("%s: this run already finished; nothing to resume", output)
-        return output
-    sets = load_training_data(sources)
-    for name, dataset in sets.items():
-        needed = recipe.batch_examples(texts_per_example(dataset))
-        if needed > dataset.num_rows:
-            raise UserInputError(f"dataset {name!r} has {dataset.num_rows} rows but one batch needs {needed}; "
-                                 "lower text_budget/batch_size or add data")
-    sentence_model = _load_model(model_name, recipe)
-    loss = build_contrastive_loss(sentence_model, recipe)
-
-    checkpoint = last_checkpoint(output) if resume else None
-    if overwrite and not resume:
-        shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
-        for name in ("metrics.jsonl", "summary.json", RUN_FILE):
-            (output / name).unlink(missing_ok=True)
-    output.mkdir(parents=True, exist_ok=True)
-    run_record = {"model": model_name, "recipe": {**recipe.model_dump(mode="json"),
-                                                  "data": {k: v.model_dump() for k, v in sources.items()}}}
-    atomic_write_json(output / RUN_FILE, run_record)
-
     batch = max(recipe.batch_examples(texts_per_example(d)) for d in sets.values())
     args = _training_args(recipe, output, batch, _training_prompts(sources, recipe, sets))
-    trainer = ContrastiveTrainer(recipe=recipe, model=sentence_model, args=args,
-                                 train_dataset=DatasetDict(sets), loss=loss, callbacks=list(callbacks or []))
+    trainer = ContrastiveTrainer(recipe=recipe, model=sentence_model, args=args, train_dataset=DatasetDict(sets),
+                                 loss=loss, callbacks=list(callbacks or []))
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(KeepSpecialTokenIds(sentence_model[0].auto_model.config))
     trainer.add_callback(QuietProgressCallback())
     trainer.add_callback(MetricsFileCallback(output / "metrics.jsonl", trainer))
     interrupt = GracefulInterrupt()
     trainer.add_callback(interrupt)
-
-    started = time.perf_counter()
-    with interrupt:
-        result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    if interrupt.requested:
-        print(f"stopped at step {trainer.state.global_step}; checkpoint saved in {output / CHECKPOINTS}. "
-              f"Resume with:\n  {_resume_hint(output)}", file=sys.stderr, flush=True)
-        raise KeyboardInterrupt
-    summary = {
-        "model": model_name, "output": str(output), "steps": trainer.state.global_step,
-        "final_loss": _last_logged_loss(trainer), "train_loss": result.training_loss,
-        "wall_s": round(time.perf_counter() - started, 2),
-        "examples_per_s": round(trainer.examples_seen / max(time.perf_counter() - started, 1e-9), 2),
-        "datasets": {name: d.num_rows for name, d in sets.items()},
-        "resumed_from": str(checkpoint) if checkpoint else None,
-    }
-    texts = [sets[name][0]["anchor"] for name in sets][:8]
-    _save_final(sentence_model, output, summary, texts)
-    logger.info("saved the model, metrics.jsonl and summary.json in %s", output)
-    return output
+    return trainer, interrupt
 
 
 def _last_logged_loss(trainer) -> float | None:

@@ -199,8 +199,13 @@ def _registered_task(spec: TaskSpec, directory: Path) -> Any:
 
 def _new_task(spec: TaskSpec, directory: Path) -> Any:
     from mteb import TaskMetadata
-    from mteb.abstasks import (AbsTaskClassification, AbsTaskClustering, AbsTaskPairClassification,
-                               AbsTaskRetrieval, AbsTaskSTS)
+    from mteb.abstasks import (
+        AbsTaskClassification,
+        AbsTaskClustering,
+        AbsTaskPairClassification,
+        AbsTaskRetrieval,
+        AbsTaskSTS,
+    )
 
     base = {"STS": AbsTaskSTS, "PairClassification": AbsTaskPairClassification,
             "Classification": AbsTaskClassification, "Clustering": AbsTaskClustering,

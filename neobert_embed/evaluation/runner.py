@@ -103,6 +103,9 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
         except (KeyError, ValueError) as exc:
             raise UserInputError(f"--benchmark: {exc}") from None
         if tasks:
+            outside = sorted(set(tasks) - {t.metadata.name for t in registered} - {t.metadata.name for t in local})
+            if outside:
+                raise UserInputError(f"--tasks: {outside} are not in benchmark {name!r}")
             registered = [t for t in registered if t.metadata.name in set(tasks)]
     elif tasks:
         local_names = {t.metadata.name for t in local}
@@ -175,19 +178,20 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
     if not _is_local(task) and _offline():
         outcome.error = _offline_error(task)
         return outcome
-    try:
-        cached = _cached_score(cache, task, meta)
-        if cached is not None:
-            outcome.status, outcome.score = "cached", cached
-            return outcome
-        if _is_local(task):
-            check_task_data(task)
-        result = mteb.evaluate(lazy.get(), task, cache=cache, raise_error=False, show_progress_bar=False,
-                               encode_kwargs={"batch_size": lazy.recipe.batch_size, "show_progress_bar": False},
-                               overwrite_strategy="only-missing", co2_tracker=False)
-    except UserInputError as exc:
-        outcome.error = str(exc)
+    cached = _cached_score(cache, task, meta)
+    if cached is not None:
+        outcome.status, outcome.score = "cached", cached
         return outcome
+    if _is_local(task):
+        try:
+            check_task_data(task)
+        except UserInputError as exc:
+            outcome.error = str(exc)
+            return outcome
+    encoder = lazy.get()  # a model that cannot load stops the run: every task would fail the same way
+    result = mteb.evaluate(encoder, task, cache=cache, raise_error=False, show_progress_bar=False,
+                           encode_kwargs={"batch_size": lazy.recipe.batch_size, "show_progress_bar": False},
+                           overwrite_strategy="only-missing", co2_tracker=False)
     if result.exceptions:
         outcome.error = result.exceptions[0].exception
         return outcome

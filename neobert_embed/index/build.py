@@ -40,11 +40,11 @@ from neobert_embed.index.factory import (
     create_index,
     write_faiss_index,
 )
-from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, write_manifest
+from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, Calibration, IndexManifest, write_manifest
 from neobert_embed.index.progress import document_progress
 from neobert_embed.index.shards import ShardDirectory
 from neobert_embed.index.store import DocumentStore
-from neobert_embed.index.tuning import CALIBRATION_QUERIES, calibrate, exact_neighbours
+from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
 
 STATE_NAME = "build_state.json"
 SAMPLE_SEED = 0
@@ -126,6 +126,9 @@ def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrit
     if (output / "manifest.json").exists() and not overwrite:
         raise UserInputError(f"{output} already holds an index; add documents with `neobert-embed index "
                              "add`, choose another --output, or pass --overwrite to rebuild it")
+    if output.exists() and not (output / "manifest.json").exists() and any(output.iterdir()):
+        raise UserInputError(f"{output} exists and is not an index; choose another --output (nothing "
+                             "there is ever deleted)")
     if partial.exists():
         resumable = (partial / STATE_NAME).is_file()
         if resume and resumable and not overwrite:
@@ -141,9 +144,13 @@ def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrit
     return partial
 
 
-def _import_corpus(store: DocumentStore, options: BuildOptions) -> int:
+def _import_corpus(store: DocumentStore, options: BuildOptions, show_progress: bool) -> int:
+    """Read the corpus into the store once (validating it); a resumed build skips a finished import."""
     if not store.import_finished(options.corpus):
-        store.import_documents(read_corpus(options.corpus, options.fields), source=options.corpus)
+        with document_progress(show_progress) as progress:
+            task = progress.add_task("reading corpus", total=None)
+            store.import_documents(read_corpus(options.corpus, options.fields), source=options.corpus,
+                                   progress=lambda n: progress.update(task, completed=n))
     total = store.total_rows()
     if total == 0:
         raise UserInputError(f"{options.corpus}: the corpus is empty (no documents); check the file and "
@@ -198,17 +205,33 @@ def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
     return index
 
 
+def calibration_queries(blocks: Callable[[], Any], sample: Callable[[np.ndarray], np.ndarray],
+                        total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded sample of indexed vectors and their exact top-10 (each excluding itself).
+
+    Example:
+        >>> rows, queries, exact = calibration_queries(lambda: [(0, x)], lambda r: x[r], len(x))
+    """
+    rows = _sample_rows(total, CALIBRATION_QUERIES, SAMPLE_SEED + 1)
+    queries = sample(rows)
+    return rows, queries, exact_neighbours(queries, blocks(), k=min(10, max(1, total - 1)), query_rows=rows)
+
+
 def calibrate_index(index: Any, spec: IndexSpec, blocks: Callable[[], Any],
-                    sample: Callable[[np.ndarray], np.ndarray], total: int) -> tuple[dict[str, int], Any]:
+                    sample: Callable[[np.ndarray], np.ndarray], total: int,
+                    queries: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[dict[str, int], Any]:
     """Calibrate the search parameter on sampled indexed vectors against brute-force search.
+
+    Exact float indexes need no calibration (their recall is 1 by construction); every other index,
+    quantized flat ones included, is measured. ``queries`` reuses :func:`calibration_queries`.
 
     Example:
         >>> params, calibration = calibrate_index(index, spec, lambda: [(0, x)], lambda r: x[r], len(x))
     """
-    query_rows = _sample_rows(total, CALIBRATION_QUERIES, SAMPLE_SEED + 1)
-    queries = sample(query_rows)
-    exact = exact_neighbours(queries, blocks(), k=min(10, max(1, total - 1)), query_rows=query_rows)
-    return calibrate(index, spec, queries, query_rows, exact)
+    if spec.factory == "Flat":
+        return {}, Calibration(parameter=None, value=None, recall_at_10=1.0, target=RECALL_TARGET, queries=0)
+    rows, vectors, exact = queries or calibration_queries(blocks, sample, total)
+    return calibrate(index, spec, vectors, rows, exact)
 
 
 def _publish(partial: Path, output: Path) -> None:
@@ -220,6 +243,22 @@ def _publish(partial: Path, output: Path) -> None:
     os.replace(partial, output)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _encode_and_fill(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progress: bool,
+                     on_chunk: Callable[[ChunkDone], None] | None) -> tuple[IndexSpec, dict, Any, int]:
+    """Import, encode the missing chunks, then train, fill, calibrate and write the FAISS index."""
+    shards = ShardDirectory(partial / "shards")
+    with DocumentStore(partial / STORE_NAME) as store:
+        total = _import_corpus(store, opts, show_progress)
+        spec = choose_index_spec(opts.index_type, total, encoder.dimension, opts.precision, opts.factory)
+        n_chunks = _encode_chunks(store, shards, encoder, opts, total, show_progress, on_chunk)
+    blocks = functools.partial(shards.blocks, n_chunks)
+    sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
+    index = fill_index(spec, encoder.dimension, blocks, sample, total)
+    params, calibration = calibrate_index(index, spec, blocks, sample, total)
+    write_faiss_index(index, partial / INDEX_NAME)
+    return spec, params, calibration, total
 
 
 def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, resume: bool = False,
@@ -252,21 +291,13 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
     if opts.factory is not None:
         create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)
     partial = _prepare_partial(output, _saved_state(opts, encoder), resume, overwrite)
-    shards = ShardDirectory(partial / "shards")
-    with DocumentStore(partial / STORE_NAME) as store:
-        total = _import_corpus(store, opts)
-        spec = choose_index_spec(opts.index_type, total, encoder.dimension, opts.precision, opts.factory)
-        try:
-            n_chunks = _encode_chunks(store, shards, encoder, opts, total, show_progress, on_chunk)
-        except KeyboardInterrupt:
+    try:
+        spec, params, calibration, total = _encode_and_fill(partial, opts, encoder, show_progress, on_chunk)
+    except KeyboardInterrupt:
+        with DocumentStore(partial / STORE_NAME) as store:
+            total = store.total_rows()
             encoded = min(total, store.finished_chunks() * opts.chunk_size)
-            raise BuildInterrupted(partial, encoded, total) from None
-        blocks = functools.partial(shards.blocks, n_chunks)
-        sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
-        index = fill_index(spec, encoder.dimension, blocks, sample, total)
-        params, calibration = calibrate_index(index, spec, blocks, sample, total)
-        write_faiss_index(index, partial / INDEX_NAME)
-        store.forget_chunks()
+        raise BuildInterrupted(partial, encoded, total) from None
     manifest = IndexManifest(
         model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
         model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
@@ -276,7 +307,7 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
         search_params=params, calibration=calibration, documents=total, vectors=total,
         sources=[opts.corpus])
     write_manifest(partial, manifest)
-    shards.remove()
+    ShardDirectory(partial / "shards").remove()
     (partial / STATE_NAME).unlink()
     _publish(partial, output)
     return manifest

@@ -30,7 +30,6 @@ PRECISIONS = ("float32", "float16", "int8", "binary")
 EXACT_SEARCH_LIMIT = 100_000
 HNSW_NEIGHBOURS = 32
 KMEANS_POINTS_PER_CENTROID = 40
-KMEANS_ITERATIONS = 20
 NPROBE_CANDIDATES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 EF_SEARCH_CANDIDATES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
 _SQ_SUFFIX = {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8"}
@@ -180,7 +179,6 @@ def create_index(spec: IndexSpec, dimension: int) -> Any:
                              f"{dimension}-d vectors: {str(exc).strip().splitlines()[-1]}") from None
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
-        ivf.cp.niter = KMEANS_ITERATIONS
         ivf.cp.seed = 1234
     return index
 

@@ -226,7 +226,3 @@ class DocumentStore:
         """Record that chunk ``chunk``'s vectors are on disk (called after the shard is written)."""
         self._db.execute("INSERT INTO encoded_chunks (chunk, first_row, n_rows) VALUES (?, ?, ?)",
                          (chunk, first_row, n_rows))
-
-    def forget_chunks(self) -> None:
-        """Drop build bookkeeping once the final index is written."""
-        self._db.execute("DELETE FROM encoded_chunks")

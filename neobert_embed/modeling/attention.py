@@ -49,8 +49,6 @@ class VarlenBatch:
         cu_seqlens: int32 (documents + 1,) cumulative document lengths over the kept tokens.
         max_seqlen: longest document.
         groups: equal-length document groups for the SDPA fallback.
-        restore: permutation putting the concatenated group outputs back in token order (None
-            when they already are).
     """
 
     token_index: torch.Tensor | None
@@ -58,7 +56,6 @@ class VarlenBatch:
     cu_seqlens: torch.Tensor
     max_seqlen: int
     groups: tuple[AttentionGroup, ...]
-    restore: torch.Tensor | None
 
     @property
     def num_tokens(self) -> int:
@@ -77,28 +74,20 @@ def _check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> None:
         raise ValueError("cu_seqlens must be non-decreasing")
 
 
-def _groups(lengths: list[int], starts: list[int]) -> tuple[tuple[AttentionGroup, ...], torch.Tensor | None]:
-    """Group documents by length; return the groups and the order-restoring permutation."""
+def _groups(lengths: list[int], starts: list[int]) -> tuple[AttentionGroup, ...]:
+    """Group non-empty documents by length: a lone document is a slice, several are gathered."""
     by_length: dict[int, list[int]] = {}
     for doc, length in enumerate(lengths):
         if length:
             by_length.setdefault(length, []).append(doc)
-    if all(len(docs) == 1 for docs in by_length.values()):
-        order = sorted(doc for docs in by_length.values() for doc in docs)
-        return tuple(AttentionGroup(lengths[d], start=starts[d]) for d in order), None
-    groups, pieces = [], []
+    groups = []
     for length, docs in by_length.items():
         if len(docs) == 1:
             groups.append(AttentionGroup(length, start=starts[docs[0]]))
-            pieces.append(torch.arange(starts[docs[0]], starts[docs[0]] + length))
         else:
             index = torch.tensor([starts[d] for d in docs]).unsqueeze(1) + torch.arange(length)
             groups.append(AttentionGroup(length, index=index))
-            pieces.append(index.reshape(-1))
-    order = torch.cat(pieces)
-    restore = torch.empty_like(order)
-    restore[order] = torch.arange(order.numel())
-    return tuple(groups), restore
+    return tuple(groups)
 
 
 def build_varlen_batch(
@@ -144,12 +133,9 @@ def build_varlen_batch(
     new_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=device)
     new_cu[1:] = torch.cumsum(lengths, 0)
     host_lengths = lengths.tolist()
-    groups, restore = _groups(host_lengths, new_cu[:-1].tolist())
-    if restore is not None:
-        restore = restore.to(device)
-        groups = tuple(AttentionGroup(g.length, g.start, None if g.index is None else g.index.to(device))
-                       for g in groups)
-    return VarlenBatch(token_index, positions, new_cu, max(host_lengths, default=0), groups, restore)
+    groups = tuple(AttentionGroup(g.length, g.start, None if g.index is None else g.index.to(device))
+                   for g in _groups(host_lengths, new_cu[:-1].tolist()))
+    return VarlenBatch(token_index, positions, new_cu, max(host_lengths, default=0), groups)
 
 
 @functools.lru_cache(maxsize=1)
@@ -174,19 +160,20 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: V
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
         return _flash_varlen()(q, k, v, batch.cu_seqlens, batch.cu_seqlens, batch.max_seqlen,
                                batch.max_seqlen, dropout_p=0.0, causal=False)
-    outputs = []
+    out = q.new_empty(*q.shape[:-1], v.shape[-1])
     for group in batch.groups:
         if group.index is None:
             span = slice(group.start, group.start + group.length)
             q_g, k_g, v_g = q[span].unsqueeze(0), k[span].unsqueeze(0), v[span].unsqueeze(0)
         else:
             q_g, k_g, v_g = q[group.index], k[group.index], v[group.index]
-        out = F.scaled_dot_product_attention(q_g.transpose(1, 2), k_g.transpose(1, 2), v_g.transpose(1, 2))
-        outputs.append(out.transpose(1, 2).reshape(-1, q.shape[-2], q.shape[-1]))
-    if not outputs:
-        return q.new_zeros(q.shape)
-    out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-    return out if batch.restore is None else out[batch.restore]
+        attended = F.scaled_dot_product_attention(q_g.transpose(1, 2), k_g.transpose(1, 2),
+                                                  v_g.transpose(1, 2)).transpose(1, 2)
+        if group.index is None:
+            out[span] = attended[0]
+        else:
+            out[group.index.reshape(-1)] = attended.reshape(-1, *attended.shape[2:])
+    return out
 
 
 def padded_attention(

@@ -32,6 +32,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.utils import logging
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.modeling.attention import build_varlen_batch, padded_attention, varlen_attention
@@ -39,6 +40,7 @@ from neobert_embed.modeling.configuration import NeoBERTConfig, swiglu_hidden_si
 from neobert_embed.modeling.rotary import RotaryEmbedding, apply_rotary
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+logger = logging.get_logger(__name__)
 
 
 class SwiGLU(nn.Module):
@@ -203,26 +205,27 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         """
         output_hidden_states = output_hidden_states or self.config.output_hidden_states
         return_dict = self.config.return_dict if return_dict is None else return_dict
-        hidden = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
-        batch, length, width = hidden.shape
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        device = self.encoder.weight.device
         states: list[torch.Tensor] = []
         if self.attention_path(attention_mask, cu_seqlens) == "padded":
+            hidden = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
             if position_ids is None:
-                position_ids = torch.arange(length, device=hidden.device).expand(batch, length)
-            rotations = self.rotary(position_ids)
+                position_ids = torch.arange(length, device=device).expand(batch, length)
+            rotations = self._rotations(position_ids)
             if attention_mask is not None and bool(attention_mask.all()):
                 attention_mask = None  # same result, lets SDPA pick its fastest kernel
             attend = functools.partial(padded_attention, attention_mask=attention_mask)
             hidden = self._run_layers(hidden, rotations, attend, states if output_hidden_states else None)
             hidden = self.layer_norm(hidden)
         else:
-            plan = build_varlen_batch(attention_mask, cu_seqlens, (batch, length), position_ids, hidden.device)
+            plan = build_varlen_batch(attention_mask, cu_seqlens, (batch, length), position_ids, device)
             if max_seqlen is not None:
                 plan = dataclasses.replace(plan, max_seqlen=int(max_seqlen))
-            tokens = hidden.reshape(batch * length, width)
-            if plan.token_index is not None:
-                tokens = tokens[plan.token_index]
-            rotations = self.rotary(plan.position_ids)
+            tokens = self._embed_real_tokens(input_ids, inputs_embeds, plan.token_index)
+            rotations = self._rotations(plan.position_ids)
             attend = functools.partial(varlen_attention, batch=plan)
             token_states: list[torch.Tensor] = []
             tokens = self._run_layers(tokens, rotations, attend, token_states if output_hidden_states else None)
@@ -232,6 +235,27 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         if not return_dict:
             return (hidden,) + ((hidden_states,) if hidden_states is not None else ())
         return BaseModelOutput(last_hidden_state=hidden, hidden_states=hidden_states)
+
+    def _rotations(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """RoPE rotations; warns once when positions exceed the trained context without scaling."""
+        limit = self.config.max_position_embeddings
+        if (self.rotary.rope_type == "default" and position_ids.numel()
+                and int(position_ids.max()) >= limit):
+            logger.warning_once(
+                f"NeoBERT got positions up to {int(position_ids.max())} but was trained on {limit}; "
+                "quality degrades beyond that. Truncate inputs, or set rope_scaling "
+                '(e.g. {"rope_type": "yarn", "factor": 2.0}) in the config.'
+            )
+        return self.rotary(position_ids)
+
+    def _embed_real_tokens(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                           token_index: torch.Tensor | None) -> torch.Tensor:
+        """(tokens, hidden) embeddings of the kept tokens only (pad rows are never looked up)."""
+        if inputs_embeds is not None:
+            flat = inputs_embeds.reshape(-1, inputs_embeds.shape[-1])
+            return flat if token_index is None else flat[token_index]
+        flat_ids = input_ids.reshape(-1)
+        return self.encoder(flat_ids if token_index is None else flat_ids[token_index.to(flat_ids.device)])
 
     def _run_layers(self, x: torch.Tensor, rotations: torch.Tensor, attend: Attend,
                     states: list[torch.Tensor] | None) -> torch.Tensor:

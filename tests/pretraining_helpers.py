@@ -1,0 +1,46 @@
+"""Shared pieces of the pretraining tests: a real corpus (Python stdlib docstrings, always
+available offline), tiny recipes, and a single-thread setting that keeps 2 shared cores usable."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+STDLIB_MODULES = ("json", "os", "re", "collections", "pathlib", "argparse", "logging", "functools",
+                  "itertools", "shutil", "textwrap", "datetime", "subprocess", "typing")
+
+
+def write_docstring_corpus(path: Path, limit: int = 400) -> Path:
+    """Write stdlib docstrings (real, mixed-length English + code text) as a JSON-lines corpus."""
+    import importlib
+
+    docs = []
+    for name in STDLIB_MODULES:
+        module = importlib.import_module(name)
+        for _, obj in inspect.getmembers(module):
+            doc = inspect.getdoc(obj)
+            if doc and len(doc) > 40 and doc not in docs:
+                docs.append(doc)
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:limit]), encoding="utf-8")
+    return path
+
+
+def tiny_recipe(**training) -> dict:
+    """A hidden-32, 2-layer NeoBERT recipe over 64-token rows (dict form, for parse_pretrain_recipe)."""
+    return {
+        "model": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                  "intermediate_size": 64, "max_length": 64},
+        "data": {"seq_length": 64},
+        "optimizer": {"lr": 3e-3},
+        "schedule": {"warmup_steps": 1},
+        "training": {"max_steps": 6, "micro_batch_size": 4, "gradient_accumulation_steps": 1,
+                     "precision": "fp32", "engine": "torch", "log_every_steps": 1} | training,
+        "checkpoint": {"every_steps": 2, "keep_last": 3},
+    }
+
+
+def losses(metrics_path: Path) -> dict[int, float]:
+    """step -> loss from a metrics.jsonl."""
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    return {row["step"]: row["loss"] for row in rows}
