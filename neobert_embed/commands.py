@@ -34,6 +34,31 @@ def encode(
                    f"in {report.seconds:.1f} s: {report.texts_per_second:.1f} docs/s")
 
 
+def demo(
+    output: Path = typer.Option(Path("runs/demo"), "--output", "-o", help="Where every demo output goes."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over instead of skipping finished stages."),
+    quick: bool = typer.Option(False, "--quick", help="Seconds-long sizes for smoke tests (scores mean nothing)."),
+) -> None:
+    """Run the whole pipeline offline on the Python standard library's docstrings.
+
+    Pretrains a small NeoBERT, fine-tunes it contrastively on (summary, body) pairs, evaluates it
+    beside baselines on a held-out retrieval task, and indexes the corpus with FAISS. Finished
+    stages are skipped when the command is rerun (after Ctrl-C, say); --fresh starts over.
+    """
+    from rich.console import Console
+
+    from neobert_embed.demo.pipeline import DemoSettings, run_demo
+    from neobert_embed.demo.summary import print_summary
+
+    console = Console()
+    console.print(f"[bold]neobert-embed demo[/] → {output} (rerun to continue after an interruption)")
+    settings = DemoSettings.quick() if quick else DemoSettings()
+    report = run_demo(output, settings, fresh=fresh,
+                      on_stage=lambda s: console.print(f"[green]✓[/] {s.name} ({s.seconds:.0f} s): {s.figure}"))
+    print_summary(report, console)
+
+
 def register(app: typer.Typer) -> None:
-    """Attach ``encode`` to the main app."""
+    """Attach ``encode`` and ``demo`` to the main app."""
     app.command("encode")(encode)
+    app.command("demo")(demo)

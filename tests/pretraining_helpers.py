@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 STDLIB_MODULES = ("json", "os", "re", "collections", "pathlib", "argparse", "logging", "functools",
-                  "itertools", "shutil", "textwrap", "datetime", "subprocess", "typing")
+                  "itertools", "shutil", "textwrap", "datetime", "subprocess")
 
 
 def write_docstring_corpus(path: Path, limit: int = 400) -> Path:
@@ -44,3 +44,21 @@ def losses(metrics_path: Path) -> dict[int, float]:
     """step -> loss from a metrics.jsonl."""
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     return {row["step"]: row["loss"] for row in rows}
+
+
+def single_thread():
+    """Context manager: torch on one thread (2 shared cores thrash badly with OpenMP spinning)."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def scope():
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    return scope()

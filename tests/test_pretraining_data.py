@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from pretraining_helpers import tiny_recipe, write_docstring_corpus
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.pretraining import load_pretrain_recipe, prepare_corpus
@@ -14,7 +15,6 @@ from neobert_embed.pretraining.masking import mask_tokens
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, Piece, collate_rows
 from neobert_embed.pretraining.recipe import parse_pretrain_recipe
 from neobert_embed.pretraining.schedule import WarmupCosineFactor
-from pretraining_helpers import tiny_recipe, write_docstring_corpus
 
 SPECIAL = [0, 100, 101, 102, 103]
 

@@ -56,9 +56,11 @@ def _sources(data: dict[str, Any] | None, recipe: ContrastiveRecipe) -> dict[str
 
     Sorted by name: the batch stream depends on the datasets' order, so a run must not change
     when ``--data`` options are given in another order or read back from run.json on resume.
+    Local paths are made absolute so ``--resume`` works from any directory.
     """
     chosen = ContrastiveRecipe(**{**recipe.model_dump(), "data": data}).data if data else recipe.data
-    return dict(sorted(chosen.items()))
+    return {name: source.model_copy(update={"path": str(Path(source.path).resolve())})
+            if Path(source.path).exists() else source for name, source in sorted(chosen.items())}
 
 
 def last_checkpoint(output: Path) -> Path | None:

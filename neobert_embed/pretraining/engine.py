@@ -54,10 +54,28 @@ def fill_rendezvous_env() -> None:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_CACHE))
 
 
+def init_distributed() -> None:
+    """Join the process group early when launched with several processes (so process 0 can prepare
+    the corpus while the others wait); a no-op for one process or without deepspeed."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and deepspeed_available():
+        _join_process_group()
+
+
+def _join_process_group() -> None:
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Move the tensors of a batch to the training device (ints such as ``max_seqlen`` stay)."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> torch.optim.AdamW:
@@ -78,7 +96,8 @@ class TorchEngine:
     kind = "torch"
 
     def __init__(self, recipe: PretrainRecipe, module: torch.nn.Module) -> None:
-        self.module = module
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.module = module.to(self.device)
         self.optimizer = build_optimizer(recipe, module)
         self.scheduler = build_scheduler(self.optimizer, recipe.schedule.warmup_steps,
                                          recipe.training.max_steps, recipe.schedule.decay_fraction,
@@ -91,8 +110,8 @@ class TorchEngine:
         self._grad_norm: float | None = None
 
     def forward(self, **batch: Any):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            return self.module(**batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return self.module(**_to(batch, self.device))
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.accumulation).backward()
@@ -143,8 +162,7 @@ class DeepSpeedEngine:
 
         fill_rendezvous_env()
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
-                                   verbose=False)
+        _join_process_group()
         training = recipe.training
         self.optimizer = build_optimizer(recipe, module)
         scheduler = build_scheduler(self.optimizer, recipe.schedule.warmup_steps, training.max_steps,
@@ -162,12 +180,13 @@ class DeepSpeedEngine:
         self.engine, _, _, _ = deepspeed.initialize(model=module, optimizer=self.optimizer,
                                                     lr_scheduler=scheduler, config=config)
         self.module = self.engine.module
+        self.device = self.engine.device
         self.rank = self.engine.global_rank
         self.world_size = self.engine.world_size
         self.zero_stage = training.zero_stage
 
     def forward(self, **batch: Any):
-        return self.engine(**batch)
+        return self.engine(**_to(batch, self.device))
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
@@ -205,7 +224,9 @@ class DeepSpeedEngine:
         import torch.distributed as dist
 
         if self.world_size > 1:
-            dist.all_reduce(tensor)
+            on_device = tensor.to(self.device)  # NCCL reduces only GPU tensors
+            dist.all_reduce(on_device)
+            return on_device.cpu()
         return tensor
 
     def barrier(self) -> None:

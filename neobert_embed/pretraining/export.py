@@ -71,9 +71,9 @@ def _engine_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
 def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool = True) -> Path:
     """Export ``source`` (a run directory: its newest valid checkpoint; or one checkpoint directory)
     to ``output`` as a Hugging Face ``NeoBERTForMaskedLM`` with its tokenizer."""
-    import neobert_embed  # noqa: F401  (Auto-class registration)
     from transformers import AutoConfig, AutoTokenizer
 
+    import neobert_embed  # noqa: F401  (Auto-class registration)
     from neobert_embed.modeling import NeoBERTForMaskedLM
 
     checkpoint = _checkpoint_dir(Path(source))

@@ -36,7 +36,7 @@ from neobert_embed.pretraining.checkpoint import (
     save_checkpoint,
 )
 from neobert_embed.pretraining.corpus import PreparedCorpus, is_prepared, load_prepared
-from neobert_embed.pretraining.engine import build_engine, fill_rendezvous_env
+from neobert_embed.pretraining.engine import build_engine, fill_rendezvous_env, init_distributed
 from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
@@ -105,6 +105,7 @@ def pretrain(
         raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
                              "to continue it, or choose another --output")
     fill_rendezvous_env()
+    init_distributed()
     prepared = _resolve_corpus(recipe, corpus, output)
     from neobert_embed.pretraining.model_factory import build_mlm_model
     from neobert_embed.pretraining.objective import MaskedLMObjective
@@ -161,6 +162,7 @@ class _StepStats:
     correct: int = 0
     masked: int = 0
     real_tokens: int = 0
+    slots: int = 0
     bad: bool = False
 
 
@@ -224,6 +226,7 @@ class _Loop:
                 stats.correct += int(correct)
                 stats.masked += int(masked)
             stats.real_tokens += int(batch["attention_mask"].sum())
+            stats.slots += batch["attention_mask"].numel()
             self.engine.backward(loss)
             if stats.bad:
                 for group in self.engine.base_optimizer.param_groups:
@@ -244,7 +247,7 @@ class _Loop:
     def _after_step(self, stats: _StepStats, window: _Window, bar, task) -> None:
         state, training = self.state, self.recipe.training
         totals = self.engine.all_reduce_sum(torch.tensor(
-            [stats.loss_sum, stats.finite_batches, stats.correct, stats.masked, stats.real_tokens],
+            [stats.loss_sum, stats.finite_batches, stats.correct, stats.masked, stats.real_tokens, stats.slots],
             dtype=torch.float64))
         state.step += 1
         state.position = StreamPosition(**self.stream.position.to_dict())
@@ -257,7 +260,8 @@ class _Loop:
         loss = float(totals[0] / totals[1]) if totals[1] else math.nan
         record = {"step": state.step, "loss": loss,
                   "mlm_accuracy": float(totals[2] / totals[3]) if totals[3] else 0.0,
-                  "tokens_per_s": window.tokens_per_s(int(totals[4])), "lr": self.stats_lr,
+                  "tokens_per_s": window.tokens_per_s(int(totals[4])),
+                  "real_token_fraction": float(totals[4] / totals[5]), "lr": self.stats_lr,
                   "grad_norm": None if stats.bad else self.engine.grad_norm(),
                   "skipped_steps": state.skipped_steps}
         if self.metrics is not None and (state.step % training.log_every_steps == 0 or stats.bad):

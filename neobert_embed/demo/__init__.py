@@ -1,0 +1,1 @@
+"""The embedded default pipeline (`neobert-embed demo`)."""

@@ -1,0 +1,36 @@
+"""The demo's closing summary: a table of stages, the held-out scores, example searches, outputs."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from neobert_embed.demo.pipeline import DemoReport
+
+
+def print_summary(report: DemoReport, console: Console) -> None:
+    """Print the stage table, the nDCG@10 comparison and where everything went.
+
+    Example:
+        >>> print_summary(run_demo("runs/demo"), Console())
+    """
+    table = Table(title="neobert-embed demo", show_lines=False)
+    for column in ("stage", "time (s)", "key figure", "outputs"):
+        table.add_column(column, overflow="fold")
+    for stage in report.stages:
+        table.add_row(stage.name, f"{stage.seconds:.1f}", stage.figure, "\n".join(stage.outputs))
+    table.add_row("total", f"{sum(s.seconds for s in report.stages):.1f}", "", report.output)
+    console.print(table)
+    index_stage = next((s for s in report.stages if s.name == "index"), None)
+    if index_stage:
+        for query, ids in index_stage.data.get("examples", {}).items():
+            console.print(f"search [bold]{query!r}[/] → {', '.join(ids)}")
+    scores = report.scores
+    tuned = scores.get("fine-tuned")
+    if tuned is not None:
+        beaten = [label for label in ("untrained", "MLM only") if label in scores and tuned > scores[label]]
+        verdict = "beats" if len(beaten) == 2 else "does NOT beat"
+        console.print(f"held-out retrieval nDCG@10: fine-tuned {tuned:.4f} {verdict} untrained "
+                      f"{scores.get('untrained', float('nan')):.4f} and MLM-only "
+                      f"{scores.get('MLM only', float('nan')):.4f}")
+    console.print(f"every output is under {report.output} (stages.json lists them)")

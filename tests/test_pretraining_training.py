@@ -1,0 +1,183 @@
+"""Pretraining runs end to end on tiny NeoBERTs: DeepSpeed ZeRO stages, exact resume, export,
+Ctrl-C, corrupt checkpoints, NaN handling, the plain-PyTorch fallback and the CLI."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import pytest
+import torch
+import yaml
+from pretraining_helpers import losses, single_thread, tiny_recipe, write_docstring_corpus
+from typer.testing import CliRunner
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.pretraining import export_checkpoint, prepare_corpus, pretrain
+from neobert_embed.pretraining.recipe import parse_pretrain_recipe
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with single_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrain-corpus")
+    raw = write_docstring_corpus(root / "docs.jsonl", limit=300)
+    prepared = prepare_corpus(raw, root / "prepared", tokenizer="train", vocab_size=300, progress=False)
+    return prepared.path
+
+
+def _recipe(**training):
+    return parse_pretrain_recipe(tiny_recipe(**training))
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1, 2])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_deepspeed_zero_stages_lower_the_loss(corpus, tmp_path, zero_stage, precision):
+    recipe = _recipe(engine="deepspeed", zero_stage=zero_stage, precision=precision, max_steps=5)
+    result = pretrain(recipe, corpus, tmp_path / "run", progress=False)
+    curve = losses(result.metrics_path)
+    assert result.finished and len(curve) == 5
+    assert curve[5] < curve[1] - 0.05, curve
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+
+
+def test_resume_matches_uninterrupted_run_and_export_matches_training_model(corpus, tmp_path):
+    recipe = _recipe(engine="deepspeed", zero_stage=1, gradient_accumulation_steps=2, max_steps=8)
+    full = pretrain(recipe, corpus, tmp_path / "full", progress=False)
+    first = pretrain(recipe, corpus, tmp_path / "split", stop_after_steps=3, progress=False)
+    assert first.step == 3 and not first.finished and first.export_dir is None
+    resumed = pretrain(recipe, corpus, tmp_path / "split", resume=True, progress=False)
+    expected, got = losses(full.metrics_path), losses(resumed.metrics_path)
+    assert sorted(got) == list(range(1, 9))
+    for step in range(4, 9):
+        assert abs(got[step] - expected[step]) <= 1e-5, (step, got[step], expected[step])
+
+    from transformers import AutoModelForMaskedLM
+
+    exported = AutoModelForMaskedLM.from_pretrained(str(full.export_dir)).eval()
+    ids = torch.randint(5, 300, (2, 24), generator=torch.Generator().manual_seed(0))
+    trained = full.model.eval()
+    assert torch.allclose(_logits(exported, ids), _logits(trained, ids), atol=1e-5)
+    again = export_checkpoint(tmp_path / "full", tmp_path / "again", progress=False)
+    assert torch.equal(_logits(AutoModelForMaskedLM.from_pretrained(str(again)), ids), _logits(exported, ids))
+
+
+def test_zero3_export_consolidates_the_sharded_weights(corpus, tmp_path):
+    import deepspeed
+    from transformers import AutoModelForMaskedLM
+
+    result = pretrain(_recipe(engine="deepspeed", zero_stage=3, max_steps=3), corpus, tmp_path / "z3",
+                      progress=False)
+    exported = AutoModelForMaskedLM.from_pretrained(str(result.export_dir)).eval()
+    ids = torch.randint(5, 300, (2, 24), generator=torch.Generator().manual_seed(1))
+    with deepspeed.zero.GatheredParameters(list(result.model.parameters())):
+        trained = _logits(result.model.eval(), ids)
+    assert torch.allclose(_logits(exported, ids), trained, atol=1e-5)
+    assert not torch.allclose(exported.decoder.bias, torch.zeros_like(exported.decoder.bias))
+
+
+def test_ctrl_c_saves_a_resumable_checkpoint(corpus, tmp_path, monkeypatch, capsys):
+    from neobert_embed.pretraining.batches import BatchMaker
+
+    recipe = parse_pretrain_recipe(tiny_recipe() | {"checkpoint": {"every_steps": 100, "keep_last": 2}})
+    reference = pretrain(recipe, corpus, tmp_path / "reference", progress=False)
+    original = BatchMaker.step_batches
+
+    def interrupt_at_step_3(self, stream, step):
+        if step == 3:
+            raise KeyboardInterrupt
+        return original(self, stream, step)
+
+    monkeypatch.setattr(BatchMaker, "step_batches", interrupt_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(recipe, corpus, tmp_path / "run", progress=False)
+    assert "--resume" in capsys.readouterr().err
+    assert (tmp_path / "run" / "checkpoints" / "step-00000003").is_dir()
+    monkeypatch.setattr(BatchMaker, "step_batches", original)
+    resumed = pretrain(recipe, corpus, tmp_path / "run", resume=True, progress=False)
+    expected, got = losses(reference.metrics_path), losses(resumed.metrics_path)
+    assert all(abs(got[s] - expected[s]) <= 1e-6 for s in range(1, 7))
+
+
+def test_corrupt_newest_checkpoint_falls_back_with_a_warning(corpus, tmp_path):
+    recipe = _recipe()
+    run = tmp_path / "run"
+    pretrain(recipe, corpus, run, stop_after_steps=4, progress=False)
+    newest = run / "checkpoints" / "step-00000004" / "engine.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    with pytest.raises(UserInputError, match="step-00000004.*contents changed"):
+        export_checkpoint(run / "checkpoints" / "step-00000004", tmp_path / "bad-export", progress=False)
+    with pytest.warns(UserWarning, match="skipping corrupt checkpoint.*step-00000004"):
+        result = pretrain(recipe, corpus, run, resume=True, progress=False)
+    assert result.finished and result.step == 6
+    for checkpoint in (run / "checkpoints").iterdir():
+        (checkpoint / "trainer_state.json").write_text("{broken")
+    with pytest.raises(UserInputError, match="every checkpoint .* is corrupt"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pretrain(recipe, corpus, run, resume=True, progress=False)
+
+
+def test_existing_run_needs_resume(corpus, tmp_path):
+    pretrain(_recipe(max_steps=2), corpus, tmp_path / "run", progress=False)
+    with pytest.raises(UserInputError, match="already holds a run.*--resume"):
+        pretrain(_recipe(max_steps=2), corpus, tmp_path / "run", progress=False)
+
+
+def test_non_finite_losses_are_skipped_then_stop_the_run(corpus, tmp_path):
+    data = tiny_recipe(max_bad_steps=2, max_steps=20)
+    data["optimizer"] = {"lr": 1e30, "grad_clip": 0.0}
+    data["schedule"] = {"warmup_steps": 0}
+    with pytest.raises(UserInputError, match="NaN/inf for 2 steps in a row"):
+        pretrain(parse_pretrain_recipe(data), corpus, tmp_path / "run", progress=False)
+    rows = [r for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert '"skipped_steps": 2' in rows[-1]
+
+
+def test_without_deepspeed_the_loop_runs_in_plain_pytorch(corpus, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed -> ImportError
+    recipe = _recipe(engine="auto", zero_stage=2, max_steps=3)
+    with pytest.warns(UserWarning, match="deepspeed is not installed.*zero_stage 2 ignored"):
+        result = pretrain(recipe, corpus, tmp_path / "run", progress=False)
+    assert result.finished and (tmp_path / "run" / "checkpoints" / "step-00000003" / "engine.pt").is_file()
+
+
+def test_cli_prepare_pretrain_export(tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    from neobert_embed.cli import app
+    from neobert_embed.sentence import load_sentence_model
+
+    runner = CliRunner()
+    raw = write_docstring_corpus(tmp_path / "docs.jsonl", limit=80)
+    recipe = tiny_recipe()
+    recipe["tokenizer"] = {"source": "train", "vocab_size": 300}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(recipe))
+    result = runner.invoke(app, ["pretrain", "--recipe", str(tmp_path / "tiny.yaml"), "--corpus", str(raw),
+                                 "--output", str(tmp_path / "run"), "--max-steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "prepared" / "manifest.json").is_file()
+    result = runner.invoke(app, ["pretrain", "export", str(tmp_path / "run"), "--output", str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    assert type(AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf"))).__name__ == "NeoBERTForMaskedLM"
+    assert load_sentence_model(str(tmp_path / "hf")).encode(["def f(): pass"]).shape == (1, 32)
+    result = runner.invoke(app, ["pretrain", "prepare", "--corpus", str(raw), "--tokenizer", "train",
+                                 "--vocab-size", "300", "--output", str(tmp_path / "prep")])
+    assert result.exit_code == 0 and (tmp_path / "prep" / "manifest.json").is_file()
+    (tmp_path / "bad.yaml").write_text("model: {hidden_size: 32}\nmasking: {rat: 0.2}\n")
+    result = runner.invoke(app, ["pretrain", "--recipe", str(tmp_path / "bad.yaml"), "--corpus", str(raw),
+                                 "--output", str(tmp_path / "x")])
+    assert isinstance(result.exception, UserInputError) and "masking.rat: unknown key" in str(result.exception)
+    assert not (tmp_path / "x").exists()
+    assert "prepare" in runner.invoke(app, ["pretrain"]).output
