@@ -45,3 +45,19 @@ def stsb_spearman(model, path: Path) -> float:
     left = model.encode([r["sentence1"] for r in rows], batch_size=128, normalize_embeddings=True)
     right = model.encode([r["sentence2"] for r in rows], batch_size=128, normalize_embeddings=True)
     return float(spearmanr([r["score"] for r in rows], np.sum(left * right, axis=1)).statistic)
+
+
+def one_torch_thread():
+    """Run a test with one intra-op thread, then restore the previous count.
+
+    Why: the suite shares 2 cores with other jobs; with 2 OpenMP threads per process a training step
+    of MiniLM measured 6x slower under that contention than with one (threads spin at barriers).
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from contrastive_helpers import TINY_RECIPE, paraphrase_rows, read_metrics, write_jsonl
+from contrastive_helpers import TINY_RECIPE, one_torch_thread, paraphrase_rows, read_metrics, write_jsonl
 from tiny_models import ARCHITECTURES, build_tiny_model
 from transformers import TrainerCallback
 from typer.testing import CliRunner
@@ -21,6 +24,8 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.sentence import load_sentence_model
 
 runner = CliRunner()
+
+_one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +193,18 @@ def test_mine_negatives_output_trains(tmp_path, data_dir, tiny_bert):
     out = train_contrastive(model=str(tiny_bert), data={"mined": str(mined)}, output=tmp_path / "run",
                             recipe=load_contrastive_recipe(TINY_RECIPE, max_steps=2))
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_two_processes(tmp_path, data_dir, tiny_bert):
+    out = tmp_path / "ddp"
+    command = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "-m", "neobert_embed.cli",
+               "train-contrastive", "--model", str(tiny_bert), "--recipe", str(TINY_RECIPE), "--max-steps", "4",
+               "--data", f"t={data_dir / 'triplets.jsonl'}", "--data", f"p={data_dir / 'pairs.jsonl'}",
+               "--output", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["world_size"], summary["steps"]) == (2, 4)  # batches of mixed sizes are not dropped
+    assert [m["step"] for m in read_metrics(out)] == [1, 2, 3, 4]  # one writer

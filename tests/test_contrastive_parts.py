@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from contrastive_helpers import TINY_RECIPE, paraphrase_rows, write_jsonl
+from contrastive_helpers import TINY_RECIPE, one_torch_thread, paraphrase_rows, write_jsonl
 from datasets import Dataset
 from tiny_models import build_tiny_model
 from torch.utils.data import ConcatDataset
@@ -23,6 +23,8 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.sentence import load_sentence_model
 
 REPO = Path(__file__).resolve().parents[1]
+
+_one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
 
 def _dataset(name: str, rows: int, negatives: int, duplicates_every: int = 0) -> Dataset:
@@ -58,6 +60,16 @@ def test_alpha_sampler_frequencies_homogeneous_batches_and_no_duplicate_texts():
     expected /= expected.sum()
     observed = np.array([counts[i] for i in range(3)]) / 10_000
     assert np.abs(observed - expected).max() < 0.02, (observed, expected)
+
+
+def test_alpha_sampler_gives_all_ranks_of_a_step_one_dataset():
+    sets = [_dataset("a", 300, 1), _dataset("b", 300, 0)]
+    samplers = [no_duplicates_sampler(d, 4, seed=0, position=i) for i, d in enumerate(sets)]
+    stream = list(AlphaBatchSampler(ConcatDataset(sets), samplers, alpha=1.0, num_batches=400, batches_per_draw=4))
+    owners = [[index >= 300 for index in batch] for batch in stream]
+    for step in range(0, 400, 4):  # the 4 batches of one step go to 4 ranks
+        assert len({o for batch in owners[step:step + 4] for o in batch}) == 1
+    assert 0.4 < np.mean([batch[0] for batch in owners]) < 0.6
 
 
 def test_alpha_sampler_stream_is_a_function_of_the_seed():

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from contrastive_helpers import stsb_spearman
+from contrastive_helpers import one_torch_thread, stsb_spearman
 
 from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
 from neobert_embed.sentence import load_sentence_model
 
 SPEARMAN_BEFORE = 0.8672  # mteb 2.26 STSBenchmarkDev, real all-MiniLM-L6-v2 (shared data README)
+
+_one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
 
 @pytest.mark.slow

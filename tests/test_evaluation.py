@@ -282,3 +282,14 @@ def test_task_selection_and_recipe_errors(tmp_path):
     with pytest.raises(UserInputError, match="no-such-model"):
         run_mteb("org/no-such-model", task_dirs=[copy], output=tmp_path / "out", show_progress=False)
     assert [t.metadata.name for t in load_task_dirs([copy])] == ["STSBenchmark"]
+
+
+def test_mteb_task_copy_of_a_multilingual_task_takes_its_english_subset(tmp_path):
+    copy = make_task(tmp_path, "sts17", {"mteb_task": "STS17"}, {"test.jsonl": sts_rows()})
+    task = load_task_dir(copy)
+    assert task.hf_subsets == ["en-en"] and list(task.eval_splits) == ["test"]
+    check_task_data(task)
+    assert task.dataset["en-en"]["test"].num_rows == len(sts_rows())
+    other = make_task(tmp_path, "sts17-de", {"mteb_task": "STS17", "hf_subset": "zz-zz"}, {"test.jsonl": sts_rows()})
+    with pytest.raises(UserInputError, match="hf_subset"):
+        load_task_dir(other)

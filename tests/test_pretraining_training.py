@@ -3,6 +3,7 @@ Ctrl-C, corrupt checkpoints, NaN handling, the plain-PyTorch fallback and the CL
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 
@@ -43,6 +44,8 @@ def test_deepspeed_zero_stages_lower_the_loss(corpus, tmp_path, zero_stage, prec
     curve = losses(result.metrics_path)
     assert result.finished and len(curve) == 5
     assert curve[5] < curve[1] - 0.05, curve
+    rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    assert all(r["grad_norm"] is not None and r["grad_norm"] > 0 and r["real_token_fraction"] >= 0.95 for r in rows)
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 
@@ -181,3 +184,50 @@ def test_cli_prepare_pretrain_export(tmp_path):
     assert isinstance(result.exception, UserInputError) and "masking.rat: unknown key" in str(result.exception)
     assert not (tmp_path / "x").exists()
     assert "prepare" in runner.invoke(app, ["pretrain"]).output
+
+
+def test_stage2_continues_from_stage1_weights_with_a_length_mixture(corpus, tmp_path):
+    stage1_recipe = tiny_recipe(max_steps=10)
+    stage1_recipe["optimizer"] = {"lr": 1e-2}
+    stage1 = pretrain(parse_pretrain_recipe(stage1_recipe), corpus, tmp_path / "stage1", progress=False)
+    data = tiny_recipe(max_steps=2)
+    data["model"] = {"init_from": str(stage1.export_dir), "max_length": 128}
+    data["data"] = {"seq_length": 128, "length_mixture": [{"max_tokens": 32, "weight": 0.2},
+                                                          {"max_tokens": None, "weight": 0.8}]}
+    stage2 = pretrain(parse_pretrain_recipe(data), corpus, tmp_path / "stage2", progress=False)
+    first_loss = losses(stage2.metrics_path)[1]
+    random_init = losses(stage1.metrics_path)[1]
+    assert first_loss < random_init - 0.3, (first_loss, random_init)  # the stage-1 weights were loaded
+    assert stage2.model.config.max_position_embeddings == 128
+
+
+def test_sigint_to_the_cli_checkpoints_and_says_how_to_resume(corpus, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    recipe = tiny_recipe(max_steps=100_000)
+    recipe["checkpoint"] = {"every_steps": 100_000, "keep_last": 1}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    run = tmp_path / "run"
+    cli = os.path.join(os.path.dirname(sys.executable), "neobert-embed")
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen([cli, "pretrain", "--recipe", str(tmp_path / "r.yaml"), "--corpus", str(corpus),
+                                "--output", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        metrics = run / "metrics.jsonl"
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    message = " ".join(err.split())
+    assert process.returncode == 130, err[-2000:]
+    assert "interrupted" in message and f"--output {run} --resume" in message
+    saved = sorted((run / "checkpoints").glob("step-*"))
+    assert len(saved) == 1
+    step = int(saved[0].name.removeprefix("step-"))
+    resumed = pretrain(parse_pretrain_recipe(recipe), corpus, run, resume=True, stop_after_steps=1, progress=False)
+    assert resumed.step == step + 1

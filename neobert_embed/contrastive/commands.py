@@ -72,6 +72,8 @@ def train_contrastive_command(
     loaded = load_contrastive_recipe(recipe, **overrides) if given else None
     out = train_contrastive(model=model, data=_parse_data(data or []) or None, output=output, recipe=loaded,
                             resume=resume, overwrite=overwrite)
+    if not (out / "summary.json").is_file():  # a non-zero rank under torchrun: rank 0 reports
+        return
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     if as_json:
         typer.echo(json.dumps(summary, indent=2, sort_keys=True))

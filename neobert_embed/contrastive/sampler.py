@@ -89,6 +89,11 @@ class AlphaBatchSampler(MultiDatasetDefaultBatchSampler):
         self.num_batches = num_batches
         self.batches_per_draw = batches_per_draw
         self.probabilities = dataset_probabilities([len(d) for d in dataset.datasets], alpha)
+        # Batch sizes differ between datasets (text budget // texts per row): declare them dynamic,
+        # or accelerate's DDP sharding silently drops every batch whose size differs from the first
+        # dataset's. Every batch is full, so nothing is "last and partial".
+        self.batch_size = None
+        self.drop_last = True
 
     def set_epoch(self, epoch: int) -> None:
         """Record the epoch only: children's epochs are the pass counters managed in ``__iter__``."""

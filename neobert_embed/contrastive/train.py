@@ -113,7 +113,7 @@ def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
 
 
 def _device_flags(precision: str) -> dict[str, Any]:
-    """Mixed precision ("auto": bf16 where the GPU supports it) and the fastest AdamW for the device.
+    """Mixed precision ("auto": bf16 where the GPU supports it), the AdamW kernel and the device.
 
     The fused AdamW kernel is the trainer's default but is several times slower than the
     multi-tensor one on CPU, so it is used only on GPUs.
@@ -122,8 +122,11 @@ def _device_flags(precision: str) -> dict[str, Any]:
 
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16",
-            "optim": "adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch"}
+    cuda = torch.cuda.is_available()
+    cpu_only = not cuda and not torch.backends.mps.is_available()
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16", "dataloader_pin_memory": cuda,
+            "optim": "adamw_torch_fused" if cuda else "adamw_torch",
+            "use_cpu": cpu_only}  # lets torchrun run DDP over gloo on CPU-only machines
 
 
 def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, prompts: dict | None):
@@ -251,7 +254,7 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         "model": model_name, "output": str(output), "steps": trainer.state.global_step,
         "final_loss": _last_logged_loss(trainer), "train_loss": result.training_loss,
         "wall_s": round(elapsed, 2), "examples_per_s": round(trainer.examples_seen / max(elapsed, 1e-9), 2),
-        "datasets": {name: d.num_rows for name, d in sets.items()},
+        "datasets": {name: d.num_rows for name, d in sets.items()}, "world_size": trainer.args.world_size,
         "resumed_from": str(checkpoint) if checkpoint else None,
     }
     first = next(iter(sets.values()))

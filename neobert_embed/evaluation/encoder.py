@@ -11,7 +11,7 @@ the scores of the previous one) and the recipe hash keeps results of different r
 
 Example:
     >>> identity = model_identity("runs/bert-contrastive")
-    >>> encoder = UniformEncoder.load("runs/bert-contrastive", EvaluationRecipe(), identity)
+    >>> encoder = UniformEncoder.load(identity, EvaluationRecipe())
     >>> mteb.evaluate(encoder, mteb.get_task("STSBenchmark"))
 """
 

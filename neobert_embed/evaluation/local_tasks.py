@@ -7,10 +7,11 @@ settings — whose ``load_data`` reads the directory instead of the hub. Nothing
 Two kinds of ``task.json``:
 
 * ``{"mteb_task": "STSBenchmark", "eval_split": "test", "hf_subset": "en"}`` — the REGISTERED task
-  with all its own settings (main score, splits, classifier, undersampling, score range, ...);
-  results carry the official name. The files hold the task's data in the layout below (the
-  standard columns, i.e. after mteb's own ``dataset_transform``, which is not applied again).
-  ``eval_split`` (default: the task's own) and ``hf_subset`` (needed for multi-subset tasks) are optional.
+  with all its own settings (main score, classifier, undersampling, score range, ...); results
+  carry the official name. As in MTEB(eng): the ``test`` split where the task has one (MSMARCO:
+  ``dev``) and, for multilingual tasks, the English-only subset; ``eval_split`` and ``hf_subset``
+  override those choices. The files hold the task's data in the layout below (the standard
+  columns, i.e. after mteb's own ``dataset_transform``, which is not applied again).
 * ``{"name": "MyTask", "type": "STS", "main_score": "cosine_spearman", "min_score": 0,
   "max_score": 5, "eval_split": "test", "instruction": "..."}`` — a new task of one of the six
   types, evaluated with that type's mteb defaults (a new Clustering task embeds every text and
@@ -180,11 +181,14 @@ def _registered_task(spec: TaskSpec, directory: Path) -> Any:
         raise UserInputError(f"{directory / 'task.json'}: {spec.mteb_task} is a {task_type} task; local "
                              f"copies support {', '.join(TASK_TYPES)}")
     subsets = list(official.hf_subsets)
-    subset = spec.hf_subset or (subsets[0] if len(subsets) == 1 else None)
+    english = list(official.filter_languages(["eng"], exclusive_language_filter=True).hf_subsets)
+    subset = spec.hf_subset or (subsets[0] if len(subsets) == 1 else english[0] if len(english) == 1 else None)
     if subset not in subsets:
         raise UserInputError(f"{directory / 'task.json'}: {spec.mteb_task} has subsets {subsets}; set "
                              "'hf_subset' to the one these files hold")
-    splits = [spec.eval_split] if spec.eval_split else list(official.eval_splits)
+    # as MTEB(eng) runs it: the test split where the task has one (MSMARCO: dev), the English subset
+    default_splits = ["test"] if "test" in official.eval_splits else list(official.eval_splits)
+    splits = [spec.eval_split] if spec.eval_split else default_splits
     base = type(official)
     metadata = base.metadata.model_copy(update={
         "dataset": {"path": str(directory.resolve()), "revision": data_fingerprint(directory)},

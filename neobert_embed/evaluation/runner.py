@@ -107,6 +107,7 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
             if outside:
                 raise UserInputError(f"--tasks: {outside} are not in benchmark {name!r}")
             registered = [t for t in registered if t.metadata.name in set(tasks)]
+            local = [t for t in local if t.metadata.name in set(tasks)]
     elif tasks:
         local_names = {t.metadata.name for t in local}
         hub_names = [name for name in tasks if name not in local_names]
@@ -175,12 +176,12 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
 
     outcome = TaskOutcome(task.metadata.name, task.metadata.type, "failed", task.metadata.main_score,
                           result_file=str(_result_file(cache, task, meta)))
-    if not _is_local(task) and _offline():
-        outcome.error = _offline_error(task)
-        return outcome
     cached = _cached_score(cache, task, meta)
     if cached is not None:
         outcome.status, outcome.score = "cached", cached
+        return outcome
+    if not _is_local(task) and _offline():
+        outcome.error = _offline_error(task)
         return outcome
     if _is_local(task):
         try:

@@ -30,6 +30,7 @@ PRECISIONS = ("float32", "float16", "int8", "binary")
 EXACT_SEARCH_LIMIT = 100_000
 HNSW_NEIGHBOURS = 32
 KMEANS_POINTS_PER_CENTROID = 40
+PQ_KMEANS_ITERATIONS = 10
 NPROBE_CANDIDATES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 EF_SEARCH_CANDIDATES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
 _SQ_SUFFIX = {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8"}
@@ -180,6 +181,9 @@ def create_index(spec: IndexSpec, dimension: int) -> Any:
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         ivf.cp.seed = 1234
+    if isinstance(index, faiss.IndexIVFPQ):
+        index.pq.cp.niter = PQ_KMEANS_ITERATIONS
+        index.do_polysemous_training = False
     return index
 
 

@@ -49,6 +49,8 @@ class VarlenBatch:
         cu_seqlens: int32 (documents + 1,) cumulative document lengths over the kept tokens.
         max_seqlen: longest document.
         groups: equal-length document groups for the SDPA fallback.
+        restore: permutation putting the concatenated group outputs back in token order (None
+            when they already are).
     """
 
     token_index: torch.Tensor | None
@@ -56,6 +58,7 @@ class VarlenBatch:
     cu_seqlens: torch.Tensor
     max_seqlen: int
     groups: tuple[AttentionGroup, ...]
+    restore: torch.Tensor | None
 
     @property
     def num_tokens(self) -> int:
@@ -74,20 +77,27 @@ def _check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> None:
         raise ValueError("cu_seqlens must be non-decreasing")
 
 
-def _groups(lengths: list[int], starts: list[int]) -> tuple[AttentionGroup, ...]:
-    """Group non-empty documents by length: a lone document is a slice, several are gathered."""
+def _groups(lengths: list[int], starts: list[int]) -> tuple[tuple[AttentionGroup, ...], torch.Tensor | None]:
+    """Group non-empty documents by length (a lone document is a slice, several are gathered);
+    also return the permutation restoring token order after concatenating the group outputs
+    (None when the groups are already in token order)."""
     by_length: dict[int, list[int]] = {}
     for doc, length in enumerate(lengths):
         if length:
             by_length.setdefault(length, []).append(doc)
-    groups = []
+    if all(len(docs) == 1 for docs in by_length.values()):
+        ordered = sorted(docs[0] for docs in by_length.values())
+        return tuple(AttentionGroup(lengths[d], start=starts[d]) for d in ordered), None
+    groups, order = [], []
     for length, docs in by_length.items():
-        if len(docs) == 1:
-            groups.append(AttentionGroup(length, start=starts[docs[0]]))
-        else:
-            index = torch.tensor([starts[d] for d in docs]).unsqueeze(1) + torch.arange(length)
-            groups.append(AttentionGroup(length, index=index))
-    return tuple(groups)
+        index = torch.tensor([starts[d] for d in docs]).unsqueeze(1) + torch.arange(length)
+        groups.append(AttentionGroup(length, start=starts[docs[0]]) if len(docs) == 1
+                      else AttentionGroup(length, index=index))
+        order.append(index.reshape(-1))
+    flat_order = torch.cat(order)
+    restore = torch.empty_like(flat_order)
+    restore[flat_order] = torch.arange(flat_order.numel())
+    return tuple(groups), restore
 
 
 def build_varlen_batch(
@@ -133,9 +143,11 @@ def build_varlen_batch(
     new_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=device)
     new_cu[1:] = torch.cumsum(lengths, 0)
     host_lengths = lengths.tolist()
+    groups, restore = _groups(host_lengths, new_cu[:-1].tolist())
     groups = tuple(AttentionGroup(g.length, g.start, None if g.index is None else g.index.to(device))
-                   for g in _groups(host_lengths, new_cu[:-1].tolist()))
-    return VarlenBatch(token_index, positions, new_cu, max(host_lengths, default=0), groups)
+                   for g in groups)
+    restore = None if restore is None else restore.to(device)
+    return VarlenBatch(token_index, positions, new_cu, max(host_lengths, default=0), groups, restore)
 
 
 @functools.lru_cache(maxsize=1)
@@ -160,20 +172,18 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: V
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
         return _flash_varlen()(q, k, v, batch.cu_seqlens, batch.cu_seqlens, batch.max_seqlen,
                                batch.max_seqlen, dropout_p=0.0, causal=False)
-    out = q.new_empty(*q.shape[:-1], v.shape[-1])
+    outputs = []
     for group in batch.groups:
         if group.index is None:
             span = slice(group.start, group.start + group.length)
             q_g, k_g, v_g = q[span].unsqueeze(0), k[span].unsqueeze(0), v[span].unsqueeze(0)
         else:
             q_g, k_g, v_g = q[group.index], k[group.index], v[group.index]
-        attended = F.scaled_dot_product_attention(q_g.transpose(1, 2), k_g.transpose(1, 2),
-                                                  v_g.transpose(1, 2)).transpose(1, 2)
-        if group.index is None:
-            out[span] = attended[0]
-        else:
-            out[group.index.reshape(-1)] = attended.reshape(-1, *attended.shape[2:])
-    return out
+        attended = F.scaled_dot_product_attention(q_g.transpose(1, 2), k_g.transpose(1, 2), v_g.transpose(1, 2))
+        outputs.append(attended.transpose(1, 2).reshape(-1, attended.shape[1], attended.shape[-1]))
+    # One concatenation (not a copy per document): on a busy CPU every extra parallel region costs.
+    out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+    return out if batch.restore is None else out[batch.restore]
 
 
 def padded_attention(

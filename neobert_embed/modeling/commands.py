@@ -23,12 +23,9 @@ def convert(
     """
     from rich.console import Console
 
-    from neobert_embed.errors import UserInputError
     from neobert_embed.modeling.conversion import convert_checkpoint
 
     console = Console(stderr=True)
-    if output.exists() and not overwrite:
-        raise UserInputError(f"{output} already exists; pass --overwrite to replace it or choose another --output")
     with console.status(f"converting {source} (strict key check, then re-load verification) …"):
         report = convert_checkpoint(source, output, tokenizer=tokenizer, revision=revision,
                                     overwrite=overwrite)

@@ -181,6 +181,10 @@ def convert_checkpoint(
         >>> convert_checkpoint("chandar-lab/NeoBERT", "models/neobert").num_parameters
         245136954
     """
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise UserInputError(f"{output} already exists; pass --overwrite (overwrite=True) to replace it "
+                             "or choose another output")
     directory = resolve_source(source, revision)
     config = read_config(directory)
     for field in REMOTE_CODE_FIELDS:
@@ -188,7 +192,6 @@ def convert_checkpoint(
             delattr(config, field)
     model = _build_model(config, read_weights(directory), directory)
     loaded_tokenizer = _load_tokenizer(directory, tokenizer, config.max_position_embeddings)
-    output = Path(output)
     with atomic_directory(output, overwrite=overwrite) as staging:
         model.save_pretrained(staging)
         loaded_tokenizer.save_pretrained(staging)

@@ -99,7 +99,12 @@ def _restore_rng(state: dict[str, Any]) -> None:
 
 def save_checkpoint(engine, root: Path, step: int, trainer_state: dict[str, Any],
                     write_model_files: Callable[[Path], None], keep_last: int) -> Path:
-    """Save a complete checkpoint of ``step`` (collective: every process calls it); return its path."""
+    """Save a complete checkpoint of ``step`` (collective: every process calls it); return its path.
+
+    Example:
+        >>> save_checkpoint(engine, Path("runs/x/checkpoints"), 1000, state, write_files, keep_last=3)
+        PosixPath('runs/x/checkpoints/step-00001000')
+    """
     final = root / checkpoint_name(step)
     staging = root / f".{final.name}.tmp"
     if engine.rank == 0:
@@ -140,6 +145,11 @@ def load_latest_checkpoint(engine, root: Path) -> tuple[dict[str, Any], Path]:
     """Restore the newest usable checkpoint into ``engine`` and the RNGs; return (trainer state, path).
 
     A corrupt checkpoint is reported with a warning and the previous one is tried.
+
+    Example:
+        >>> state, path = load_latest_checkpoint(engine, Path("runs/x/checkpoints"))
+        >>> state["step"]
+        1000
     """
     candidates = list_checkpoints(root)
     if not candidates:

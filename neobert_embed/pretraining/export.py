@@ -70,7 +70,12 @@ def _engine_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool = True) -> Path:
     """Export ``source`` (a run directory: its newest valid checkpoint; or one checkpoint directory)
-    to ``output`` as a Hugging Face ``NeoBERTForMaskedLM`` with its tokenizer."""
+    to ``output`` as a Hugging Face ``NeoBERTForMaskedLM`` with its tokenizer.
+
+    Example:
+        >>> export_checkpoint("runs/stage1/checkpoints/step-00500000", "models/neobert-500k")
+        PosixPath('models/neobert-500k')
+    """
     from transformers import AutoConfig, AutoTokenizer
 
     import neobert_embed  # noqa: F401  (Auto-class registration)

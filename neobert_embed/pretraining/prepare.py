@@ -54,6 +54,10 @@ def prepare_corpus(
 
     ``tokenizer`` is a hub id, a local directory, or ``"train"`` (learn a WordPiece vocabulary of
     ``vocab_size`` on the corpus). Returns the prepared corpus, ready for :func:`pretrain`.
+
+    Example:
+        >>> prepare_corpus("tiiuae/falcon-refinedweb", "data/refinedweb", streaming=True,
+        ...                text_field="content", num_proc=16)
     """
     output = Path(output)
     if is_prepared(output):

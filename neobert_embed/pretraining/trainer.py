@@ -93,7 +93,16 @@ def pretrain(
     ``max_steps`` overrides ``training.max_steps`` (the schedule follows it); ``resume`` continues
     from the newest usable checkpoint; ``stop_after_steps`` leaves after that many steps of this
     call with a checkpoint (for time-limited jobs), to be continued with ``resume``.
+
+    Each logged step appends to ``metrics.jsonl``: step, loss, mlm_accuracy, tokens_per_s (real,
+    non-pad tokens over all processes), real_token_fraction, lr, grad_norm, skipped_steps.
+
+    Example:
+        >>> result = pretrain("recipes/pretrain-tiny.yaml", "docstrings.jsonl", "runs/tiny", max_steps=200)
+        >>> result.finished, result.export_dir
+        (True, PosixPath('runs/tiny/final'))
     """
+    recipe_source = recipe
     if not isinstance(recipe, PretrainRecipe):
         recipe = load_pretrain_recipe(recipe)
     recipe = recipe.with_max_steps(max_steps)
@@ -117,9 +126,13 @@ def pretrain(
         restored, path = load_latest_checkpoint(engine, checkpoints)
         state = RunState.from_dict(restored)
         _say(engine, f"resumed from {path} (step {state.step})")
+        if restored.get("max_steps", recipe.training.max_steps) != recipe.training.max_steps:
+            warnings.warn(f"the checkpoint's learning-rate schedule was planned for {restored['max_steps']} "
+                          f"steps and is kept; training now stops at {recipe.training.max_steps}", stacklevel=2)
     elif resume:
         warnings.warn(f"--resume: no checkpoint in {checkpoints} yet; starting from step 0", stacklevel=2)
-    loop = _Loop(recipe, prepared, engine, output, state, corpus)
+    recipe_arg = "RECIPE" if isinstance(recipe_source, PretrainRecipe) else str(recipe_source)
+    loop = _Loop(recipe, prepared, engine, output, state, f"--recipe {recipe_arg} --corpus {corpus}")
     return loop.run(stop_after_steps, progress)
 
 
@@ -170,9 +183,9 @@ class _Loop:
     """One invocation of the training loop over an engine restored to ``state``."""
 
     def __init__(self, recipe: PretrainRecipe, corpus: PreparedCorpus, engine, output: Path,
-                 state: RunState, corpus_arg: str | Path) -> None:
+                 state: RunState, resume_args: str) -> None:
         self.recipe, self.corpus, self.engine, self.output, self.state = recipe, corpus, engine, output, state
-        self.corpus_arg = corpus_arg
+        self.resume_args = resume_args
         mixture = recipe.data.length_mixture
         self.stream = DocumentStream(
             corpus.lengths, recipe.training.seed,
@@ -202,8 +215,7 @@ class _Loop:
         except KeyboardInterrupt:
             path = self._checkpoint()
             _say(self.engine, f"[yellow]interrupted[/]: checkpoint of step {self.state.step} saved to {path}. "
-                 f"Resume with: neobert-embed pretrain --recipe RECIPE --corpus {self.corpus_arg} "
-                 f"--output {self.output} --resume")
+                 f"Resume with: neobert-embed pretrain {self.resume_args} --output {self.output} --resume")
             raise
         finally:
             if self.metrics is not None:
@@ -280,7 +292,8 @@ class _Loop:
         from neobert_embed.pretraining.export import write_model_files
 
         path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, self.state.to_dict()
-                               | {"engine": self.engine.kind, "zero_stage": getattr(self.engine, "zero_stage", 0)},
+                               | {"engine": self.engine.kind, "zero_stage": getattr(self.engine, "zero_stage", 0),
+                                  "max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size},
                                lambda target: write_model_files(self.engine.module.mlm, self.corpus.tokenizer, target),
                                self.recipe.checkpoint.keep_last)
         self.last_saved = self.state.step
