@@ -15,6 +15,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -131,7 +132,8 @@ def main() -> None:
                                      args.max_length)))
         return
 
-    with tempfile.TemporaryDirectory() as tmp:
+    # library banners (e.g. DeepSpeed's accelerator warning) go to stderr: stdout is the JSON only
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         if args.tiny:
             sys.path.insert(0, str(ROOT / "tests"))
             from tiny_models import build_tiny_model
@@ -151,8 +153,8 @@ def main() -> None:
             if done.returncode != 0:
                 sys.exit(f"{variant} run failed:\n{done.stderr[-3000:]}")
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        import torch
     plain, cached = results
-    import torch
 
     print(json.dumps({
         "benchmark": "contrastive_throughput", "model": "tiny-bert" if args.tiny else "all-MiniLM-L6-v2",

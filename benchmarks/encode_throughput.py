@@ -201,7 +201,7 @@ def _cpu_name() -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny inputs, 2 layers, 1 repeat (~1 min)")
     parser.add_argument("--layers", type=int, default=None, help="equal-depth comparison (default 4; quick 2)")
@@ -215,39 +215,58 @@ def main() -> None:
                         help="torch threads (default: torch's choice); 1 avoids OpenMP stalls on a busy machine")
     parser.add_argument("--models", default="neobert,modernbert,bert", help="equal-depth models (comma-separated)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="equal-depth dtypes (comma-separated)")
+    parser.add_argument("--inputs", default="mixed,fixed", help="input kinds to run (comma-separated prefixes)")
     args = parser.parse_args()
+    args.layers = args.layers or (2 if args.quick else 4)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    return args
+
+
+def run_plan(args: argparse.Namespace, inputs: list[Batch]) -> list[tuple]:
+    """(model, layers, dtype, inputs, repeats) in order of importance: equal depth, then full depth."""
+    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    plan = [(kind, args.layers, dtype, inputs, args.repeats) for dtype in dtypes for kind in args.models.split(",")]
+    if not (args.quick or args.no_full_depth):
+        mixed = [b for b in inputs if b.name.startswith("mixed")]
+        plan += [(kind, FULL_DEPTH[kind], getattr(torch, name), mixed, max(1, args.repeats - 1))
+                 for name in args.full_depth_dtypes.split(",") for kind in args.full_depth_models.split(",")]
+    return plan
+
+
+def measure_peaks(quick: bool) -> dict[str, float]:
+    size, repeats = (1024, 3) if quick else (2048, 5)
+    return {str(d).split(".")[-1]: round(matmul_peak(d, size, repeats), 1) for d in (torch.float32, torch.bfloat16)}
+
+
+def rebase_on_best_peak(rows: list[dict], before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The best peak seen (before/after the run) is the machine's; fractions are re-based on it."""
+    peaks = {name: max(value, after[name]) for name, value in before.items()}
+    for row in rows:
+        if "fraction_of_peak" in row:
+            row["fraction_of_peak"] = round(row["useful_gflop_per_s"] / peaks[row["dtype"]], 3)
+    return peaks
+
+
+def main() -> None:
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
-    layers = args.layers or (2 if args.quick else 4)
-    repeats = args.repeats or (1 if args.quick else 3)
-    inputs = batches(args.quick)
-    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
-    peak_size, peak_repeats = (1024, 3) if args.quick else (2048, 5)
-    peak_dtypes = (torch.float32, torch.bfloat16)
-    peaks = {str(d).split(".")[-1]: round(matmul_peak(d, peak_size, peak_repeats), 1) for d in peak_dtypes}
-    print(f"matmul peak GFLOP/s: {peaks}", file=sys.stderr)
+    inputs = [b for b in batches(args.quick) if b.name.startswith(tuple(args.inputs.split(",")))]
+    peaks_before = measure_peaks(args.quick)
+    print(f"matmul peak GFLOP/s: {peaks_before}", file=sys.stderr)
     rows: list[dict] = []
-    plan = [(kind, layers, dtype, inputs, repeats) for dtype in dtypes for kind in args.models.split(",")]
-    if not (args.quick or args.no_full_depth):
-        plan += [(kind, FULL_DEPTH[kind], getattr(torch, name), inputs[:1], max(1, repeats - 1))
-                 for name in args.full_depth_dtypes.split(",") for kind in args.full_depth_models.split(",")]
-    for kind, depth, dtype, batch_list, runs in plan:  # most important first; rows stream to stderr
+    for kind, depth, dtype, batch_list, runs in run_plan(args, inputs):  # rows stream to stderr
         print(f"{kind} {depth} layers {dtype}: {', '.join(b.name for b in batch_list)}", file=sys.stderr)
-        rows += measure(kind, depth, dtype, batch_list, runs, peaks)
-    peaks_after = {str(d).split(".")[-1]: round(matmul_peak(d, peak_size, peak_repeats), 1) for d in peak_dtypes}
-    for row in rows:  # the best peak seen (before/after) is the machine's; re-base the fractions on it
-        if "fraction_of_peak" in row:
-            row["fraction_of_peak"] = round(row["useful_gflop_per_s"] / max(peaks[row["dtype"]],
-                                                                          peaks_after[row["dtype"]]), 3)
-    peaks = {name: max(value, peaks_after[name]) for name, value in peaks.items()}
-    criterion = [s for s in speedups(rows) if s["layers"] == layers and s["dtype"] == "float32"
+        rows += measure(kind, depth, dtype, batch_list, runs, peaks_before)
+    peaks = rebase_on_best_peak(rows, peaks_before, measure_peaks(args.quick))
+    criterion = [s for s in speedups(rows) if s["layers"] == args.layers and s["dtype"] == "float32"
                  and s["input"].startswith("mixed")]
     print(json.dumps({
         "machine": {"cpu": _cpu_name(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__, "matmul_peak_gflop_per_s": peaks,
                     "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]},
-        "settings": {"quick": args.quick, "layers": layers, "repeats": repeats,
+        "settings": {"quick": args.quick, "layers": args.layers, "repeats": args.repeats,
                      "inputs": {b.name: {"sequences": len(b.lengths), "real_tokens": b.real_tokens}
                                 for b in inputs}},
         "speedups": speedups(rows),

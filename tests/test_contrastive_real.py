@@ -17,7 +17,7 @@ _one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
 @pytest.mark.slow
 def test_snli_finetune_keeps_stsb_spearman(shared_data, minilm_path, tmp_path):
-    recipe = load_contrastive_recipe(None, max_steps=100, text_budget=48, max_length=64, save_steps=1000)
+    recipe = load_contrastive_recipe(None, max_steps=100, text_budget=30, max_length=64, save_steps=1000)
     out = train_contrastive(model=str(minilm_path), data={"snli": str(shared_data / "snli_pairs" / "triplets.jsonl")},
                             output=tmp_path / "minilm-snli", recipe=recipe)
     summary = json.loads((out / "summary.json").read_text())

@@ -235,6 +235,7 @@ def test_prepare_bad_corpora(tmp_path, minilm_path):
     (tmp_path / "empty.txt").write_text("\n  \n")
     with pytest.raises(UserInputError, match="holds no documents"):
         prepare_corpus(tmp_path / "empty.txt", tmp_path / "o1", tokenizer=str(minilm_path), progress=False)
+    assert not (tmp_path / "o1").exists()  # nothing claimed: fixing the file and rerunning just works
     (tmp_path / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
     with pytest.raises(UserInputError, match=r"image.txt:1: not valid UTF-8"):
         prepare_corpus(tmp_path / "image.txt", tmp_path / "o2", tokenizer=str(minilm_path), progress=False)

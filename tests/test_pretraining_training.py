@@ -132,8 +132,10 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(corpus, tmp_path):
         pretrain(recipe, corpus, run, resume=True, progress=False)
 
 
-def test_existing_run_needs_resume(corpus, tmp_path):
-    pretrain(_recipe(max_steps=2), corpus, tmp_path / "run", progress=False)
+def test_existing_run_needs_resume_and_cpu_threads_apply(corpus, tmp_path):
+    torch.set_num_threads(2)
+    pretrain(_recipe(max_steps=2, cpu_threads=1), corpus, tmp_path / "run", progress=False)
+    assert torch.get_num_threads() == 1
     with pytest.raises(UserInputError, match="already holds a run.*--resume"):
         pretrain(_recipe(max_steps=2), corpus, tmp_path / "run", progress=False)
 

@@ -193,6 +193,8 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
     result = mteb.evaluate(encoder, task, cache=cache, raise_error=False, show_progress_bar=False,
                            encode_kwargs={"batch_size": lazy.recipe.batch_size, "show_progress_bar": False},
                            overwrite_strategy="only-missing", co2_tracker=False)
+    if task.data_loaded:  # we loaded it for the check above; free it before the next task
+        task.unload_data()
     if result.exceptions:
         outcome.error = result.exceptions[0].exception
         return outcome
@@ -205,7 +207,10 @@ def run_mteb(model: str | Path, *, output: str | Path, benchmark: str | None = N
              task_dirs: Sequence[str | Path] | None = None, recipe: EvaluationRecipe | None = None,
              revision: str | None = None, device: str | None = None, summary: bool = True,
              show_progress: bool = True) -> EvaluationReport:
-    """Evaluate ``model`` on the selected tasks with the uniform recipe; never raises for one task.
+    """Evaluate ``model`` on the selected tasks with the uniform recipe.
+
+    A task that fails (bad data, hub unreachable, offline) is reported in the returned report
+    while the others run; a model that cannot be loaded raises :class:`UserInputError`.
 
     Args:
         model: registry key, hub id, SentenceTransformer directory, plain HF directory, or a

@@ -65,6 +65,7 @@ def build(
     batch_size: BatchSize = 32,
     max_seq_length: Annotated[int | None, typer.Option("--max-seq-length", min=1)] = None,
     device: Device = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub revision of the model.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted build.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index.")] = False,
 ) -> None:
@@ -77,16 +78,16 @@ def build(
                                text_field=text_field, id_field=id_field, title_field=title_field,
                                row_ids=row_ids, split=split, index_type=index_type, factory=factory,
                                precision=precision, chunk_size=chunk_size, batch_size=batch_size,
-                               max_seq_length=max_seq_length, device=device)
+                               max_seq_length=max_seq_length, device=device, revision=revision)
     except BuildInterrupted as stop:
         command = _resume_command(model=model, corpus=corpus, output=output, text_field=text_field,
                                   id_field=id_field, title_field=title_field, row_ids=row_ids,
                                   split=split, index_type=index_type, factory=factory, precision=precision,
                                   chunk_size=chunk_size, batch_size=batch_size,
-                                  max_seq_length=max_seq_length, device=device)
+                                  max_seq_length=max_seq_length, device=device, revision=revision)
         console.print(f"[yellow]interrupted[/]: {stop.encoded} of {stop.total} documents encoded; finished "
                       f"chunks are kept in {stop.partial}.\nResume with:\n  {command}", highlight=False)
-        raise typer.Exit(130) from None
+        raise SystemExit(130) from None
     calibration = manifest.calibration
     recall = f", recall@10 {calibration.recall_at_10:.3f} vs exact" if calibration else ""
     console.print(f"index of {manifest.documents} documents written to {output} "

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import multiprocessing
@@ -67,10 +68,10 @@ def prepare_corpus(
     plan = {"corpus": str(corpus), "fingerprint": source_fingerprint(str(corpus), text_field),
             "tokenizer": str(tokenizer), "vocab_size": vocab_size, "text_field": text_field,
             "split": split, "shard_documents": shard_documents}
-    _claim_output(output, plan)
-    documents = lambda: iter_documents(corpus, text_field, split, streaming)  # noqa: E731
+    documents = functools.partial(iter_documents, corpus, text_field, split, streaming)
     if next(documents(), None) is None:
         raise UserInputError(f"{corpus}: the corpus holds no documents (it is empty or only blank lines)")
+    _claim_output(output, plan)
     tokenizer_dir = output / "tokenizer"
     if not tokenizer_dir.is_dir():
         if tokenizer == "train":

@@ -129,6 +129,8 @@ class TrainingSection(_Section):
     """Length, batch, precision and engine of the run.
 
     Rows per optimizer step = ``micro_batch_size`` x ``gradient_accumulation_steps`` x processes.
+    ``cpu_threads`` sets torch's CPU threads for CPU training (``null``: torch's default); on a
+    machine shared with other jobs one thread avoids OpenMP threads spinning against each other.
     """
 
     max_steps: int = Field(default=1_000_000, gt=0)
@@ -138,6 +140,7 @@ class TrainingSection(_Section):
     engine: Literal["auto", "deepspeed", "torch"] = "auto"
     zero_stage: int = Field(default=0, ge=0, le=3)
     seed: int = 0
+    cpu_threads: int | None = Field(default=None, gt=0)
     max_bad_steps: int = Field(default=10, gt=0)
     log_every_steps: int = Field(default=10, gt=0)
     tensorboard: bool = False

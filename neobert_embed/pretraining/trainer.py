@@ -113,6 +113,8 @@ def pretrain(
     if existing and not resume:
         raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
                              "to continue it, or choose another --output")
+    if recipe.training.cpu_threads and not torch.cuda.is_available():
+        torch.set_num_threads(recipe.training.cpu_threads)
     fill_rendezvous_env()
     init_distributed()
     prepared = _resolve_corpus(recipe, corpus, output)
