@@ -311,6 +311,7 @@ def test_index_types_precisions_and_calibrated_recall(tiny_bert, corpus, flat_in
     ({"factory": "IVF4,Flat", "precision": "float16"}, "--precision cannot be combined with --factory"),
     ({"index_type": "ivf", "precision": "binary"}, "--precision binary works with"),
     ({"index_type": "annoy"}, "--index-type 'annoy' is unknown"),
+    ({"index_type": "ivfpq"}, "ivfpq needs at least 624 vectors to train its codebooks, the corpus has 120"),
     ({"factory": "NotAnIndex"}, "--factory 'NotAnIndex' is not a valid FAISS factory string"),
 ])
 def test_incompatible_options_are_refused(tiny_bert, corpus, tmp_path, options, message):

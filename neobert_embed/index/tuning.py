@@ -22,8 +22,8 @@ from neobert_embed.index.factory import IndexSpec, search_vectors
 from neobert_embed.index.manifest import Calibration
 
 RECALL_TARGET = 0.95
-CALIBRATION_MARGIN = 0.01
-CALIBRATION_QUERIES = 256
+CALIBRATION_MARGIN = 0.02
+CALIBRATION_QUERIES = 512
 
 log = logging.getLogger(__name__)
 
