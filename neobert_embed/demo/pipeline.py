@@ -143,7 +143,7 @@ def _finetune(output: Path, base: str, pairs: str, settings: DemoSettings) -> tu
     recipe = load_contrastive_recipe(recipe_path("contrastive-demo.yaml"), max_steps=settings.contrastive_steps)
     target = output / "models" / "fine-tuned"
     model_dir = train_contrastive(model=base, data={"docstrings": pairs}, output=target, recipe=recipe,
-                                  resume=(target / "checkpoints").exists())
+                                  resume=True)
     figure = _loss_figure(_read_metrics(Path(model_dir) / "metrics.jsonl"), "InfoNCE loss")
     return figure, [str(model_dir)], {"model": str(model_dir)}
 
