@@ -4,6 +4,7 @@ Ctrl-C, corrupt checkpoints, NaN handling, the plain-PyTorch fallback and the CL
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 
@@ -132,10 +133,14 @@ def test_corrupt_newest_checkpoint_falls_back_with_a_warning(corpus, tmp_path):
         pretrain(recipe, corpus, run, resume=True, progress=False)
 
 
-def test_existing_run_needs_resume_and_cpu_threads_apply(corpus, tmp_path):
+def test_existing_run_needs_resume_and_cpu_threads_apply(corpus, tmp_path, monkeypatch):
     torch.set_num_threads(2)
+    set_threads = torch.set_num_threads
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), set_threads(n)))
     pretrain(_recipe(max_steps=2, cpu_threads=1), corpus, tmp_path / "run", progress=False)
-    assert torch.get_num_threads() == 1
+    assert calls == [1, 2] and torch.get_num_threads() == 2  # applied for the run, restored after
+    assert "WORLD_SIZE" not in os.environ  # the world-of-one variables do not leak
     with pytest.raises(UserInputError, match="already holds a run.*--resume"):
         pretrain(_recipe(max_steps=2), corpus, tmp_path / "run", progress=False)
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -113,13 +115,23 @@ def _loss_figure(metrics: list[dict[str, Any]], label: str) -> str:
 
 
 def _pretrain(output: Path, corpus: str, settings: DemoSettings) -> tuple[str, list[str], dict[str, Any]]:
-    from neobert_embed.pretraining import export_checkpoint, load_pretrain_recipe, pretrain
+    """MLM-pretrain with the tiny recipe in a child process: DeepSpeed's process group is process-wide
+    and must not turn the later fine-tuning in this process into a distributed run."""
+    from neobert_embed.pretraining import export_checkpoint
 
-    recipe = load_pretrain_recipe(recipe_path("pretrain-tiny.yaml"))
     run_dir = output / "pretrain"
-    result = pretrain(recipe, corpus, run_dir, max_steps=settings.pretrain_steps, resume=run_dir.exists())
+    command = [sys.executable, "-m", "neobert_embed.cli", "pretrain", "--recipe",
+               str(recipe_path("pretrain-tiny.yaml")), "--corpus", corpus, "--output", str(run_dir),
+               "--max-steps", str(settings.pretrain_steps)]
+    if (run_dir / "checkpoints").exists():
+        command.append("--resume")
+    finished = subprocess.run(command, check=False)
+    if finished.returncode != 0:
+        raise RuntimeError(f"pretraining failed (exit {finished.returncode}); rerun the demo to resume it")
     model_dir = export_checkpoint(run_dir, output / "models" / "mlm-only", progress=False)
-    figure = f"{result.step} steps, " + _loss_figure(_read_metrics(result.metrics_path), "MLM loss")
+    metrics = _read_metrics(run_dir / "metrics.jsonl")
+    steps = metrics[-1]["step"] if metrics else settings.pretrain_steps
+    figure = f"{steps} steps, " + _loss_figure(metrics, "MLM loss")
     return figure, [str(run_dir), str(model_dir)], {"model": str(model_dir)}
 
 

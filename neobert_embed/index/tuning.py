@@ -24,6 +24,7 @@ from neobert_embed.index.manifest import Calibration
 RECALL_TARGET = 0.95
 CALIBRATION_MARGIN = 0.02
 CALIBRATION_QUERIES = 512
+PLATEAU = 0.005
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,9 @@ def calibrate(index: object, spec: IndexSpec, queries: np.ndarray, query_rows: n
               exact: np.ndarray, target: float = RECALL_TARGET, k: int = 10) -> tuple[dict[str, int], Calibration]:
     """Pick the cheapest search parameter whose recall@``k`` reaches ``target`` + margin.
 
-    When no value reaches it (product quantization, binary codes), the most accurate value is kept
-    and the achieved recall is recorded (and logged) so the user sees the cost.
+    When no value reaches it (product quantization, binary codes), the cheapest value within
+    ``PLATEAU`` of the best recall seen is kept (scanning more buys nothing once the codes limit
+    recall), and the achieved recall is recorded (and logged) so the user sees the cost.
 
     Example:
         >>> calibrate(ivf_index, spec, queries, rows, exact)[0]
@@ -105,14 +107,18 @@ def calibrate(index: object, spec: IndexSpec, queries: np.ndarray, query_rows: n
         recall = _recall(index, spec, queries, query_rows, exact, {}, k)
         return {}, Calibration(parameter=None, value=None, recall_at_10=recall, target=target,
                                queries=len(queries))
-    chosen, recall = None, 0.0
+    measured: list[tuple[int, float]] = []
     for value in _candidates(index, spec):
-        chosen = value
-        recall = _recall(index, spec, queries, query_rows, exact, {spec.tuned_parameter: value}, k)
-        if recall >= min(1.0, target + CALIBRATION_MARGIN):
+        measured.append((value, _recall(index, spec, queries, query_rows, exact,
+                                        {spec.tuned_parameter: value}, k)))
+        if measured[-1][1] >= min(1.0, target + CALIBRATION_MARGIN):
             break
+    chosen, recall = measured[-1]
+    if recall < target + CALIBRATION_MARGIN:
+        best = max(r for _, r in measured)
+        chosen, recall = next((v, r) for v, r in measured if r >= best - PLATEAU)
     if recall < target:
-        log.warning("%s reaches recall@%d %.3f < %.2f even at %s=%s; use a less compressed index for "
+        log.warning("%s reaches recall@%d %.3f < %.2f (best %s=%s); use a less compressed index for "
                     "higher recall", spec.factory, k, recall, target, spec.tuned_parameter, chosen)
     return ({spec.tuned_parameter: int(chosen)},
             Calibration(parameter=spec.tuned_parameter, value=int(chosen), recall_at_10=recall,

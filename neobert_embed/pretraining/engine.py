@@ -19,10 +19,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,41 @@ def fill_rendezvous_env() -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_CACHE))
+
+
+RENDEZVOUS_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def process_scope(cpu_threads: int | None) -> Iterator[None]:
+    """Run a pretraining session without leaking its process-wide settings to the caller.
+
+    A plain (not launched) process becomes a world of one for DeepSpeed; afterwards the
+    rendezvous variables and torch's thread count are put back, so later work in the same process
+    is not left single-threaded or told it was launched by torchrun. The world-of-one process
+    group itself stays (DeepSpeed caches it for the next run); code that must not see it, such as
+    the demo's fine-tuning, runs pretraining in a child process.
+
+    Example:
+        >>> with process_scope(cpu_threads=1):
+        ...     run_the_loop()
+    """
+    saved_env = {key: os.environ.get(key) for key in RENDEZVOUS_KEYS}
+    saved_threads = torch.get_num_threads()
+    launched = "WORLD_SIZE" in os.environ
+    if cpu_threads and not torch.cuda.is_available():
+        torch.set_num_threads(cpu_threads)
+    fill_rendezvous_env()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved_threads)
+        if not launched:
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def init_distributed() -> None:

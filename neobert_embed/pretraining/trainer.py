@@ -36,7 +36,7 @@ from neobert_embed.pretraining.checkpoint import (
     save_checkpoint,
 )
 from neobert_embed.pretraining.corpus import PreparedCorpus, is_prepared, load_prepared
-from neobert_embed.pretraining.engine import build_engine, fill_rendezvous_env, init_distributed
+from neobert_embed.pretraining.engine import build_engine, init_distributed, process_scope
 from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
@@ -113,9 +113,14 @@ def pretrain(
     if existing and not resume:
         raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
                              "to continue it, or choose another --output")
-    if recipe.training.cpu_threads and not torch.cuda.is_available():
-        torch.set_num_threads(recipe.training.cpu_threads)
-    fill_rendezvous_env()
+    with process_scope(recipe.training.cpu_threads):
+        return _run(recipe, recipe_source, corpus, output, resume, existing, stop_after_steps, progress)
+
+
+def _run(recipe: PretrainRecipe, recipe_source: PretrainRecipe | str | Path, corpus: str | Path, output: Path,
+         resume: bool, existing: list[Path], stop_after_steps: int | None, progress: bool) -> PretrainResult:
+    """The body of :func:`pretrain`, inside its :func:`process_scope`."""
+    checkpoints = output / "checkpoints"
     init_distributed()
     prepared = _resolve_corpus(recipe, corpus, output)
     from neobert_embed.pretraining.model_factory import build_mlm_model
