@@ -75,11 +75,24 @@ def atomic_directory(path: str | Path, overwrite: bool = True) -> Iterator[Path]
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    replace_directory(tmp, path)
+
+
+def replace_directory(source: str | Path, target: str | Path) -> None:
+    """Move the finished directory ``source`` to ``target``, replacing any older ``target``.
+
+    The old directory is renamed aside first and deleted only after the new one is in place,
+    so at every instant ``target`` is either the complete old or the complete new version.
+
+    Example:
+        >>> replace_directory("runs/.index.partial", "runs/index")
+    """
+    source, target = Path(source), Path(target)
     old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.replace(path, old)
-    os.replace(tmp, path)
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(source, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -94,25 +107,16 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         >>> for line, row in iter_jsonl("queries.jsonl"):
         ...     print(line, row["text"])
     """
-    path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"{path}: file not found")
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise located(path, number, f"not valid UTF-8 ({exc.reason} at byte {exc.start}); "
-                              "re-encode the file as UTF-8") from None
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise located(path, number, f"invalid JSON ({exc.msg}, column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise located(path, number, f"expected a JSON object, got {type(record).__name__}")
-            yield number, record
+    for number, text in _utf8_lines(path):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise located(path, number, f"invalid JSON ({exc.msg}, column {exc.colno})") from None
+        if not isinstance(record, dict):
+            raise located(path, number, f"expected a JSON object, got {type(record).__name__}")
+        yield number, record
 
 
 def iter_text_lines(path: str | Path, keep_blank: bool = False) -> Iterator[tuple[int, str]]:
@@ -123,15 +127,21 @@ def iter_text_lines(path: str | Path, keep_blank: bool = False) -> Iterator[tupl
     Example:
         >>> docs = [text for _, text in iter_text_lines("corpus.txt")]
     """
+    for number, text in _utf8_lines(path):
+        text = text.rstrip("\r\n")
+        if keep_blank or text.strip():
+            yield number, text
+
+
+def _utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """``(line_number, decoded line)`` pairs; a line that is not UTF-8 is an error naming it."""
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"{path}: file not found")
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8").rstrip("\r\n")
+                yield number, raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise located(path, number, f"not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                               "re-encode the file as UTF-8") from None
-            if keep_blank or text.strip():
-                yield number, text

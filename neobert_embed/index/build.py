@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json
+from neobert_embed.files import atomic_write_json, replace_directory
 from neobert_embed.index.corpus import CorpusFields, corpus_fingerprint, read_corpus
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import (
@@ -234,17 +233,6 @@ def calibrate_index(index: Any, spec: IndexSpec, blocks: Callable[[], Any],
     return calibrate(index, spec, vectors, rows, exact)
 
 
-def _publish(partial: Path, output: Path) -> None:
-    """Move the finished build into place in one rename (replacing an older index if asked)."""
-    old = None
-    if output.exists():
-        old = output.with_name(f".{output.name}.old-{os.getpid()}")
-        os.replace(output, old)
-    os.replace(partial, output)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _encode_and_fill(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progress: bool,
                      on_chunk: Callable[[ChunkDone], None] | None) -> tuple[IndexSpec, dict, Any, int]:
     """Import, encode the missing chunks, then train, fill, calibrate and write the FAISS index."""
@@ -309,5 +297,5 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
     write_manifest(partial, manifest)
     ShardDirectory(partial / "shards").remove()
     (partial / STATE_NAME).unlink()
-    _publish(partial, output)
+    replace_directory(partial, output)
     return manifest

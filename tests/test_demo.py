@@ -1,0 +1,45 @@
+"""`neobert-embed demo`: every stage runs offline end to end and a rerun skips finished stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from neobert_embed.demo.corpus import collect_stdlib_docstrings, split_pairs, write_demo_data
+
+STAGES = ["corpus", "pretrain", "untrained baseline", "contrastive", "evaluate", "index"]
+
+
+def test_stdlib_corpus_has_real_pairs_and_a_consistent_heldout_task(tmp_path):
+    docs = collect_stdlib_docstrings()
+    assert len(docs) > 2000 and len({d.name for d in docs}) == len(docs)
+    split = split_pairs(docs)
+    assert len(split.train) > 1000 and len(split.heldout) > 200
+    assert not {d.summary for d in split.train} & {d.summary for d in split.heldout}
+    paths = write_demo_data(docs[:400], split_pairs(docs[:400]), tmp_path)
+    queries = [json.loads(line) for line in (paths["task"] / "queries.jsonl").read_text().splitlines()]
+    corpus_ids = {json.loads(line)["_id"] for line in (paths["task"] / "corpus.jsonl").read_text().splitlines()}
+    qrels = (paths["task"] / "qrels" / "test.tsv").read_text().splitlines()[1:]
+    assert len(qrels) == len(queries) > 0
+    assert all(line.split("\t")[1] in corpus_ids for line in qrels)
+    pairs = [json.loads(line) for line in paths["pairs"].read_text().splitlines()]
+    assert not {p["query"] for p in pairs} & {q["text"] for q in queries}
+
+
+def test_quick_demo_runs_every_stage_and_rerun_skips_them(tmp_path):
+    output = tmp_path / "demo"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "neobert_embed.cli", "demo", "--quick", "--output", str(output)]
+    first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    stages = json.loads((output / "stages.json").read_text())
+    assert [s["name"] for s in stages] == STAGES
+    assert "held-out retrieval nDCG@10" in first.stdout and "neobert-embed demo" in first.stdout
+    scores = next(s for s in stages if s["name"] == "evaluate")["data"]["scores"]
+    assert set(scores) == {"untrained", "MLM only", "fine-tuned"} and all(0 <= v <= 1 for v in scores.values())
+    assert (output / "index" / "manifest.json").is_file() and (output / "models" / "fine-tuned" / "modules.json").is_file()
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0 and "✓ corpus (" in again.stdout
+    assert json.loads((output / "stages.json").read_text()) == stages  # nothing was redone
