@@ -63,7 +63,7 @@ def build(
     chunk_size: Annotated[int, typer.Option("--chunk-size", min=1,
                                             help="Documents encoded and persisted per chunk.")] = 8192,
     batch_size: BatchSize = 32,
-    max_seq_length: Annotated[int | None, typer.Option("--max-seq-length", min=1)] = None,
+    max_seq_length: Annotated[int | None, typer.Option("--max-seq-length", min=1, help="Truncate documents to this many tokens (default: the model's maximum).")] = None,
     device: Device = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub revision of the model.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted build.")] = False,
