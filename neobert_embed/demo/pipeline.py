@@ -41,7 +41,7 @@ class DemoSettings:
     """Sizes of the demo; ``quick()`` shrinks them for tests."""
 
     pretrain_steps: int = 300
-    contrastive_steps: int = 400
+    contrastive_steps: int = 600
     max_documents: int | None = None
     baselines: bool = True
 
