@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import task_data
 from neobert_embed.evaluation.task_data import LABEL, NUMBER, TEXT
+from neobert_embed.files import read_json_object
 
 TASK_TYPES = ("STS", "PairClassification", "Classification", "Clustering", "Retrieval", "Reranking")
 DEFAULT_MAIN_SCORES = {"STS": "cosine_spearman", "PairClassification": "max_ap",
@@ -84,14 +84,7 @@ class TaskSpec(BaseModel):
 def read_task_spec(directory: Path) -> TaskSpec:
     """Parse and validate ``directory/task.json`` (errors name the file and the key)."""
     path = directory / "task.json"
-    if not path.is_file():
-        raise UserInputError(f"{path}: file not found; a task directory needs task.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: expected a JSON object")
+    data = read_json_object(path, "a task directory needs task.json")
     try:
         return TaskSpec(**data)
     except ValidationError as exc:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory
+from neobert_embed.files import atomic_directory, read_json_object
 from neobert_embed.modeling.configuration import NeoBERTConfig
 from neobert_embed.modeling.model import NeoBERTForMaskedLM, NeoBERTModel
 
@@ -69,12 +69,7 @@ def resolve_source(source: str | Path, revision: str | None = None) -> Path:
 def read_config(directory: Path) -> NeoBERTConfig:
     """The checkpoint's NeoBERTConfig; errors name config.json and the offending key."""
     path = directory / "config.json"
-    if not path.is_file():
-        raise UserInputError(f"{path}: not found; a NeoBERT checkpoint directory needs its config.json")
-    try:
-        fields = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"{path}: not valid JSON ({exc})") from exc
+    fields = read_json_object(path, "a NeoBERT checkpoint directory needs its config.json")
     if fields.get("model_type") != "neobert":
         raise UserInputError(f"{path}: key 'model_type' is {fields.get('model_type')!r}, expected 'neobert'")
     try:
