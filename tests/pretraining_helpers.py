@@ -3,9 +3,12 @@ available offline), tiny recipes, and a single-thread setting that keeps 2 share
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from pathlib import Path
+
+from contrastive_helpers import one_torch_thread
 
 STDLIB_MODULES = ("json", "os", "re", "collections", "pathlib", "argparse", "logging", "functools",
                   "itertools", "shutil", "textwrap", "datetime", "subprocess")
@@ -48,17 +51,4 @@ def losses(metrics_path: Path) -> dict[int, float]:
 
 def single_thread():
     """Context manager: torch on one thread (2 shared cores thrash badly with OpenMP spinning)."""
-    import contextlib
-
-    import torch
-
-    @contextlib.contextmanager
-    def scope():
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
-    return scope()
+    return contextlib.contextmanager(one_torch_thread)()
