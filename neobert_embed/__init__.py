@@ -1,15 +1,28 @@
 """neobert-embed: build and judge text-embedding models.
 
-Importing the package registers the NeoBERT architecture with transformers' Auto classes, so
-``AutoModel.from_pretrained("chandar-lab/NeoBERT")`` works without ``trust_remote_code``.
+Importing the package is light (no torch, no transformers) and arranges for the NeoBERT
+architecture to be registered with transformers' Auto classes as soon as transformers loads, so
+``AutoModel.from_pretrained("chandar-lab/NeoBERT")`` works without ``trust_remote_code`` while
+``neobert-embed --help`` answers at once (see :mod:`neobert_embed.registration`).
 
 Example:
     >>> import neobert_embed
     >>> model = neobert_embed.load_sentence_model("neobert")
 """
 
-from neobert_embed import modeling  # noqa: F401  (Auto-class registration)
-from neobert_embed.sentence import load_sentence_model
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from neobert_embed.lazy import lazy_exports
+from neobert_embed.registration import register_when_transformers_loads
+
+if TYPE_CHECKING:
+    from neobert_embed.sentence import load_sentence_model
+
+register_when_transformers_loads()
 
 __all__ = ["load_sentence_model"]
 __version__ = "0.1.0"
+
+__getattr__ = lazy_exports(__name__, {"load_sentence_model": ".sentence"})

@@ -92,7 +92,7 @@ def load_sentence_model(
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-    import neobert_embed.modeling  # noqa: F401  (registers NeoBERT with the Auto classes)
+    import neobert_embed.modeling.auto  # noqa: F401  (registers NeoBERT with the Auto classes)
 
     if precision not in PRECISIONS:
         raise UserInputError(f"unknown precision {precision!r}; choose one of fp32, fp16, bf16")

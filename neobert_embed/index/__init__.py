@@ -1,6 +1,7 @@
 """FAISS indexing: encode corpora into searchable indexes, search them, and judge them.
 
-The Python API mirrors the ``neobert-embed index`` commands.
+The Python API mirrors the ``neobert-embed index`` commands; names load on first use, so the
+command line's ``--help`` does not import faiss or numpy.
 
 Example:
     >>> from neobert_embed.index import build_index, add_documents, open_index, evaluate_index
@@ -11,13 +12,18 @@ Example:
     >>> evaluate_index("runs/my-index", "tasks/my-retrieval")["ndcg_at_10"]
 """
 
-from neobert_embed.index.add import add_documents
-from neobert_embed.index.build import BuildInterrupted, BuildOptions, ChunkDone, build_index
-from neobert_embed.index.corpus import CorpusFields, read_corpus
-from neobert_embed.index.evaluate import evaluate_index
-from neobert_embed.index.manifest import IndexManifest, read_manifest
-from neobert_embed.index.search import Hit, SearchIndex, open_index
+from __future__ import annotations
 
-__all__ = ["BuildInterrupted", "BuildOptions", "ChunkDone", "CorpusFields", "Hit", "IndexManifest",
-           "SearchIndex", "add_documents", "build_index", "evaluate_index", "open_index", "read_corpus",
-           "read_manifest"]
+from neobert_embed.lazy import lazy_exports
+
+_EXPORTS = {
+    "add_documents": ".add",
+    "BuildInterrupted": ".build", "BuildOptions": ".build", "ChunkDone": ".build", "build_index": ".build",
+    "CorpusFields": ".corpus", "read_corpus": ".corpus",
+    "evaluate_index": ".evaluate",
+    "IndexManifest": ".manifest", "read_manifest": ".manifest",
+    "Hit": ".search", "SearchIndex": ".search", "open_index": ".search",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,41 +1,29 @@
 """NeoBERT as a native transformers architecture: config, encoder, MLM and classification heads.
 
-Importing this package registers ``model_type="neobert"`` with ``AutoConfig``, ``AutoModel``,
-``AutoModelForMaskedLM`` and ``AutoModelForSequenceClassification`` (the only import-time side
-effect), so the official checkpoint loads without ``trust_remote_code`` even though its
-``config.json`` carries an ``auto_map`` to remote code: transformers prefers a registered local
-class over remote code.
+The classes are loaded on first access, so modules of this package that need no torch (the
+``convert`` command's options, say) keep the command line light. Any access to a class, like any
+import of transformers after ``import neobert_embed``, registers NeoBERT with the Auto classes
+(:mod:`neobert_embed.modeling.auto`).
 
 Example:
-    >>> import neobert_embed.modeling
-    >>> from transformers import AutoModel
-    >>> model = AutoModel.from_pretrained("chandar-lab/NeoBERT")   # our NeoBERTModel
+    >>> from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
+    >>> model = NeoBERTModel(NeoBERTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2))
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForSequenceClassification,
-)
+from __future__ import annotations
 
-from neobert_embed.modeling.configuration import NeoBERTConfig
-from neobert_embed.modeling.model import (
-    NeoBERTForMaskedLM,
-    NeoBERTForSequenceClassification,
-    NeoBERTModel,
-    NeoBERTPreTrainedModel,
-)
+import importlib
 
-AutoConfig.register("neobert", NeoBERTConfig, exist_ok=True)
-AutoModel.register(NeoBERTConfig, NeoBERTModel, exist_ok=True)
-AutoModelForMaskedLM.register(NeoBERTConfig, NeoBERTForMaskedLM, exist_ok=True)
-AutoModelForSequenceClassification.register(NeoBERTConfig, NeoBERTForSequenceClassification, exist_ok=True)
+from neobert_embed.lazy import lazy_exports
 
-__all__ = [
-    "NeoBERTConfig",
-    "NeoBERTForMaskedLM",
-    "NeoBERTForSequenceClassification",
-    "NeoBERTModel",
-    "NeoBERTPreTrainedModel",
-]
+_HOMES = {
+    "NeoBERTConfig": "neobert_embed.modeling.configuration",
+    "NeoBERTForMaskedLM": "neobert_embed.modeling.model",
+    "NeoBERTForSequenceClassification": "neobert_embed.modeling.model",
+    "NeoBERTModel": "neobert_embed.modeling.model",
+    "NeoBERTPreTrainedModel": "neobert_embed.modeling.model",
+}
+
+__all__ = sorted(_HOMES)
+
+__getattr__ = lazy_exports(__name__, _HOMES, before=lambda: importlib.import_module("neobert_embed.modeling.auto"))

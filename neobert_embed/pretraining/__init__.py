@@ -11,8 +11,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from neobert_embed.lazy import lazy_exports
 
 _EXPORTS = {
     "load_pretrain_recipe": "neobert_embed.pretraining.recipe",
@@ -26,8 +25,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
