@@ -89,6 +89,9 @@ def load_sentence_model(
     Example:
         >>> model = load_sentence_model("bert", max_seq_length=256, precision="bf16")
     """
+    from neobert_embed.model_files import check_model_files
+
+    check_model_files(name_or_path)
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
