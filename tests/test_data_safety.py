@@ -274,3 +274,43 @@ def test_manifest_checksums_and_index_verify(model, tmp_path, capsys):
     code, out, _ = run_main(["index", "verify", index, "--json"], capsys)
     report = json.loads(out)
     assert code == 1 and not report["ok"] and "index.faiss: checksum differs" in report["problems"][0]
+
+
+# checks before the expensive work, machine-readable output ----------------------------------------
+
+
+def test_encoded_chunks_are_reused_when_only_the_index_type_changes(model, tmp_path, monkeypatch):
+    from neobert_embed.index import BuildInterrupted
+    from neobert_embed.index.encoder import IndexEncoder
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": f"d{i}", "text": t} for i, t in enumerate(_texts(40))])
+    output = tmp_path / "index"
+
+    def stop_after_last_chunk(done):
+        if done.chunk == done.n_chunks - 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(BuildInterrupted):
+        build_index(model, corpus, output, index_type="flat", chunk_size=16, show_progress=False,
+                    on_chunk=stop_after_last_chunk)
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("the resumed build encoded again")
+
+    monkeypatch.setattr(IndexEncoder, "encode_in_length_order", no_encoding)
+    manifest = build_index(model, corpus, output, resume=True, factory="HNSW8", chunk_size=16,
+                           show_progress=False)
+    assert manifest.factory == "HNSW8" and manifest.documents == 40
+
+
+def test_train_contrastive_json_stdout_is_only_json(model, tmp_path):
+    from contrastive_helpers import TINY_RECIPE, paraphrase_rows
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", paraphrase_rows())
+    done = subprocess.run([sys.executable, "-m", "neobert_embed.cli", "train-contrastive", "--model", str(model),
+                           "--data", f"p={data}", "--recipe", str(TINY_RECIPE), "--max-steps", "2", "--output",
+                           str(tmp_path / "run"), "--json"], capture_output=True, text=True, env=cli_env(),
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)  # the whole of stdout parses
+    assert summary["steps"] == 2 and summary["output"] == str(tmp_path / "run")
