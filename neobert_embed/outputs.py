@@ -188,6 +188,21 @@ def directory_state(path: str | Path, record: str) -> DirectoryState:
     return DirectoryState.FOREIGN if any(path.iterdir()) else DirectoryState.EMPTY
 
 
+def check_directory_path(path: str | Path, flag: str = "--output", what: str = "output") -> None:
+    """Refuse a directory output that is an existing file or lies where nothing can be written.
+
+    Example:
+        >>> check_directory_path("notes.txt")
+        Traceback (most recent call last):
+        UserInputError: --output notes.txt is a file, but the output is a directory ...
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserInputError(f"{flag} {path} is a file, but the {what} is a directory; choose a directory "
+                             "path (nothing was changed)")
+    check_writable_location(path, flag)
+
+
 def check_output_directory(path: str | Path, *, record: str, inputs: Iterable[str | Path | None] = (),
                            flag: str = "--output", what: str = "output") -> DirectoryState:
     """Check a directory output before any work; refuse a file, an input, an unwritable place and
@@ -201,11 +216,8 @@ def check_output_directory(path: str | Path, *, record: str, inputs: Iterable[st
         <DirectoryState.ABSENT: 'absent'>
     """
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UserInputError(f"{flag} {path} is a file, but the {what} is a directory; choose a directory "
-                             "path (nothing was changed)")
+    check_directory_path(path, flag, what)
     check_not_input(path, inputs, flag)
-    check_writable_location(path, flag)
     state = directory_state(path, record)
     if state is DirectoryState.FOREIGN:
         raise UserInputError(f"{flag} {path} is not empty and holds no {record}, so it is not a {what} "

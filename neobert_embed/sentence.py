@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,14 @@ def load_sentence_model(
         if Path(name).exists() and not isinstance(exc, OSError):
             raise
         raise _explain_missing(name, original, exc) from exc
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        if not Path(name).exists():
+            raise
+        from neobert_embed.model_files import FIX
+
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise UserInputError(f"{name}: the model's files could not be loaded ({type(exc).__name__}: {reason}); "
+                             f"{FIX}") from None
     if max_seq_length is not None:
         if max_seq_length < 1:
             raise UserInputError(f"max_seq_length must be positive, got {max_seq_length}")

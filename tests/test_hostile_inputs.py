@@ -75,6 +75,9 @@ def _broken_model(kind: str) -> Callable[[dict[str, Path]], None]:
             (target / "config.json").write_text("{not json", encoding="utf-8")
         elif kind == "no-weights":
             weights.unlink()
+        elif kind == "bin-garbage":
+            weights.unlink()
+            (target / "pytorch_model.bin").write_bytes(os.urandom(2048))
     return make
 
 
@@ -121,7 +124,7 @@ ADD = ("index", "add", "{case}/index", "--corpus", "{corpus}")
 CASES = [
     # corrupt or wrong model files
     *[Case(f"encode model {k}", ("encode", "--model", "{case}/model", "--input", T, "--output", OUT), OUT,
-           _broken_model(k)) for k in ("empty", "truncated", "garbage", "config", "no-weights")],
+           _broken_model(k)) for k in ("empty", "truncated", "garbage", "config", "no-weights", "bin-garbage")],
     Case("encode model is a file", ("encode", "--model", "{file}", "--input", T, "--output", OUT), OUT),
     Case("index build truncated model", ("index", "build", "--model", "{case}/model", "--corpus", "{corpus}",
                                          "--output", "{case}/new-index"), "{case}/new-index",
@@ -165,6 +168,12 @@ CASES = [
     Case("export into a file", ("pretrain", "export", "{root}", "--output", "{file}"), "{file}"),
     Case("demo fresh foreign", ("demo", "--fresh", "--quick", "--output", "{foreign}"), "{foreign}"),
     Case("demo output is a file", ("demo", "--quick", "--output", "{file}"), "{file}"),
+    Case("pretrain output is a file", ("pretrain", "--recipe", "{recipe}", "--corpus", "{corpus}", "--output",
+                                       "{file}"), "{file}"),
+    Case("convert --overwrite foreign", ("convert", "{root}", "--output", "{foreign}", "--overwrite"),
+         "{foreign}"),
+    Case("mine output exists", (*MINE, "--model", M), "{case}/mined.jsonl",
+         lambda p: (p["case"] / "mined.jsonl").write_text("{}\n", encoding="utf-8")),
     # impossible options
     Case("factory too many lists", (*BUILD, "--model", M, "--factory", "IVF99999,Flat"), "{case}/new-index"),
     Case("factory not faiss", (*BUILD, "--model", M, "--factory", "Bogus77"), "{case}/new-index"),

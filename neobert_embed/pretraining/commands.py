@@ -43,8 +43,10 @@ def pretrain_command(
         from neobert_embed.errors import UserInputError
 
         raise UserInputError(f"pretrain needs {', '.join(missing)} (see `neobert-embed pretrain --help`)")
+    from neobert_embed.outputs import check_directory_path
     from neobert_embed.pretraining.trainer import pretrain
 
+    check_directory_path(output, what="pretraining run")
     pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
 
 
