@@ -101,7 +101,8 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
         wait: when another writer holds the lock, wait for it (saying so through ``on_wait``);
             with ``wait=False`` fail at once with a :class:`UserInputError` naming the holder.
         on_stale: called with the note of a previous holder that died without releasing
-            cleanly (a crash or SIGKILL): the caller clears or resumes that writer's work.
+            cleanly (a crash or SIGKILL): the caller clears or resumes that writer's work
+            (default: say so on stderr).
 
     Example:
         >>> with writer_lock("runs/x", command="train-contrastive", wait=False):
@@ -124,10 +125,16 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
             on_wait(f"waiting for {who} to finish writing {target} (Ctrl-C to give up; --no-wait fails "
                     "at once instead)")
         lock.acquire()
+    except OSError as exc:
+        raise UserInputError(f"{target}: cannot create its writer lock {lock_path(target)} ({exc.strerror or exc}); "
+                             "the directory holding it must be writable") from None
     try:
         previous = read_holder(target)
-        if previous is not None and previous.pid != os.getpid() and on_stale is not None:
-            on_stale(previous)
+        if previous is not None and previous.pid != os.getpid():
+            if on_stale is not None:
+                on_stale(previous)
+            else:
+                _say(f"note: an earlier writer of {target}, {previous.describe()}, stopped without finishing")
         _write_note(target, command)
         yield
     finally:

@@ -43,6 +43,8 @@ from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, atomic_write_json
+from neobert_embed.locks import writer_lock
+from neobert_embed.outputs import DirectoryState, check_output_directory
 
 logger = logging.getLogger(__name__)
 
@@ -235,9 +237,6 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         >>> out = train_contrastive(model="bert", data={"snli": "triplets.jsonl"}, output="runs/x",
         ...                         recipe=load_contrastive_recipe(max_steps=20))
     """
-    from neobert_embed.locks import writer_lock
-    from neobert_embed.outputs import check_output_directory
-
     output = Path(output)
     inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
     state = check_output_directory(output, record=RUN_FILE, inputs=inputs, what="training run")
@@ -248,10 +247,8 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
 
 
 def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, recipe: ContrastiveRecipe | None,
-              resume: bool, overwrite: bool, callbacks: list[Any] | None, state: Any) -> Path:
+              resume: bool, overwrite: bool, callbacks: list[Any] | None, state: DirectoryState) -> Path:
     """The body of :func:`train_contrastive`, run while holding the run directory's lock."""
-    from neobert_embed.outputs import DirectoryState
-
     model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
     if resume and (output / "summary.json").is_file() and (output / "modules.json").is_file():
         logger.warning("%s: this run already finished; nothing to resume", output)

@@ -54,7 +54,7 @@ from neobert_embed.index.progress import document_progress
 from neobert_embed.index.shards import ShardDirectory
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
-from neobert_embed.locks import writer_lock
+from neobert_embed.locks import LockHolder, writer_lock
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 
@@ -255,6 +255,8 @@ def _encode_and_fill(partial: Path, opts: BuildOptions, encoder: IndexEncoder, s
     shards = ShardDirectory(partial / "shards")
     with DocumentStore(partial / STORE_NAME) as store:
         total = _import_corpus(store, opts, show_progress)
+        if opts.factory is not None:  # before encoding: corpora that could not be counted earlier
+            check_factory_for_corpus(opts.factory, total, encoder.dimension)
         spec = choose_index_spec(opts.index_type, total, encoder.dimension, opts.precision, opts.factory)
         n_chunks = _encode_chunks(store, shards, encoder, opts, total, show_progress, on_chunk)
     blocks = functools.partial(shards.blocks, n_chunks)
@@ -295,14 +297,15 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
     """
     opts = BuildOptions(model=str(model), corpus=str(corpus), **options)
     output = Path(output)
-    documents = _preflight(opts, output)
+    _preflight(opts, output)
     with writer_lock(output, command="neobert-embed index build", wait=wait,
                      on_stale=lambda holder: _report_stale(holder, output)):
-        return _build_locked(opts, output, documents, resume, overwrite, show_progress, on_chunk)
+        return _build_locked(opts, output, resume, overwrite, show_progress, on_chunk)
 
 
-def _preflight(opts: BuildOptions, output: Path) -> int | None:
-    """Every check that needs no model weights; returns the corpus size when it was counted."""
+def _preflight(opts: BuildOptions, output: Path) -> None:
+    """Every check that needs no model weights (the factory is checked against the corpus size
+    here when the model's width can be read from its files, else again after the import)."""
     check_output_directory(output, record=MANIFEST_NAME, inputs=[opts.corpus, opts.model], what="index")
     check_model_files(opts.model)
     check_length_flag(opts.model, opts.max_seq_length, "--max-seq-length")
@@ -311,25 +314,22 @@ def _preflight(opts: BuildOptions, output: Path) -> int | None:
     documents = count_documents(opts.corpus) if opts.factory is not None else None
     if opts.factory is not None and documents is not None and dimension is not None:
         check_factory_for_corpus(opts.factory, documents, dimension)
-    return documents
 
 
-def _report_stale(holder: Any, output: Path) -> None:
+def _report_stale(holder: LockHolder, output: Path) -> None:
     remove_debris(output)
     kept = " (its encoded chunks are kept: pass --resume to continue)" if partial_directory(output).is_dir() else ""
     print(f"note: an earlier writer of {output}, {holder.describe()}, stopped without finishing{kept}",
           file=sys.stderr, flush=True)
 
 
-def _build_locked(opts: BuildOptions, output: Path, documents: int | None, resume: bool, overwrite: bool,
-                  show_progress: bool, on_chunk: Callable[[ChunkDone], None] | None) -> IndexManifest:
+def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: bool, show_progress: bool,
+                  on_chunk: Callable[[ChunkDone], None] | None) -> IndexManifest:
     encoder = load_encoder(opts.model, device=opts.device, batch_size=opts.batch_size,
                            max_seq_length=opts.max_seq_length, revision=opts.revision)
     check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
     if opts.factory is not None:
         create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)
-        if documents is not None:
-            check_factory_for_corpus(opts.factory, documents, encoder.dimension)
     partial = _prepare_partial(output, _saved_state(opts, encoder), resume, overwrite)
     try:
         spec, params, calibration, total = _encode_and_fill(partial, opts, encoder, show_progress, on_chunk)
