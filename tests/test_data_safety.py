@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safety_helpers import build_prompted_bert, cli_env, run_main, snapshot, write_jsonl
+from safety_helpers import REPO, build_prompted_bert, cli_env, run_main, snapshot, write_jsonl
 
 from neobert_embed.index import add_documents, build_index, read_manifest
 from neobert_embed.locks import lock_path, writer_lock
@@ -314,3 +314,20 @@ def test_train_contrastive_json_stdout_is_only_json(model, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)  # the whole of stdout parses
     assert summary["steps"] == 2 and summary["output"] == str(tmp_path / "run")
+
+
+def test_run_directories_take_the_writer_lock(model, tmp_path, capsys):
+    from contrastive_helpers import TINY_RECIPE, paraphrase_rows
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", paraphrase_rows())
+    run, pretraining = tmp_path / "run", tmp_path / "pretrain"
+    commands = {
+        run: ["train-contrastive", "--model", model, "--data", f"p={data}", "--recipe", TINY_RECIPE, "--output", run],
+        pretraining: ["pretrain", "--recipe", REPO / "recipes" / "pretrain-tiny.yaml", "--corpus", data, "--output", pretraining],
+        tmp_path / "demo": ["demo", "--quick", "--output", tmp_path / "demo"],
+    }
+    for target, args in commands.items():
+        with writer_lock(target, command="another writer"):
+            code, _, err = run_main([*args, "--no-wait"], capsys)
+        assert code == 2 and "being written by" in err and "another writer" in err, err
+        assert not target.exists()

@@ -164,7 +164,10 @@ def search(
     texts = [query] if query is not None else _read_queries(queries)
     if not texts:
         raise UserInputError(f"{queries}: no queries in the file")
-    with open_index(index_dir, model=model, device=device, batch_size=batch_size) as index:
+    from neobert_embed.machine_output import json_only_stdout
+
+    with json_only_stdout(as_json), open_index(index_dir, model=model, device=device,
+                                               batch_size=batch_size) as index:
         results = index.search(texts, k=k)
     if as_json:
         for text, hits in zip(texts, results, strict=True):
@@ -207,9 +210,11 @@ def evaluate(
     from rich.table import Table
 
     from neobert_embed.index.evaluate import evaluate_index
+    from neobert_embed.machine_output import json_only_stdout
 
-    scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
-                            device=device)
+    with json_only_stdout(as_json):
+        scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
+                                device=device)
     table = Table(title=f"{index_dir} on {task_dir} ({scores['queries']} queries)", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
