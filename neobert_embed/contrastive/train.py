@@ -238,10 +238,10 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         ...                         recipe=load_contrastive_recipe(max_steps=20))
     """
     output = Path(output)
+    if not _is_main_process():  # rank 0 checks and locks the run directory for the whole job
+        return _train_in(output, model, data, recipe, resume, overwrite, callbacks, DirectoryState.OWNED)
     inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
     state = check_output_directory(output, record=RUN_FILE, inputs=inputs, what="training run")
-    if not _is_main_process():
-        return _train_in(output, model, data, recipe, resume, overwrite, callbacks, state)
     with writer_lock(output, command="neobert-embed train-contrastive", wait=wait):
         return _train_in(output, model, data, recipe, resume, overwrite, callbacks, state)
 
