@@ -69,14 +69,15 @@ def check_writable_location(path: str | Path, flag: str = "--output") -> None:
         UserInputError: --output /proc/out.npy: cannot write in /proc (permission denied) ...
     """
     path = Path(path)
-    ancestor = path if path.exists() else path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    target = ancestor if ancestor != path else path.parent
-    if ancestor != path and not ancestor.is_dir():
-        raise UserInputError(f"{flag} {path}: {ancestor} is a file, so nothing can be created under it; "
-                             "choose another location")
-    directory = path if path.is_dir() else target
+    if path.is_dir():
+        directory = path  # files are created inside it
+    else:
+        directory = path.parent  # the file (new or replaced) is created here, or below its nearest ancestor
+        while not directory.exists() and directory != directory.parent:
+            directory = directory.parent
+        if not directory.is_dir():
+            raise UserInputError(f"{flag} {path}: {directory} is a file, so nothing can be created under it; "
+                                 "choose another location")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UserInputError(f"{flag} {path}: cannot write in {directory} (permission denied); choose a "
                              "location you can write to")

@@ -151,6 +151,10 @@ CASES = [
     Case("encode output under a file", ("encode", "--model", M, "--input", T, "--output", "{file}/x.npy"),
          "{file}"),
     Case("encode output exists", ("encode", "--model", M, *ENCODE[1:]), OUT, _foreign_npy),
+    Case("encode output unwritable", ("encode", "--model", M, "--input", T, "--output", "/proc/1/out.npy"),
+         "/proc/1/out.npy"),  # /proc/1 is read-only even for root
+    Case("build output unwritable", ("index", "build", "--model", M, "--corpus", "{corpus}", "--output",
+                                     "/proc/1/new-index"), "/proc/1/new-index"),
     Case("encode --overwrite foreign", ("encode", "--model", M, *ENCODE[1:], "--overwrite"), OUT, _foreign_npy),
     Case("mine output is the data", ("mine-negatives", "--model", M, "--data", "{pairs}", "--output", "{pairs}"),
          "{pairs}"),
