@@ -43,8 +43,8 @@ def main() -> None:
     """Console-script entry point: user errors print one clear line and exit 2, not a traceback.
 
     Click's own usage errors (typer vendors click, so they are recognised by their ``show`` and
-    ``exit_code`` attributes) keep click's formatting; Ctrl-C exits 130 after the command has said
-    how to resume.
+    ``exit_code`` attributes) are printed as one line too, naming the command's ``--help``; Ctrl-C
+    exits 130 after the command has said how to resume.
     """
     console = Console(stderr=True)
     try:
@@ -56,6 +56,12 @@ def main() -> None:
         console.print("[yellow]interrupted[/]: finished work was kept (see above for how to resume)")
         sys.exit(130)
     except Exception as exc:
+        if hasattr(exc, "format_message") and getattr(exc, "exit_code", None) == 2:
+            ctx = getattr(exc, "ctx", None)
+            where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            console.print(f"[bold red]error:[/] {' '.join(exc.format_message().split())}{where}",
+                          highlight=False, soft_wrap=True)
+            sys.exit(2)
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(exc.exit_code)

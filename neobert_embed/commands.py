@@ -14,19 +14,28 @@ def encode(
     field: str = typer.Option("text", "--field", help="JSON field holding the text (jsonl input)."),
     precision: str = typer.Option("float32", "--precision",
                                   help="Stored precision: float32, float16, int8 or binary (packed bits)."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Texts per forward pass."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass."),
     max_seq_length: int = typer.Option(None, "--max-length", help="Truncate inputs to this many tokens "
                                        "(default: what the model's positions allow)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON line."),
+    calibration: Path = typer.Option(None, "--calibration", help="int8/binary calibration to reuse: the "
+                                     "OUTPUT.npy.json of an earlier encode (identical texts, identical codes)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by encode."),
 ) -> None:
-    """Encode a file of texts into an .npy matrix (length-batched, with progress)."""
+    """Encode a file of texts into an .npy matrix (length-batched, with progress).
+
+    Beside OUTPUT, OUTPUT.json records the model, precision and (int8/binary) calibration.
+    """
     from neobert_embed.encoding import STORAGE_PRECISIONS, encode_file, report_json
     from neobert_embed.errors import UserInputError
+    from neobert_embed.machine_output import json_only_stdout
 
     if precision not in STORAGE_PRECISIONS:
         raise UserInputError(f"--precision {precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")
-    report = encode_file(model, input_path, output, field=field, precision=precision, batch_size=batch_size,
-                         max_seq_length=max_seq_length, show_progress=not as_json)
+    with json_only_stdout(as_json):
+        report = encode_file(model, input_path, output, field=field, precision=precision, batch_size=batch_size,
+                             max_seq_length=max_seq_length, show_progress=not as_json, calibration=calibration,
+                             overwrite=overwrite)
     if as_json:
         typer.echo(report_json(report))
     else:
@@ -38,6 +47,7 @@ def demo(
     output: Path = typer.Option(Path("runs/demo"), "--output", "-o", help="Where every demo output goes."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of skipping finished stages."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long sizes for smoke tests (scores mean nothing)."),
+    no_wait: bool = typer.Option(False, "--no-wait", help="Fail at once if another demo writes to --output."),
 ) -> None:
     """Run the whole pipeline offline on the Python standard library's docstrings.
 
@@ -53,7 +63,7 @@ def demo(
     console = Console()
     console.print(f"[bold]neobert-embed demo[/] → {output} (rerun to continue after an interruption)")
     settings = DemoSettings.quick() if quick else DemoSettings()
-    report = run_demo(output, settings, fresh=fresh,
+    report = run_demo(output, settings, fresh=fresh, wait=not no_wait,
                       on_stage=lambda s: console.print(f"[green]✓[/] {s.name} ({s.seconds:.0f} s): {s.figure}"))
     print_summary(report, console)
 

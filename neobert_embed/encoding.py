@@ -60,11 +60,12 @@ def count_truncated(model: Any, texts: Sequence[str]) -> int:
     return sum(len(ids) > limit for ids in lengths)
 
 
-def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:
+def quantize(embeddings: np.ndarray, precision: str, calibration: Any = None) -> np.ndarray:
     """Store float32 embeddings at ``precision`` (float16, int8 scalar-quantized, or packed binary).
 
-    int8 and binary use sentence-transformers' ``quantize_embeddings`` (int8 ranges are taken from
-    the embeddings themselves; binary packs sign bits, 8 dimensions per byte).
+    int8 and binary use :mod:`neobert_embed.quantization` (sentence-transformers' arithmetic) with
+    ``calibration`` (a :class:`~neobert_embed.quantization.Calibration`); without one, int8 ranges
+    are taken from these embeddings, so pass the calibration of earlier files to compare codes.
 
     Example:
         >>> quantize(np.ones((2, 16), dtype=np.float32), "binary").shape
@@ -75,9 +76,9 @@ def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:
     if precision == "float16":
         return embeddings.astype(np.float16)
     if precision in {"int8", "binary"}:
-        from sentence_transformers import quantize_embeddings
+        from neobert_embed.quantization import fit_calibration, quantize_with
 
-        return quantize_embeddings(embeddings, precision=precision)
+        return quantize_with(embeddings, calibration or fit_calibration(embeddings, precision))
     raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
 
 
@@ -155,6 +156,10 @@ class EncodeReport:
     seconds: float
     texts_per_second: float
     output: str
+    calibration: str | None = None
+
+
+ENCODE_WRITER = "neobert-embed encode"
 
 
 def encode_file(
@@ -167,35 +172,64 @@ def encode_file(
     batch_size: int = 32,
     max_seq_length: int | None = None,
     show_progress: bool = True,
+    calibration: str | Path | None = None,
+    overwrite: bool = False,
 ) -> EncodeReport:
     """Encode every text of a file into an ``.npy`` matrix written atomically.
 
+    Beside the matrix, ``OUTPUT.json`` records what made it (model, precision, texts) and, for int8
+    and binary, the calibration; pass that file as ``calibration`` when encoding more texts so
+    identical texts get identical codes. Everything a user can get wrong (output path, calibration,
+    length, model files, input lines) is checked before the model is loaded; an existing output is
+    replaced only with ``overwrite`` and only if this command wrote it.
+
     Example:
-        >>> report = encode_file("neobert", "docs.txt", "docs.npy", precision="float16")
-        >>> report.texts_per_second
+        >>> report = encode_file("neobert", "docs.txt", "docs.npy", precision="int8")
+        >>> encode_file("neobert", "queries.txt", "queries.npy", precision="int8",
+        ...             calibration="docs.npy.json").texts_per_second
         412.7
     """
+    from neobert_embed.model_files import check_length_flag, check_model_files
+    from neobert_embed.outputs import check_output_file, sidecar_path, write_sidecar
+    from neobert_embed.quantization import fit_calibration, load_calibration
+
     if precision not in STORAGE_PRECISIONS:
         raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
     if batch_size < 1:
         raise UserInputError(f"--batch-size must be positive, got {batch_size}")
+    output_path = Path(output_path)
+    check_output_file(output_path, writer=ENCODE_WRITER, inputs=[input_path, calibration], overwrite=overwrite)
+    saved = load_calibration(calibration) if calibration is not None else None
+    if saved is not None and saved.precision != precision:
+        raise UserInputError(f"--calibration {calibration} is for {saved.precision} vectors but --precision is "
+                             f"{precision}; pass --precision {saved.precision}")
+    check_model_files(model_name)
+    check_length_flag(model_name, max_seq_length, "--max-length")
+    texts = read_texts(input_path, field)
     from neobert_embed.sentence import load_sentence_model
 
-    texts = read_texts(input_path, field)
     model = load_sentence_model(model_name, max_seq_length=max_seq_length)
     start = time.perf_counter()
     embeddings = encode_texts(model, texts, batch_size=batch_size, prompt_name="document",
                               show_progress=show_progress)
     seconds = time.perf_counter() - start
-    stored = quantize(embeddings, precision)
+    used = saved
+    if used is None and precision in ("int8", "binary"):
+        used = fit_calibration(embeddings, precision, model=model_name)
+    stored = quantize(embeddings, precision, used)
     import io
 
     buffer = io.BytesIO()
     np.save(buffer, stored)
+    write_sidecar(output_path, ENCODE_WRITER, model=model_name, input=str(input_path), texts=len(texts),
+                  dimension=int(embeddings.shape[1]), precision=precision,
+                  calibration=used.to_json() if used is not None else None,
+                  calibration_from=str(calibration) if calibration is not None else None)
     atomic_write_bytes(output_path, buffer.getvalue())
     return EncodeReport(texts=len(texts), dimension=int(embeddings.shape[1]), precision=precision,
                         seconds=round(seconds, 3), texts_per_second=round(len(texts) / max(seconds, 1e-9), 1),
-                        output=str(output_path))
+                        output=str(output_path),
+                        calibration=str(sidecar_path(output_path)) if used is not None else None)
 
 
 def report_json(report: EncodeReport) -> str:

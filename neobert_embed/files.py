@@ -19,8 +19,23 @@ from typing import Any
 from neobert_embed.errors import UserInputError, located
 
 
+def current_umask() -> int:
+    """The process's file-creation mask (read without changing it for longer than one call).
+
+    Example:
+        >>> oct(current_umask())
+        '0o22'
+    """
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see either the old file or the whole new one.
+
+    The file gets the mode a plain ``open()`` would give it (0666 less the user's umask), not
+    ``mkstemp``'s private 0600: outputs on a shared machine stay readable as the user intends.
 
     Example:
         >>> atomic_write_bytes("out/manifest.json", b"{}")
@@ -29,6 +44,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -55,21 +71,27 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | Path, overwrite: bool = True) -> Iterator[Path]:
+def atomic_directory(path: str | Path, overwrite: bool = True, record: str | None = None) -> Iterator[Path]:
     """Yield a temporary sibling directory that replaces ``path`` only if the block succeeds.
 
     Used for saved models and exported checkpoints: an exception or Ctrl-C inside the block
-    leaves ``path`` exactly as it was (absent, or the previous complete version).
+    leaves ``path`` exactly as it was (absent, or the previous complete version). With
+    ``record`` (the name of the file by which the command recognises its own output, such as
+    ``run.json``), a non-empty ``path`` without that file is never replaced.
 
     Example:
-        >>> with atomic_directory("runs/model") as tmp:
+        >>> with atomic_directory("runs/model", record="export.json") as tmp:
         ...     model.save(str(tmp))
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not overwrite:
         raise UserInputError(f"{path} already exists; choose another output or remove it")
+    if record is not None and path.is_dir() and any(path.iterdir()) and not (path / record).exists():
+        raise UserInputError(f"{path} holds files that neobert-embed did not write (no {record}); "
+                             "nothing was deleted: choose another output or empty it yourself")
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~current_umask())
     try:
         yield tmp
     except BaseException:
@@ -95,6 +117,33 @@ def replace_directory(source: str | Path, target: str | Path) -> None:
     os.replace(source, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_debris(target: str | Path) -> list[Path]:
+    """Delete the temporary siblings that :func:`atomic_directory` and :func:`replace_directory`
+    leave beside ``target`` when their process is killed; returns what was removed.
+
+    A writer killed inside :func:`replace_directory` may have moved the old ``target`` aside
+    without putting the new one in place: that old version is moved back, never deleted.
+    Call it only while holding the writer lock of ``target`` (see :mod:`neobert_embed.locks`).
+
+    Example:
+        >>> remove_debris("runs/news-index")
+        [PosixPath('runs/.news-index.k2j1.tmp')]
+    """
+    target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    old = sorted(target.parent.glob(f".{target.name}.old-*"))
+    if old and not target.exists():
+        os.replace(old.pop(), target)
+    found = [*target.parent.glob(f".{target.name}.*.tmp"), *old]
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return found
 
 
 def read_json_object(path: str | Path, missing_hint: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,9 @@ def load_sentence_model(
     Example:
         >>> model = load_sentence_model("bert", max_seq_length=256, precision="bf16")
     """
+    from neobert_embed.model_files import check_model_files
+
+    check_model_files(name_or_path)
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
@@ -128,6 +132,14 @@ def load_sentence_model(
         if Path(name).exists() and not isinstance(exc, OSError):
             raise
         raise _explain_missing(name, original, exc) from exc
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        if not Path(name).exists():
+            raise
+        from neobert_embed.model_files import FIX
+
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise UserInputError(f"{name}: the model's files could not be loaded ({type(exc).__name__}: {reason}); "
+                             f"{FIX}") from None
     if max_seq_length is not None:
         if max_seq_length < 1:
             raise UserInputError(f"max_seq_length must be positive, got {max_seq_length}")

@@ -126,7 +126,8 @@ def test_encode_command_reads_jsonl_field_and_names_bad_lines(tiny_dirs, tmp_pat
                              "-i", str(bad), "-o", str(tmp_path / "x.npy")], capture_output=True, text=True)
     assert result.returncode == 2
     assert f"{bad}:2: not valid UTF-8" in result.stderr
-    missing = runner.invoke(app, ["encode", "-m", str(tiny_dirs["bert"]), "-i", str(good), "-o", str(out)])
+    missing = runner.invoke(app, ["encode", "-m", str(tiny_dirs["bert"]), "-i", str(good), "-o",
+                                  str(tmp_path / "e2.npy")])  # a fresh output: an existing one is refused
     assert isinstance(missing.exception, UserInputError) and f"{good}:1: field 'text' is missing" in str(
         missing.exception)
     assert not (tmp_path / "x.npy").exists()

@@ -46,17 +46,18 @@ def train_contrastive_command(
     data: list[str] = typer.Option(None, "--data", "-d",
                                    help="NAME=PATH (repeatable): .jsonl/.parquet/.csv, saved dataset dir or hub id."),
     recipe: Path = typer.Option(None, "--recipe", "-r", help="YAML recipe (default: the paper's settings)."),
-    max_steps: int = typer.Option(None, "--max-steps", help="Override the recipe's max_steps."),
-    text_budget: int = typer.Option(None, "--text-budget", help="Texts per step (clears batch_size)."),
-    batch_size: int = typer.Option(None, "--batch-size", help="Examples per step (clears text_budget)."),
+    max_steps: int = typer.Option(None, "--max-steps", min=1, help="Override the recipe's max_steps."),
+    text_budget: int = typer.Option(None, "--text-budget", min=1, help="Texts per step (clears batch_size)."),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Examples per step (clears text_budget)."),
     learning_rate: float = typer.Option(None, "--lr", help="Override the recipe's learning_rate."),
     temperature: float = typer.Option(None, "--temperature", help="Override the InfoNCE temperature."),
-    max_length: int = typer.Option(None, "--max-length", help="Override the maximum input length."),
+    max_length: int = typer.Option(None, "--max-length", min=1, help="Override the maximum input length."),
     cached: bool = typer.Option(None, "--cached/--no-cached", help="GradCache loss (large batches, low memory)."),
     seed: int = typer.Option(None, "--seed", help="Override the recipe's seed."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --output."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --output."),
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
+    no_wait: bool = typer.Option(False, "--no-wait", help="Fail at once if another process trains into --output."),
 ) -> None:
     """Fine-tune an encoder into an embedding model with the contrastive recipe.
 
@@ -64,14 +65,20 @@ def train_contrastive_command(
     DeepSpeed: set 'deepspeed: ds_config.json' in the recipe.
     """
     from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
+    from neobert_embed.machine_output import json_only_stdout
+    from neobert_embed.model_files import check_length_flag, check_model_files
 
+    if model is not None:
+        check_model_files(model)
+        check_length_flag(model, max_length, "--max-length")
     overrides = {"max_steps": max_steps, "text_budget": text_budget, "batch_size": batch_size,
                  "learning_rate": learning_rate, "temperature": temperature, "max_length": max_length,
                  "cached": cached, "seed": seed}
     given = recipe is not None or any(v is not None for v in overrides.values())
     loaded = load_contrastive_recipe(recipe, **overrides) if given else None
-    out = train_contrastive(model=model, data=_parse_data(data or []) or None, output=output, recipe=loaded,
-                            resume=resume, overwrite=overwrite)
+    with json_only_stdout(as_json):
+        out = train_contrastive(model=model, data=_parse_data(data or []) or None, output=output,
+                                recipe=loaded, resume=resume, overwrite=overwrite, wait=not no_wait)
     if not (out / "summary.json").is_file():  # a non-zero rank under torchrun: rank 0 reports
         return
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
@@ -87,18 +94,19 @@ def mine_negatives_command(
     model: str = typer.Option(..., "--model", "-m", help="Model that ranks candidates (key, hub id or dir)."),
     data: Path = typer.Option(..., "--data", "-d", help="Pairs file (query/positive columns)."),
     output: Path = typer.Option(..., "--output", "-o", help="JSON-lines file: anchor, positive, negative_1..n."),
-    num_negatives: int = typer.Option(3, "--num-negatives", "-n", help="Negatives per row."),
+    num_negatives: int = typer.Option(3, "--num-negatives", "-n", min=1, help="Negatives per row."),
     rank_range: str = typer.Option(None, "--range",
                                    help="Candidate ranks MIN:MAX (skip the top MIN to avoid false negatives)."),
     margin: float = typer.Option(None, "--margin", help="Keep candidates scoring ≥ margin below the positive."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Encoding batch size."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Encoding batch size."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by mine-negatives."),
 ) -> None:
     """Mine hard negatives with FAISS; the output is ready for train-contrastive."""
     from neobert_embed.contrastive.mining import mine_negatives
 
     range_min, range_max = _parse_range(rank_range)
     out = mine_negatives(model, data, output, num_negatives=num_negatives, range_min=range_min,
-                         range_max=range_max, margin=margin, batch_size=batch_size)
+                         range_max=range_max, margin=margin, batch_size=batch_size, overwrite=overwrite)
     typer.echo(f"wrote {out}")
 
 

@@ -20,10 +20,12 @@ from neobert_embed.contrastive.recipe import DataSource
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_text
 
+MINE_WRITER = "neobert-embed mine-negatives"
+
 
 def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_negatives: int = 3,
                    range_min: int = 0, range_max: int | None = None, margin: float | None = None,
-                   batch_size: int = 32) -> Path:
+                   batch_size: int = 32, overwrite: bool = False) -> Path:
     """Mine ``num_negatives`` hard negatives per row of ``data`` and write them to ``output``.
 
     Args:
@@ -34,18 +36,29 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
         range_min, range_max: only candidates ranked in [range_min, range_max) are considered;
             skipping the very top avoids false negatives (unlabelled positives).
         margin: keep a candidate only if its similarity is at least this far below the positive's.
+        overwrite: replace an existing ``output`` (only one that mine-negatives wrote; the output
+            is checked, like every input, before the model is loaded).
 
     Example:
         >>> mine_negatives("runs/x", "pairs.parquet", "mined.jsonl", num_negatives=5, margin=0.05)
     """
+    from neobert_embed.model_files import check_model_files
+    from neobert_embed.outputs import check_output_file, write_sidecar
+
+    if num_negatives < 1:
+        raise UserInputError(f"--num-negatives must be at least 1, got {num_negatives}")
+    if batch_size < 1:
+        raise UserInputError(f"--batch-size must be at least 1, got {batch_size}")
+    if range_min < 0:
+        raise UserInputError(f"--range {range_min}:{range_max}: ranks start at 0")
+    check_output_file(output, writer=MINE_WRITER, inputs=[data, model], overwrite=overwrite)
+    check_model_files(model)
+    if range_max is not None and range_max - range_min < num_negatives:
+        raise UserInputError(f"--range {range_min}:{range_max} leaves fewer than {num_negatives} candidates")
     from sentence_transformers.util import mine_hard_negatives
 
     from neobert_embed.sentence import load_sentence_model
 
-    if num_negatives < 1:
-        raise UserInputError(f"--num-negatives must be at least 1, got {num_negatives}")
-    if range_max is not None and range_max - range_min < num_negatives:
-        raise UserInputError(f"--range {range_min}:{range_max} leaves fewer than {num_negatives} candidates")
     pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
     if pairs.num_rows < 2:
         raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
@@ -61,5 +74,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
         raise UserInputError(f"{data}: no row got {num_negatives} negatives; widen --range, lower --margin "
                              "or --num-negatives")
     output = Path(output)
+    write_sidecar(output, MINE_WRITER, model=model, data=str(data), rows=mined.num_rows,
+                  num_negatives=num_negatives, range=[range_min, range_max], margin=margin)
     atomic_write_text(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in mined))
     return output

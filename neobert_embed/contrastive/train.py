@@ -43,6 +43,8 @@ from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, atomic_write_json
+from neobert_embed.locks import writer_lock
+from neobert_embed.outputs import DirectoryState, check_output_directory
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +185,7 @@ def _reload_difference(model, directory: Path, texts: list[str]) -> float:
 
 def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) -> None:
     """Write the model next to the run files in a temp dir, check it reloads, swap it in."""
-    with atomic_directory(output) as tmp:
+    with atomic_directory(output, record=RUN_FILE) as tmp:
         model.save(str(tmp))
         summary["reload_max_abs_diff"] = _reload_difference(model, tmp, texts)
         if summary["reload_max_abs_diff"] > RELOAD_TOLERANCE:
@@ -195,6 +197,9 @@ def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) 
         atomic_write_json(tmp / "summary.json", summary)
         if (output / CHECKPOINTS).exists():
             os.replace(output / CHECKPOINTS, tmp / CHECKPOINTS)
+        for entry in output.iterdir() if output.is_dir() else []:
+            if not (tmp / entry.name).exists():  # files the user keeps in the run directory
+                os.replace(entry, tmp / entry.name)
 
 
 def _resume_hint(output: Path) -> str:
@@ -204,7 +209,7 @@ def _resume_hint(output: Path) -> str:
 def train_contrastive(model: str | None = None, data: dict[str, Any] | None = None,
                       output: str | Path = "runs/contrastive", recipe: ContrastiveRecipe | None = None,
                       resume: bool = False, overwrite: bool = False,
-                      callbacks: list[Any] | None = None) -> Path:
+                      callbacks: list[Any] | None = None, wait: bool = True) -> Path:
     """Fine-tune ``model`` contrastively on ``data`` with ``recipe``; return the saved model dir.
 
     Args:
@@ -218,6 +223,11 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         overwrite: replace a finished or abandoned run in ``output`` (its old model stays until
             the new one is complete).
         callbacks: extra ``transformers.TrainerCallback`` objects (loggers, early stopping …).
+        wait: when another process trains into ``output``, wait for it (else fail at once).
+
+    ``output`` must be absent, empty, or a run directory (it holds ``run.json``): a directory with
+    other content is refused, ``overwrite`` included, and nothing in it is deleted. One process at
+    a time writes a run directory (an exclusive lock; ranks of one torchrun job share rank 0's).
 
     Raises:
         UserInputError: bad recipe/data/model or output conflict (before anything is written).
@@ -228,6 +238,17 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         ...                         recipe=load_contrastive_recipe(max_steps=20))
     """
     output = Path(output)
+    if not _is_main_process():  # rank 0 checks and locks the run directory for the whole job
+        return _train_in(output, model, data, recipe, resume, overwrite, callbacks, DirectoryState.OWNED)
+    inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
+    state = check_output_directory(output, record=RUN_FILE, inputs=inputs, what="training run")
+    with writer_lock(output, command="neobert-embed train-contrastive", wait=wait):
+        return _train_in(output, model, data, recipe, resume, overwrite, callbacks, state)
+
+
+def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, recipe: ContrastiveRecipe | None,
+              resume: bool, overwrite: bool, callbacks: list[Any] | None, state: DirectoryState) -> Path:
+    """The body of :func:`train_contrastive`, run while holding the run directory's lock."""
     model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
     if resume and (output / "summary.json").is_file() and (output / "modules.json").is_file():
         logger.warning("%s: this run already finished; nothing to resume", output)
@@ -236,13 +257,18 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
     sentence_model = _load_model(model_name, recipe)
     loss = build_contrastive_loss(sentence_model, recipe)
     checkpoint = last_checkpoint(output) if resume else None
+    fresh = checkpoint is None and (state is not DirectoryState.OWNED or overwrite)
     if _is_main_process():
         _prepare_output(output, overwrite and not resume, model_name, sources, recipe)
-    trainer, interrupt = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
-
-    started = time.perf_counter()
-    with interrupt:
-        result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    try:
+        trainer, interrupt = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
+        started = time.perf_counter()
+        with interrupt:
+            result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except UserInputError:
+        if fresh and _is_main_process() and last_checkpoint(output) is None:
+            _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
+        raise
     if interrupt.requested:
         print(f"stopped at step {trainer.state.global_step}; checkpoint saved in {output / CHECKPOINTS}. "
               f"Resume with:\n  {_resume_hint(output)}", file=sys.stderr, flush=True)
@@ -280,6 +306,15 @@ def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRe
             raise UserInputError(f"dataset {name!r} has {dataset.num_rows} rows but one batch needs {needed}; "
                                  "lower text_budget/batch_size or add data")
     return sets
+
+
+def _discard_new_run(output: Path, remove_directory: bool) -> None:
+    """Remove what a new run wrote before it failed validation, so a rerun with fixed data works."""
+    shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
+    for name in ("metrics.jsonl", "summary.json", RUN_FILE):
+        (output / name).unlink(missing_ok=True)
+    if remove_directory and output.is_dir() and not any(output.iterdir()):
+        output.rmdir()
 
 
 def _prepare_output(output: Path, start_over: bool, model_name: str, sources: dict[str, DataSource],

@@ -29,6 +29,7 @@ from neobert_embed.demo.corpus import collect_stdlib_docstrings, split_pairs, wr
 from neobert_embed.files import atomic_write_json
 from neobert_embed.paths import recipe_path
 
+JOURNAL_NAME = "stages.json"
 EXAMPLE_QUERIES = (
     "parse a JSON document into Python objects",
     "compress data with gzip",
@@ -75,7 +76,7 @@ class _Journal:
     """Finished stages on disk, so a rerun (or a run after Ctrl-C) skips them."""
 
     def __init__(self, output: Path) -> None:
-        self.path = output / "stages.json"
+        self.path = output / JOURNAL_NAME
         raw = json.loads(self.path.read_text()) if self.path.is_file() else []
         self.stages = {item["name"]: Stage(**item) for item in raw}
 
@@ -194,19 +195,34 @@ def _available_minilm() -> str | None:
 
 
 def run_demo(output: str | Path = "runs/demo", settings: DemoSettings | None = None, fresh: bool = False,
-             on_stage: Callable[[Stage], None] | None = None) -> DemoReport:
+             on_stage: Callable[[Stage], None] | None = None, wait: bool = True) -> DemoReport:
     """Run every stage of the pipeline under ``output`` and return what each produced.
+
+    ``output`` must be absent, empty or an earlier demo's directory (it holds ``stages.json``):
+    ``fresh`` deletes only such a directory, never a directory with other content. One demo at a
+    time writes to ``output`` (a second waits, or fails at once with ``wait=False``).
 
     Example:
         >>> report = run_demo("runs/demo", DemoSettings.quick())
         >>> [stage.name for stage in report.stages][:2]
         ['corpus', 'pretrain']
     """
+    from neobert_embed.locks import writer_lock
+    from neobert_embed.outputs import DirectoryState, check_output_directory
+
     settings = settings or DemoSettings()
     output = Path(output)
-    if fresh and output.exists():
-        shutil.rmtree(output)
-    output.mkdir(parents=True, exist_ok=True)
+    check_output_directory(output, record=JOURNAL_NAME, what="demo directory")
+    with writer_lock(output, command="neobert-embed demo", wait=wait):
+        if fresh and check_output_directory(output, record=JOURNAL_NAME) is DirectoryState.OWNED:
+            shutil.rmtree(output)
+        output.mkdir(parents=True, exist_ok=True)
+        if not (output / JOURNAL_NAME).exists():
+            atomic_write_json(output / JOURNAL_NAME, [])
+        return _run_stages(output, settings, on_stage)
+
+
+def _run_stages(output: Path, settings: DemoSettings, on_stage: Callable[[Stage], None] | None) -> DemoReport:
     journal = _Journal(output)
     done: list[Stage] = []
 

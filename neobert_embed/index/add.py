@@ -14,25 +14,37 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory
-from neobert_embed.index.corpus import CorpusFields, read_corpus
-from neobert_embed.index.factory import as_codes, read_faiss_index, write_faiss_index
-from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, read_manifest, write_manifest
+from neobert_embed.files import atomic_directory, remove_debris
+from neobert_embed.index.corpus import CorpusDocument, CorpusFields, corpus_kind, read_corpus
+from neobert_embed.index.factory import as_codes, write_faiss_index
+from neobert_embed.index.integrity import open_faiss, open_store, with_checksums
+from neobert_embed.index.manifest import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    STORE_NAME,
+    IndexManifest,
+    read_manifest,
+    write_manifest,
+)
 from neobert_embed.index.progress import document_progress
 from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore
+from neobert_embed.locks import writer_lock
+from neobert_embed.model_files import check_model_files
 
 ADD_CHUNK = 4096
 
 
 def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFields | None = None,
                   on_duplicate: str = "error", model: str | Path | None = None, batch_size: int = 32,
-                  device: str | None = None, show_progress: bool = True) -> IndexManifest:
+                  device: str | None = None, show_progress: bool = True, wait: bool = True) -> IndexManifest:
     """Encode the documents of ``corpus`` and append them to the index at ``index_dir``.
 
     Args:
@@ -40,20 +52,55 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
         on_duplicate: ``error`` refuses an id already indexed (naming file and line); ``replace``
             makes the new document replace the old one.
         model: where the index's model now lives, if it moved (it must be the same weights).
+        wait: when another writer holds the index, wait for it (else fail at once).
+
+    Row-number ids (``fields.row_ids``, and always for ``.txt`` corpora) continue after the
+    index's largest numeric id, so they never collide with documents already indexed. The whole
+    read-modify-write holds the index's writer lock: concurrent adds are serialised, none is lost.
 
     Example:
         >>> add_documents("runs/news-index", "late.txt")
     """
     index_dir = Path(index_dir)
+    read_manifest(index_dir)
+    fields = fields or CorpusFields()
+    row_ids = fields.row_ids or corpus_kind(corpus) == "txt"
+    if row_ids and on_duplicate == "replace":
+        raise UserInputError("--on-duplicate replace cannot be used with row-number ids (--row-ids or a .txt "
+                             "corpus): they continue after the index's largest id, so they never name an "
+                             "indexed document")
+    if model is not None:
+        check_model_files(model)
+    with writer_lock(index_dir, command="neobert-embed index add", wait=wait,
+                     on_stale=lambda holder: remove_debris(index_dir)):
+        return _add_locked(index_dir, corpus, fields, row_ids, on_duplicate, model, batch_size, device,
+                           show_progress)
+
+
+def _renumbered(documents: Iterator[CorpusDocument], offset: int) -> Iterator[CorpusDocument]:
+    for doc in documents:
+        yield dataclasses.replace(doc, doc_id=str(offset + int(doc.doc_id)))
+
+
+def _add_locked(index_dir: Path, corpus: str | Path, fields: CorpusFields, row_ids: bool, on_duplicate: str,
+                model: str | Path | None, batch_size: int, device: str | None,
+                show_progress: bool) -> IndexManifest:
     manifest = read_manifest(index_dir)
-    encoder = encoder_for(manifest, index_dir, model, device, batch_size)
     spec = spec_of(manifest)
-    with atomic_directory(index_dir) as work:
-        for name in (INDEX_NAME, STORE_NAME):
-            shutil.copy2(index_dir / name, work / name)
-        index = read_faiss_index(work / INDEX_NAME, manifest.binary)
+    open_store(index_dir, manifest).close()
+    with atomic_directory(index_dir, record=MANIFEST_NAME) as work:
+        for entry in index_dir.iterdir():  # the index files, and anything the user keeps beside them
+            if entry.is_dir():
+                shutil.copytree(entry, work / entry.name)
+            elif entry.name != MANIFEST_NAME:
+                shutil.copy2(entry, work / entry.name)
+        index = open_faiss(work, manifest)
+        encoder = encoder_for(manifest, index_dir, model, device, batch_size)
         with DocumentStore(work / STORE_NAME) as store:
-            result = store.import_documents(read_corpus(corpus, fields), str(corpus), on_duplicate)
+            documents = read_corpus(corpus, fields)
+            if row_ids:
+                documents = _renumbered(documents, store.largest_numeric_id())
+            result = store.import_documents(documents, str(corpus), on_duplicate, ids_are_rows=row_ids)
             if result.added == 0:
                 raise UserInputError(f"{corpus}: the corpus is empty (no documents); nothing to add")
             end = result.first_row + result.added
@@ -73,5 +120,6 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
         if index.ntotal != updated.vectors:
             raise RuntimeError(f"index holds {index.ntotal} vectors but the store {updated.vectors}")
         write_faiss_index(index, work / INDEX_NAME)
+        updated = with_checksums(work, updated)
         write_manifest(work, updated)
     return updated

@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json, replace_directory
+from neobert_embed.files import atomic_write_json, remove_debris, replace_directory
 from neobert_embed.index.corpus import CorpusFields, corpus_fingerprint, read_corpus
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import (
@@ -39,16 +40,31 @@ from neobert_embed.index.factory import (
     create_index,
     write_faiss_index,
 )
-from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, Calibration, IndexManifest, write_manifest
+from neobert_embed.index.integrity import with_checksums
+from neobert_embed.index.manifest import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    STORE_NAME,
+    Calibration,
+    IndexManifest,
+    write_manifest,
+)
+from neobert_embed.index.preflight import check_factory_for_corpus, count_documents
 from neobert_embed.index.progress import document_progress
 from neobert_embed.index.shards import ShardDirectory
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
+from neobert_embed.locks import LockHolder, writer_lock
+from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
+from neobert_embed.outputs import check_output_directory
 
 STATE_NAME = "build_state.json"
 SAMPLE_SEED = 0
+# What the encoded chunks depend on. The index type, factory and precision are not part of it:
+# chunks are float32 vectors whatever index is built from them, so a build that failed at the
+# FAISS step resumes with another --factory without encoding again.
 RESUME_KEYS = ("model", "corpus", "text_field", "id_field", "title_field", "row_ids", "split",
-               "index_type", "factory", "precision", "chunk_size", "max_seq_length")
+               "chunk_size", "max_seq_length")
 
 
 class BuildOptions(BaseModel):
@@ -239,6 +255,8 @@ def _encode_and_fill(partial: Path, opts: BuildOptions, encoder: IndexEncoder, s
     shards = ShardDirectory(partial / "shards")
     with DocumentStore(partial / STORE_NAME) as store:
         total = _import_corpus(store, opts, show_progress)
+        if opts.factory is not None:  # before encoding: corpora that could not be counted earlier
+            check_factory_for_corpus(opts.factory, total, encoder.dimension)
         spec = choose_index_spec(opts.index_type, total, encoder.dimension, opts.precision, opts.factory)
         n_chunks = _encode_chunks(store, shards, encoder, opts, total, show_progress, on_chunk)
     blocks = functools.partial(shards.blocks, n_chunks)
@@ -251,8 +269,14 @@ def _encode_and_fill(partial: Path, opts: BuildOptions, encoder: IndexEncoder, s
 
 def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, resume: bool = False,
                 overwrite: bool = False, show_progress: bool = True,
-                on_chunk: Callable[[ChunkDone], None] | None = None, **options: Any) -> IndexManifest:
+                on_chunk: Callable[[ChunkDone], None] | None = None, wait: bool = True,
+                **options: Any) -> IndexManifest:
     """Encode ``corpus`` with ``model`` into a searchable index directory ``output``.
+
+    Before any model is loaded, the output (absent, empty, or an index: never a directory with
+    other content), the model's files, ``max_seq_length`` and ``factory`` (against the corpus
+    size) are checked. One writer at a time: a second build or add of ``output`` waits (or fails
+    at once with ``wait=False``).
 
     Args:
         model: model name/path (``load_sentence_model`` rules); its "document" prompt is applied.
@@ -273,6 +297,34 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
     """
     opts = BuildOptions(model=str(model), corpus=str(corpus), **options)
     output = Path(output)
+    _preflight(opts, output)
+    with writer_lock(output, command="neobert-embed index build", wait=wait,
+                     on_stale=lambda holder: _report_stale(holder, output)):
+        return _build_locked(opts, output, resume, overwrite, show_progress, on_chunk)
+
+
+def _preflight(opts: BuildOptions, output: Path) -> None:
+    """Every check that needs no model weights (the factory is checked against the corpus size
+    here when the model's width can be read from its files, else again after the import)."""
+    check_output_directory(output, record=MANIFEST_NAME, inputs=[opts.corpus, opts.model], what="index")
+    check_model_files(opts.model)
+    check_length_flag(opts.model, opts.max_seq_length, "--max-seq-length")
+    dimension = embedding_dimension(opts.model)
+    check_options(opts.index_type, opts.precision, opts.factory, dimension or 8)
+    documents = count_documents(opts.corpus) if opts.factory is not None else None
+    if opts.factory is not None and documents is not None and dimension is not None:
+        check_factory_for_corpus(opts.factory, documents, dimension)
+
+
+def _report_stale(holder: LockHolder, output: Path) -> None:
+    remove_debris(output)
+    kept = " (its encoded chunks are kept: pass --resume to continue)" if partial_directory(output).is_dir() else ""
+    print(f"note: an earlier writer of {output}, {holder.describe()}, stopped without finishing{kept}",
+          file=sys.stderr, flush=True)
+
+
+def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: bool, show_progress: bool,
+                  on_chunk: Callable[[ChunkDone], None] | None) -> IndexManifest:
     encoder = load_encoder(opts.model, device=opts.device, batch_size=opts.batch_size,
                            max_seq_length=opts.max_seq_length, revision=opts.revision)
     check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
@@ -294,6 +346,7 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
         index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
         search_params=params, calibration=calibration, documents=total, vectors=total,
         sources=[opts.corpus])
+    manifest = with_checksums(partial, manifest)
     write_manifest(partial, manifest)
     ShardDirectory(partial / "shards").remove()
     (partial / STATE_NAME).unlink()

@@ -26,6 +26,7 @@ BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per f
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, mps… (default: auto).")]
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
+NoWait = Annotated[bool, typer.Option("--no-wait", help="Fail at once if another process writes this index.")]
 
 
 def _console():
@@ -68,6 +69,7 @@ def build(
     revision: Annotated[str | None, typer.Option("--revision", help="Hub revision of the model.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted build.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index.")] = False,
+    no_wait: NoWait = False,
 ) -> None:
     """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest."""
     from neobert_embed.index.build import BuildInterrupted, build_index
@@ -78,7 +80,8 @@ def build(
                                text_field=text_field, id_field=id_field, title_field=title_field,
                                row_ids=row_ids, split=split, index_type=index_type, factory=factory,
                                precision=precision, chunk_size=chunk_size, batch_size=batch_size,
-                               max_seq_length=max_seq_length, device=device, revision=revision)
+                               max_seq_length=max_seq_length, device=device, revision=revision,
+                               wait=not no_wait)
     except BuildInterrupted as stop:
         command = _resume_command(model=model, corpus=corpus, output=output, text_field=text_field,
                                   id_field=id_field, title_field=title_field, row_ids=row_ids,
@@ -108,6 +111,7 @@ def add(
     model: ModelOverride = None,
     batch_size: BatchSize = 32,
     device: Device = None,
+    no_wait: NoWait = False,
 ) -> None:
     """Append documents to an index (all or nothing); duplicate ids are refused or replaced."""
     from neobert_embed.errors import UserInputError
@@ -118,7 +122,8 @@ def add(
         raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
     manifest = add_documents(index_dir, corpus, fields=CorpusFields(text_field, id_field, title_field,
                                                                     row_ids, split),
-                             on_duplicate=on_duplicate, model=model, batch_size=batch_size, device=device)
+                             on_duplicate=on_duplicate, model=model, batch_size=batch_size, device=device,
+                             wait=not no_wait)
     _console().print(f"{index_dir} now holds {manifest.documents} documents "
                      f"({manifest.replaced} replaced so far)", highlight=False)
 
@@ -159,7 +164,10 @@ def search(
     texts = [query] if query is not None else _read_queries(queries)
     if not texts:
         raise UserInputError(f"{queries}: no queries in the file")
-    with open_index(index_dir, model=model, device=device, batch_size=batch_size) as index:
+    from neobert_embed.machine_output import json_only_stdout
+
+    with json_only_stdout(as_json), open_index(index_dir, model=model, device=device,
+                                               batch_size=batch_size) as index:
         results = index.search(texts, k=k)
     if as_json:
         for text, hits in zip(texts, results, strict=True):
@@ -202,9 +210,11 @@ def evaluate(
     from rich.table import Table
 
     from neobert_embed.index.evaluate import evaluate_index
+    from neobert_embed.machine_output import json_only_stdout
 
-    scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
-                            device=device)
+    with json_only_stdout(as_json):
+        scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
+                                device=device)
     table = Table(title=f"{index_dir} on {task_dir} ({scores['queries']} queries)", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -213,6 +223,28 @@ def evaluate(
     Console(stderr=as_json).print(table)
     if as_json:
         typer.echo(json.dumps(scores, sort_keys=True))
+
+
+@index_app.command("verify")
+def verify(
+    index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Check an index's files against the checksums in its manifest (exit 1 when any differs)."""
+    from neobert_embed.index.integrity import verify_index
+
+    report = verify_index(index_dir)
+    if as_json:
+        typer.echo(json.dumps({"directory": report.directory, "ok": report.ok, "checked": report.checked,
+                               "problems": report.problems}, sort_keys=True))
+    else:
+        console = _console()
+        for problem in report.problems:
+            console.print(f"[red]✗[/] {problem}", highlight=False, soft_wrap=True)
+        if report.ok:
+            console.print(f"{index_dir}: OK ({', '.join(report.checked)} match the manifest)", highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -40,6 +40,15 @@ class Calibration(BaseModel):
     queries: int
 
 
+class IndexFile(BaseModel):
+    """Size and SHA-256 of one file of the index, checked by ``index verify``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int
+    sha256: str
+
+
 class IndexManifest(BaseModel):
     """Everything needed to search an index correctly, saved as ``manifest.json``."""
 
@@ -65,6 +74,8 @@ class IndexManifest(BaseModel):
     vectors: int = Field(description="vectors in the FAISS index, replaced ones included")
     replaced: int = 0
     sources: list[str] = Field(default_factory=list)
+    files: dict[str, IndexFile] = Field(default_factory=dict, description="checksums of index.faiss and "
+                                        "documents.sqlite (empty for indexes made before checksums)")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     updated_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 

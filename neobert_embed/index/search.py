@@ -20,9 +20,9 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
-from neobert_embed.index.factory import IndexSpec, read_faiss_index, search_vectors
-from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, read_manifest
-from neobert_embed.index.store import DocumentStore
+from neobert_embed.index.factory import IndexSpec, search_vectors
+from neobert_embed.index.integrity import open_faiss, open_store
+from neobert_embed.index.manifest import IndexManifest, read_manifest
 
 
 @dataclass(frozen=True)
@@ -73,11 +73,15 @@ class SearchIndex:
                  batch_size: int = 32) -> None:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
-        self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size)
         self.spec = spec_of(self.manifest)
-        self.faiss_index: Any = read_faiss_index(self.directory / INDEX_NAME, self.manifest.binary)
-        self.store = DocumentStore(self.directory / STORE_NAME, read_only=True)
+        self.faiss_index: Any = open_faiss(self.directory, self.manifest)  # before the model: fail fast
+        self.store = open_store(self.directory, self.manifest)
         self.excluded = self.store.deleted_rows()
+        try:
+            self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size)
+        except BaseException:
+            self.store.close()
+            raise
 
     def __enter__(self) -> SearchIndex:
         return self

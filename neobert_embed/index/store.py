@@ -130,24 +130,42 @@ class DocumentStore:
         cursor = self._db.execute("INSERT INTO imports (source) VALUES (?)", (source,))
         return int(cursor.lastrowid), 0
 
-    def _duplicate(self, doc: CorpusDocument, source: str, import_id: int, policy: str) -> int:
+    def largest_numeric_id(self) -> int:
+        """The largest document id that is a whole number (0 when there is none): where row-number
+        ids of a later ``index add`` continue from.
+
+        Example:
+            >>> store.largest_numeric_id()
+            300
+        """
+        found = self._db.execute("SELECT MAX(CAST(doc_id AS INTEGER)) FROM documents "
+                                 "WHERE doc_id GLOB '[0-9]*' AND doc_id NOT GLOB '*[^0-9]*'").fetchone()[0]
+        return int(found or 0)
+
+    def _duplicate(self, doc: CorpusDocument, source: str, import_id: int, policy: str,
+                   ids_are_rows: bool = False) -> int:
         """Handle a clash on a live id: tombstone the old row (``replace``) or raise a located error."""
         row, old_import, old_line, old_source = self._db.execute(
             "SELECT d.row, d.import_id, d.line, i.source FROM documents d JOIN imports i "
             "USING (import_id) WHERE d.doc_id = ? AND d.deleted = 0", (doc.doc_id,)).fetchone()
-        if policy == "replace" and old_import != import_id:
+        if policy == "replace" and old_import != import_id and not ids_are_rows:
             self._db.execute("UPDATE documents SET deleted = 1 WHERE row = ?", (row,))
             return 1
         first = f"line {old_line}" if old_source == source else f"{old_source}:{old_line}"
         if old_import == import_id:
             hint = "ids must be unique within a corpus; remove or rename one of them"
+        elif ids_are_rows or doc.doc_id == str(old_line):
+            hint = ("the indexed id is a row number, so the two are different documents: give the new "
+                    "documents their own ids, or add them with --row-ids (numbering continues after the "
+                    "index's largest id)")
         else:
             hint = "it is already in the index; pass --on-duplicate replace to overwrite it"
         raise located(source, doc.line, f"duplicate id {doc.doc_id!r} (first at {first}); {hint}")
 
     def import_documents(self, documents: Iterable[CorpusDocument], source: str,
                          on_duplicate: str = "error",
-                         progress: Callable[[int], None] | None = None) -> ImportResult:
+                         progress: Callable[[int], None] | None = None,
+                         ids_are_rows: bool = False) -> ImportResult:
         """Append documents, committing every ``COMMIT_EVERY`` rows; an interrupted import resumes.
 
         Args:
@@ -156,6 +174,7 @@ class DocumentStore:
             on_duplicate: ``error`` (refuse, naming both lines) or ``replace`` (tombstone the
                 indexed document with the same id). A repeat inside ``documents`` is always refused.
             progress: called with the number of documents read so far.
+            ids_are_rows: the ids are line/row numbers: a clash is never "replaceable".
 
         Example:
             >>> store.import_documents(read_corpus("more.jsonl"), "more.jsonl", on_duplicate="replace")
@@ -178,7 +197,7 @@ class DocumentStore:
                                      "VALUES (?, ?, ?, ?, ?, ?)",
                                      (row, doc.doc_id, doc.title, doc.text, import_id, doc.line))
                 except sqlite3.IntegrityError:
-                    replaced += self._duplicate(doc, source, import_id, on_duplicate)
+                    replaced += self._duplicate(doc, source, import_id, on_duplicate, ids_are_rows)
                     self._db.execute("INSERT INTO documents (row, doc_id, title, text, import_id, line) "
                                      "VALUES (?, ?, ?, ?, ?, ?)",
                                      (row, doc.doc_id, doc.title, doc.text, import_id, doc.line))

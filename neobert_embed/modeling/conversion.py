@@ -22,12 +22,13 @@ from pathlib import Path
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, read_json_object
+from neobert_embed.files import atomic_directory, atomic_write_json, read_json_object
 from neobert_embed.modeling.configuration import NeoBERTConfig
 from neobert_embed.modeling.model import NeoBERTForMaskedLM, NeoBERTModel
 
 REMOTE_CODE_FIELDS = ("auto_map", "trust_remote_code")
 SHOWN_PER_PROBLEM = 10
+CONVERT_RECORD = "convert.json"  # marks a directory this command wrote (only such a one is replaced)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,10 @@ def convert_checkpoint(
         >>> convert_checkpoint("chandar-lab/NeoBERT", "models/neobert").num_parameters
         245136954
     """
+    from neobert_embed.outputs import check_output_directory
+
     output = Path(output)
+    check_output_directory(output, record=CONVERT_RECORD, inputs=[source], what="converted model")
     if output.exists() and not overwrite:
         raise UserInputError(f"{output} already exists; pass --overwrite (overwrite=True) to replace it "
                              "or choose another output")
@@ -187,10 +191,12 @@ def convert_checkpoint(
             delattr(config, field)
     model = _build_model(config, read_weights(directory), directory)
     loaded_tokenizer = _load_tokenizer(directory, tokenizer, config.max_position_embeddings)
-    with atomic_directory(output, overwrite=overwrite) as staging:
+    with atomic_directory(output, overwrite=overwrite, record=CONVERT_RECORD) as staging:
         model.save_pretrained(staging)
         loaded_tokenizer.save_pretrained(staging)
         _verify(staging, model)
+        atomic_write_json(staging / CONVERT_RECORD, {"writer": "neobert-embed convert", "source": str(source),
+                                                     "revision": revision})
     return ConversionReport(
         source=str(source),
         output=output,

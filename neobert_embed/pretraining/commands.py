@@ -27,6 +27,7 @@ def pretrain_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest usable checkpoint."),
     stop_after_steps: int = typer.Option(None, "--stop-after-steps",
                                          help="Leave after N steps of this session (checkpointed); --resume later."),
+    no_wait: bool = typer.Option(False, "--no-wait", help="Fail at once if another process trains into --output."),
 ) -> None:
     """Pretrain NeoBERT with masked language modelling.
 
@@ -43,9 +44,18 @@ def pretrain_command(
         from neobert_embed.errors import UserInputError
 
         raise UserInputError(f"pretrain needs {', '.join(missing)} (see `neobert-embed pretrain --help`)")
+    import contextlib
+    import os
+
+    from neobert_embed.locks import writer_lock
+    from neobert_embed.outputs import check_directory_path
     from neobert_embed.pretraining.trainer import pretrain
 
-    pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
+    check_directory_path(output, what="pretraining run")
+    rank_zero = int(os.environ.get("RANK", "0")) == 0  # one lock per torchrun job, held by rank 0
+    with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if rank_zero
+          else contextlib.nullcontext()):
+        pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
 
 
 @pretrain_app.command("prepare")

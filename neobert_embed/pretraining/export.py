@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory
+from neobert_embed.files import atomic_directory, atomic_write_json
 from neobert_embed.pretraining.checkpoint import (
     MODEL_FILES,
     PREFIX,
@@ -31,6 +31,7 @@ from neobert_embed.pretraining.checkpoint import (
 )
 
 OBJECTIVE_PREFIX = "mlm."
+EXPORT_RECORD = "export.json"
 
 
 def write_model_files(model, tokenizer, target: Path) -> None:
@@ -72,6 +73,9 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
     """Export ``source`` (a run directory: its newest valid checkpoint; or one checkpoint directory)
     to ``output`` as a Hugging Face ``NeoBERTForMaskedLM`` with its tokenizer.
 
+    ``output`` must be absent, empty or an earlier export (it holds ``export.json``); a directory
+    with other content is refused before anything is loaded, and never deleted.
+
     Example:
         >>> export_checkpoint("runs/stage1/checkpoints/step-00500000", "models/neobert-500k")
         PosixPath('models/neobert-500k')
@@ -80,7 +84,10 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
 
     import neobert_embed  # noqa: F401  (Auto-class registration)
     from neobert_embed.modeling import NeoBERTForMaskedLM
+    from neobert_embed.outputs import check_output_directory
 
+    output = Path(output)
+    check_output_directory(output, record=EXPORT_RECORD, inputs=[source], what="exported model")
     checkpoint = _checkpoint_dir(Path(source))
     config = AutoConfig.from_pretrained(str(checkpoint / MODEL_FILES))
     weights = {key.removeprefix(OBJECTIVE_PREFIX): value for key, value in _engine_state_dict(checkpoint).items()}
@@ -91,10 +98,11 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
                              f"unexpected {unexpected[:3]})")
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint / MODEL_FILES))
     tokenizer.model_max_length = config.max_position_embeddings
-    output = Path(output)
-    with atomic_directory(output) as tmp:
+    with atomic_directory(output, record=EXPORT_RECORD) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
+        atomic_write_json(tmp / EXPORT_RECORD, {"writer": "neobert-embed pretrain export",
+                                                "checkpoint": str(checkpoint.resolve())})
     if progress:
         from rich.console import Console
 

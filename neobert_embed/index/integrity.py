@@ -1,0 +1,169 @@
+"""Index integrity: checksums in the manifest, ``index verify``, and one-line errors on open.
+
+Why: a truncated copy, a disk error or an ``index.faiss`` copied from another index used to fail
+deep inside FAISS or SQLite with a long traceback (once a bare ``AssertionError``), or worse, to
+load and return wrong documents. The manifest records each file's size and SHA-256 when the index
+is written; opening an index compares sizes (cheap) and what FAISS and SQLite hold against the
+manifest; ``neobert-embed index verify DIR`` recomputes the checksums.
+
+Example:
+    >>> report = verify_index("runs/news-index")
+    >>> report.ok, report.problems
+    (True, [])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.index.factory import read_faiss_index
+from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexFile, IndexManifest, read_manifest
+from neobert_embed.index.store import DocumentStore
+
+CHECKSUMMED = (INDEX_NAME, STORE_NAME)
+READ_BLOCK = 1 << 20
+
+
+def _advice(directory: Path) -> str:
+    return (f"restore {directory} from a copy, or rebuild it with `neobert-embed index build --overwrite` "
+            "(an interrupted build continues with `--resume`); `neobert-embed index verify` checks every file")
+
+
+def file_checksum(path: str | Path) -> IndexFile:
+    """Size and SHA-256 of ``path``.
+
+    Example:
+        >>> file_checksum("runs/news-index/index.faiss").size
+        11534381
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(READ_BLOCK):
+            digest.update(block)
+    return IndexFile(size=Path(path).stat().st_size, sha256=digest.hexdigest())
+
+
+def with_checksums(directory: str | Path, manifest: IndexManifest) -> IndexManifest:
+    """``manifest`` with the checksums of the index files in ``directory`` (call before writing it).
+
+    Example:
+        >>> write_manifest(work, with_checksums(work, manifest))
+    """
+    directory = Path(directory)
+    return manifest.model_copy(update={"files": {name: file_checksum(directory / name) for name in CHECKSUMMED
+                                                 if (directory / name).is_file()}})
+
+
+def _check_sizes(directory: Path, manifest: IndexManifest) -> None:
+    for name, recorded in manifest.files.items():
+        path = directory / name
+        if not path.is_file():
+            raise UserInputError(f"{path}: missing; {_advice(directory)}")
+        size = path.stat().st_size
+        if size != recorded.size:
+            raise UserInputError(f"{path}: {size} bytes but the manifest recorded {recorded.size} (truncated, "
+                                 f"corrupt or from another index); {_advice(directory)}")
+
+
+def open_faiss(directory: str | Path, manifest: IndexManifest) -> Any:
+    """Load ``index.faiss`` of ``directory`` and check it is this index's (vectors, dimension).
+
+    Example:
+        >>> open_faiss("runs/news-index", read_manifest("runs/news-index")).ntotal
+        7600
+    """
+    directory = Path(directory)
+    _check_sizes(directory, manifest)
+    path = directory / INDEX_NAME
+    try:
+        index = read_faiss_index(path, manifest.binary)
+    except (RuntimeError, AssertionError, MemoryError, EOFError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:160]
+        raise UserInputError(f"{path}: not a readable FAISS index ({reason}); {_advice(directory)}") from None
+    if int(index.ntotal) != manifest.vectors or int(index.d) != manifest.dimension:
+        raise UserInputError(f"{path}: holds {index.ntotal} vectors of dimension {index.d} but the manifest "
+                             f"says {manifest.vectors} of dimension {manifest.dimension}: the file belongs "
+                             f"to another index; {_advice(directory)}")
+    return index
+
+
+def open_store(directory: str | Path, manifest: IndexManifest, read_only: bool = True) -> DocumentStore:
+    """Open ``documents.sqlite`` of ``directory`` and check it holds the manifest's rows.
+
+    Example:
+        >>> open_store("runs/news-index", read_manifest("runs/news-index")).live_count()
+        7600
+    """
+    directory = Path(directory)
+    path = directory / STORE_NAME
+    store = None
+    try:
+        store = DocumentStore(path, read_only=read_only)
+        rows, live = store.total_rows(), store.live_count()
+    except sqlite3.DatabaseError as exc:
+        if store is not None:
+            with contextlib.suppress(sqlite3.DatabaseError):
+                store.close()
+        raise UserInputError(f"{path}: not a readable document store ({exc}); {_advice(directory)}") from None
+    if rows != manifest.vectors or live != manifest.documents:
+        store.close()
+        raise UserInputError(f"{path}: holds {rows} rows ({live} live) but the manifest says {manifest.vectors} "
+                             f"({manifest.documents} live): the file belongs to another index or version; "
+                             f"{_advice(directory)}")
+    return store
+
+
+@dataclass
+class VerifyReport:
+    """What ``index verify`` found: ``problems`` is empty when every check passed."""
+
+    directory: str
+    checked: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong."""
+        return not self.problems
+
+
+def verify_index(directory: str | Path) -> VerifyReport:
+    """Recompute every checksum of an index and open its FAISS file and store against the manifest.
+
+    Example:
+        >>> verify_index("runs/news-index").ok
+        True
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    report = VerifyReport(str(directory))
+    if not manifest.files:
+        report.problems.append(f"{directory / 'manifest.json'}: records no checksums (index made by an older "
+                               "version); rebuild it to get them")
+    for name, recorded in manifest.files.items():
+        path = directory / name
+        if not path.is_file():
+            report.problems.append(f"{path}: missing")
+            continue
+        actual = file_checksum(path)
+        report.checked.append(name)
+        if actual != recorded:
+            report.problems.append(f"{path}: checksum differs from the manifest (size {actual.size}, recorded "
+                                   f"{recorded.size}): the file is corrupt or from another index")
+    for opener in (open_faiss, open_store):
+        try:
+            opened = opener(directory, manifest)
+        except UserInputError as exc:
+            message = str(exc).split("; restore")[0]
+            if message not in " ".join(report.problems):
+                report.problems.append(message)
+        else:
+            if isinstance(opened, DocumentStore):
+                opened.close()
+    return report

@@ -1,0 +1,224 @@
+"""Checking a model's files before loading it: one clear line instead of a 50-line traceback.
+
+Why: a truncated download, an interrupted conversion or a wrong ``--model`` path used to surface
+deep inside transformers or safetensors as a long traceback, sometimes after minutes of other
+work. This module reads only small things (``config.json``, ``modules.json`` and each
+``.safetensors`` file's header and size; no weights, no torch) so a command can refuse a broken
+model, or a length flag the model cannot honour, in a fraction of a second and *before* loading.
+
+Example:
+    >>> check_model_files("runs/my-embedder")          # raises UserInputError naming the bad file
+    >>> position_limit("runs/my-embedder")
+    512
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from neobert_embed.backbones import BACKBONES, resolve_model_name
+from neobert_embed.errors import UserInputError
+
+WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+FIX = "re-download the model, or re-convert/re-export it (`neobert-embed convert`, `pretrain export`)"
+
+
+def local_model_dir(name_or_path: str | Path) -> Path | None:
+    """The model's local path when ``name_or_path`` is one (registry keys and hub ids give None)."""
+    text = str(name_or_path)
+    if text in BACKBONES:
+        return None
+    path = Path(text)
+    return path if path.exists() else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserInputError(f"{path}: corrupt JSON ({exc}); {FIX}") from None
+
+
+def check_safetensors(path: str | Path) -> None:
+    """Refuse a ``.safetensors`` file whose header is unreadable or whose data is truncated.
+
+    The format is an 8-byte little-endian header length, a JSON header mapping each tensor to its
+    byte range, then the data; the data must end exactly where the last range ends.
+
+    Example:
+        >>> check_safetensors("model/model.safetensors")
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise UserInputError(f"{path}: truncated ({size} bytes, no safetensors header); {FIX}")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > size - 8:
+            raise UserInputError(f"{path}: corrupt or truncated (header claims {length} bytes, the file has "
+                                 f"{size}); {FIX}")
+        try:
+            header = json.loads(handle.read(length).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise UserInputError(f"{path}: corrupt safetensors header (not JSON); {FIX}") from None
+    if not isinstance(header, dict):
+        raise UserInputError(f"{path}: corrupt safetensors header; {FIX}")
+    ends = [entry["data_offsets"][1] for key, entry in header.items()
+            if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry]
+    expected = 8 + length + max(ends, default=0)
+    if expected != size:
+        state = "truncated" if size < expected else "longer than its header says"
+        raise UserInputError(f"{path}: {state} ({size} bytes, expected {expected}); {FIX}")
+
+
+def _transformer_dir(directory: Path) -> Path:
+    """Where the encoder's ``config.json`` lives: the directory, or a SentenceTransformer's module."""
+    modules_file = directory / "modules.json"
+    if not modules_file.is_file():
+        return directory
+    modules = _read_json(modules_file)
+    if not isinstance(modules, list) or not modules:
+        raise UserInputError(f"{modules_file}: expected a non-empty list of modules; {FIX}")
+    for module in modules:
+        if isinstance(module, dict) and str(module.get("type", "")).endswith("Transformer"):
+            return directory / str(module.get("path", ""))
+    return directory
+
+
+def check_model_files(name_or_path: str | Path) -> None:
+    """Refuse a local model directory that cannot load: not a directory, empty, no or corrupt
+    ``config.json``, no weights, or a corrupt/truncated ``.safetensors`` file. Hub ids and registry
+    keys pass (their download is checked by the hub client).
+
+    Example:
+        >>> check_model_files("runs/empty")
+        Traceback (most recent call last):
+        UserInputError: runs/empty: empty directory, not a model; ...
+    """
+    directory = local_model_dir(name_or_path)
+    if directory is None:
+        return
+    if not directory.is_dir():
+        raise UserInputError(f"--model {directory} is a file; pass the model's directory")
+    if not any(directory.iterdir()):
+        raise UserInputError(f"{directory}: empty directory, not a model; point --model at a saved model "
+                             f"or {FIX}")
+    encoder_dir = _transformer_dir(directory)
+    config = encoder_dir / "config.json"
+    if not config.is_file():
+        raise UserInputError(f"{directory}: no config.json, so not a Hugging Face or SentenceTransformer "
+                             f"model directory; {FIX}")
+    if not isinstance(_read_json(config), dict):
+        raise UserInputError(f"{config}: expected a JSON object; {FIX}")
+    if not any((encoder_dir / name).is_file() for name in WEIGHT_NAMES) and not any(
+            encoder_dir.glob("*.safetensors")):
+        raise UserInputError(f"{encoder_dir}: no weights (model.safetensors or pytorch_model.bin); {FIX}")
+    for weights in sorted({*directory.glob("*.safetensors"), *directory.glob("*/*.safetensors")}):
+        check_safetensors(weights)
+
+
+def read_model_config(name_or_path: str | Path) -> dict[str, Any] | None:
+    """The encoder's ``config.json`` as a dict, from a local directory or the local hub cache
+    (never downloading); None when it is not available without loading the model.
+
+    Example:
+        >>> read_model_config("runs/my-embedder")["model_type"]
+        'bert'
+    """
+    directory = local_model_dir(name_or_path)
+    if directory is not None:
+        path = _transformer_dir(directory) / "config.json"
+        data = _read_json(path) if path.is_file() else None
+        return data if isinstance(data, dict) else None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(resolve_model_name(str(name_or_path)), "config.json")
+    if isinstance(cached, str) and Path(cached).is_file():
+        data = _read_json(Path(cached))
+        return data if isinstance(data, dict) else None
+    return None
+
+
+def position_limit(name_or_path: str | Path) -> int | None:
+    """Longest input (tokens) the model's positions allow, read from its config without weights;
+    None when unknown (the model then caps lengths itself when loaded).
+
+    Example:
+        >>> position_limit("bert")   # from the registry: 512
+        512
+    """
+    from neobert_embed.sentence import usable_max_length
+
+    config = read_model_config(name_or_path)
+    if config is not None and ("max_position_embeddings" in config or "max_length" in config):
+        positions = config.get("max_position_embeddings") or config.get("max_length")
+        return usable_max_length(SimpleNamespace(**{**config, "max_position_embeddings": positions}))
+    backbone = BACKBONES.get(str(name_or_path))
+    return backbone.max_length if backbone else None
+
+
+def check_length_flag(name_or_path: str | Path, value: int | None, flag: str) -> None:
+    """Refuse a length flag above what the model supports (or below 1), before loading it.
+
+    Example:
+        >>> check_length_flag("bert", 100_000, "--max-length")
+        Traceback (most recent call last):
+        UserInputError: --max-length 100000 is more than model 'bert' supports (512 tokens) ...
+    """
+    if value is None:
+        return
+    if value < 1:
+        raise UserInputError(f"{flag} must be at least 1, got {value}")
+    limit = position_limit(name_or_path)
+    if limit is not None and value > limit:
+        raise UserInputError(f"{flag} {value} is more than model {str(name_or_path)!r} supports ({limit} "
+                             f"tokens, from its config); pass at most {limit} or leave {flag} out")
+
+
+def _pooled_dimension(config: dict[str, Any]) -> int | None:
+    """Output width of a Pooling module (new ``pooling_mode`` or old ``pooling_mode_*`` configs)."""
+    width = config.get("embedding_dimension", config.get("word_embedding_dimension"))
+    mode = config.get("pooling_mode")
+    if mode is None:
+        modes = sum(bool(v) for k, v in config.items() if k.startswith("pooling_mode_"))
+    else:
+        modes = 1 if isinstance(mode, str) else len(mode)
+    return width if isinstance(width, int) and modes == 1 else None
+
+
+def embedding_dimension(name_or_path: str | Path) -> int | None:
+    """Width of the model's sentence embeddings read from its files (a SentenceTransformer's last
+    Dense layer, else the encoder's ``hidden_size``); None when it cannot be told without loading.
+
+    Example:
+        >>> embedding_dimension("runs/my-embedder")
+        384
+    """
+    directory = local_model_dir(name_or_path)
+    if directory is not None and (directory / "modules.json").is_file():
+        modules = _read_json(directory / "modules.json")
+        dimension = None
+        for module in modules if isinstance(modules, list) else []:
+            kind = str(module.get("type", "")) if isinstance(module, dict) else ""
+            config = directory / str(module.get("path", "")) / "config.json" if kind else None
+            if config is None or not config.is_file():
+                continue
+            data = _read_json(config)
+            if kind.endswith("Dense") and isinstance(data, dict):
+                dimension = data.get("out_features", dimension)
+            elif kind.endswith("Pooling") and isinstance(data, dict) and dimension is None:
+                dimension = _pooled_dimension(data)
+        if isinstance(dimension, int):
+            return dimension
+        if any(str(m.get("type", "")).endswith(("Dense", "Pooling")) for m in modules
+               if isinstance(m, dict)):
+            return None
+    config = read_model_config(name_or_path)
+    hidden = config.get("hidden_size") if config else None
+    return hidden if isinstance(hidden, int) else None

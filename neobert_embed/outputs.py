@@ -1,0 +1,227 @@
+"""Ownership of outputs: a command deletes or replaces only what it can prove it made.
+
+Why: output paths are typed by people, and a wrong ``--output`` must never cost them data. Every
+command that writes checks its output *before* any model is loaded (so a mistake fails in a
+second, not after an hour of encoding):
+
+* the location is usable: the right kind (a file path for a file, a directory for a directory),
+  and the nearest existing parent is a writable directory;
+* it is not one of the command's inputs (``encode --input t.txt --output t.txt``);
+* an existing output is replaced only when it carries the command's own record: a directory
+  holding its run record or manifest (``run.json``, ``manifest.json``, ``export.json``,
+  ``stages.json``), or a file with the JSON sidecar its writer leaves beside it. Anything else is
+  *foreign*: the command stops with exit status 2 and deletes nothing, ``--overwrite`` included.
+
+Example:
+    >>> check_output_file("out/docs.npy", inputs=["docs.txt"], overwrite=False)
+    >>> check_output_directory("runs/x", record="run.json", overwrite=True)
+    <DirectoryState.OWNED: 'owned'>
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_json
+
+
+class DirectoryState(str, enum.Enum):
+    """What an output directory holds before a command writes to it."""
+
+    ABSENT = "absent"
+    EMPTY = "empty"
+    OWNED = "owned"
+    FOREIGN = "foreign"
+
+
+def same_path(a: str | Path, b: str | Path) -> bool:
+    """True when ``a`` and ``b`` name the same file or directory (symlinks and ``..`` resolved).
+
+    Example:
+        >>> same_path("docs/../docs.txt", "docs.txt")
+        True
+    """
+    a, b = Path(a), Path(b)
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    child, parent = child.resolve(), parent.resolve()
+    return child == parent or parent in child.parents
+
+
+def check_writable_location(path: str | Path, flag: str = "--output") -> None:
+    """Refuse ``path`` when it cannot be created: its nearest existing ancestor must be a
+    writable directory (not a file, not read-only).
+
+    Example:
+        >>> check_writable_location("/proc/out.npy")
+        Traceback (most recent call last):
+        UserInputError: --output /proc/out.npy: cannot write in /proc (permission denied) ...
+    """
+    path = Path(path)
+    if path.is_dir():
+        directory = path  # files are created inside it
+    else:
+        directory = path.parent  # the file (new or replaced) is created here, or below its nearest ancestor
+        while not directory.exists() and directory != directory.parent:
+            directory = directory.parent
+        if not directory.is_dir():
+            raise UserInputError(f"{flag} {path}: {directory} is a file, so nothing can be created under it; "
+                                 "choose another location")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UserInputError(f"{flag} {path}: cannot write in {directory} (permission denied); choose a "
+                             "location you can write to")
+
+
+def check_not_input(output: str | Path, inputs: Iterable[str | Path | None], flag: str = "--output") -> None:
+    """Refuse an output that is, or contains, one of ``inputs``.
+
+    Example:
+        >>> check_not_input("t.txt", ["t.txt"])
+        Traceback (most recent call last):
+        UserInputError: --output t.txt is also an input of this command ...
+    """
+    output = Path(output)
+    for item in inputs:
+        if item is None or not str(item):
+            continue
+        source = Path(item)
+        if not source.exists() and not output.exists():
+            clash = source.resolve() == output.resolve()
+        else:
+            clash = same_path(output, source) or (source.exists() and _inside(source, output))
+        if clash:
+            raise UserInputError(f"{flag} {output} is also an input of this command ({source}); writing it "
+                                 "would destroy the input: choose another output path")
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """The JSON record written beside a file output: ``docs.npy`` → ``docs.npy.json``.
+
+    Example:
+        >>> sidecar_path("out/docs.npy")
+        PosixPath('out/docs.npy.json')
+    """
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def read_sidecar(path: str | Path) -> dict[str, Any] | None:
+    """The record beside ``path`` (see :func:`write_sidecar`), or None when there is none.
+
+    Example:
+        >>> read_sidecar("out/docs.npy")["writer"]
+        'neobert-embed encode'
+    """
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    try:
+        data = json.loads(side.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_sidecar(path: str | Path, writer: str, **fields: Any) -> None:
+    """Record beside the file ``path`` that ``writer`` made it (and how), atomically.
+
+    Example:
+        >>> write_sidecar("out/docs.npy", "neobert-embed encode", model="bert", texts=10)
+    """
+    record = {"writer": writer, "written_at": datetime.now(timezone.utc).isoformat(), **fields}
+    atomic_write_json(sidecar_path(path), record)
+
+
+def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | Path | None] = (),
+                      overwrite: bool = False, flag: str = "--output",
+                      owned: Callable[[Path], bool] | None = None) -> None:
+    """Check a file output before any work: right kind, writable, not an input, and an existing
+    file replaced only with ``overwrite`` *and* proof that ``writer`` made it.
+
+    Args:
+        writer: the command that writes it (``neobert-embed encode``), as in its sidecar.
+        owned: another proof of ownership for files without a sidecar (a content check).
+
+    Example:
+        >>> check_output_file("docs.npy", writer="neobert-embed encode", inputs=["docs.txt"])
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserInputError(f"{flag} {path} is a directory; give a file path such as {path / 'output'}"
+                             f"{path.suffix or ''}")
+    check_not_input(path, inputs, flag)
+    check_writable_location(path, flag)
+    if not path.exists():
+        return
+    if not overwrite:
+        raise UserInputError(f"{flag} {path} already exists; pass --overwrite to replace it (only a file "
+                             f"written by {writer} is ever replaced) or choose another path")
+    record = read_sidecar(path)
+    mine = (record is not None and record.get("writer") == writer) or (owned is not None and owned(path))
+    if not mine:
+        raise UserInputError(f"{flag} {path} was not written by {writer} (no {sidecar_path(path).name} "
+                             "record); nothing was replaced: choose another path or remove it yourself")
+
+
+def directory_state(path: str | Path, record: str) -> DirectoryState:
+    """Classify an output directory by whether it carries the command's ``record`` file.
+
+    Example:
+        >>> directory_state("runs/x", "run.json")
+        <DirectoryState.ABSENT: 'absent'>
+    """
+    path = Path(path)
+    if not path.exists():
+        return DirectoryState.ABSENT
+    if (path / record).exists():
+        return DirectoryState.OWNED
+    return DirectoryState.FOREIGN if any(path.iterdir()) else DirectoryState.EMPTY
+
+
+def check_directory_path(path: str | Path, flag: str = "--output", what: str = "output") -> None:
+    """Refuse a directory output that is an existing file or lies where nothing can be written.
+
+    Example:
+        >>> check_directory_path("notes.txt")
+        Traceback (most recent call last):
+        UserInputError: --output notes.txt is a file, but the output is a directory ...
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserInputError(f"{flag} {path} is a file, but the {what} is a directory; choose a directory "
+                             "path (nothing was changed)")
+    check_writable_location(path, flag)
+
+
+def check_output_directory(path: str | Path, *, record: str, inputs: Iterable[str | Path | None] = (),
+                           flag: str = "--output", what: str = "output") -> DirectoryState:
+    """Check a directory output before any work; refuse a file, an input, an unwritable place and
+    a non-empty directory that lacks ``record`` (foreign content is never deleted).
+
+    Returns the directory's state so the caller can decide what ``--overwrite``/``--resume`` mean
+    for its own output.
+
+    Example:
+        >>> check_output_directory("runs/demo", record="stages.json")
+        <DirectoryState.ABSENT: 'absent'>
+    """
+    path = Path(path)
+    check_directory_path(path, flag, what)
+    check_not_input(path, inputs, flag)
+    state = directory_state(path, record)
+    if state is DirectoryState.FOREIGN:
+        raise UserInputError(f"{flag} {path} is not empty and holds no {record}, so it is not a {what} "
+                             "written by neobert-embed; nothing was deleted: choose another path or an "
+                             "empty directory")
+    return state

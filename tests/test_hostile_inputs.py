@@ -1,0 +1,232 @@
+"""Property: every command, given a hostile input, exits 2 with ONE line of error, no traceback,
+and leaves its output location exactly as it was.
+
+The table covers corrupt model files, corrupt index files, unusable outputs, impossible options
+and out-of-range numbers. Each case runs the console script's ``main()`` in-process (its real
+error handling) so the whole table takes seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safety_helpers import build_prompted_bert, run_main, snapshot, write_jsonl
+
+
+@dataclass(frozen=True)
+class Case:
+    """``args`` may name placeholders filled from the world: {model}, {index}, {tmp} …"""
+
+    name: str
+    args: tuple[str, ...]
+    output: str | None = None  # placeholder path whose state must not change
+    prepare: Callable[[dict[str, Path]], None] | None = None
+
+
+class World(dict):
+    """Paths of the shared fixtures and of per-case scratch files."""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> World:
+    from neobert_embed.index import build_index
+
+    root = tmp_path_factory.mktemp("hostile")
+    model = build_prompted_bert(root / "models")
+    texts = root / "texts.txt"
+    texts.write_text("".join(f"text number {i} about things\n" for i in range(30)), encoding="utf-8")
+    corpus = write_jsonl(root / "corpus.jsonl", [{"_id": f"d{i}", "text": f"doc {i} on topic {i % 4}"}
+                                                 for i in range(30)])
+    pairs = write_jsonl(root / "pairs.jsonl", [{"query": f"q {i}", "document": f"answer {i}"} for i in range(20)])
+    index = root / "index"
+    build_index(model, corpus, index, index_type="flat", show_progress=False)
+    other = root / "other-index"
+    build_index(model, write_jsonl(root / "small.jsonl", [{"_id": "x", "text": "one"}, {"_id": "y", "text": "two"}]),
+                other, index_type="flat", show_progress=False)
+    foreign = root / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine", encoding="utf-8")
+    a_file = root / "a-file"
+    a_file.write_text("not a directory", encoding="utf-8")
+    return World(root=root, model=model, texts=texts, corpus=corpus, pairs=pairs, index=index, other=other,
+                 foreign=foreign, file=a_file, recipe=Path(__file__).resolve().parents[1] / "recipes"
+                 / "contrastive-tiny.yaml")
+
+
+def _broken_model(kind: str) -> Callable[[dict[str, Path]], None]:
+    def make(paths: dict[str, Path]) -> None:
+        target = paths["case"] / "model"
+        if kind == "empty":
+            target.mkdir()
+            return
+        shutil.copytree(paths["model"], target)
+        weights = target / "model.safetensors"
+        if kind == "truncated":
+            weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        elif kind == "garbage":
+            weights.write_bytes(os.urandom(4096))
+        elif kind == "config":
+            (target / "config.json").write_text("{not json", encoding="utf-8")
+        elif kind == "no-weights":
+            weights.unlink()
+        elif kind == "bin-garbage":
+            weights.unlink()
+            (target / "pytorch_model.bin").write_bytes(os.urandom(2048))
+    return make
+
+
+def _broken_index(kind: str) -> Callable[[dict[str, Path]], None]:
+    def make(paths: dict[str, Path]) -> None:
+        target = paths["case"] / "index"
+        shutil.copytree(paths["index"], target)
+        faiss_file, store = target / "index.faiss", target / "documents.sqlite"
+        if kind == "faiss-garbage":
+            faiss_file.write_bytes(os.urandom(faiss_file.stat().st_size))
+        elif kind == "faiss-truncated":
+            faiss_file.write_bytes(faiss_file.read_bytes()[:100])
+        elif kind == "faiss-other":
+            shutil.copy2(paths["other"] / "index.faiss", faiss_file)
+        elif kind == "sqlite-garbage":
+            store.write_bytes(os.urandom(store.stat().st_size))
+        elif kind == "sqlite-other":
+            shutil.copy2(paths["other"] / "documents.sqlite", store)
+        elif kind == "manifest":
+            (target / "manifest.json").write_text('{"format_version": 1}', encoding="utf-8")
+        elif kind == "no-manifest":
+            (target / "manifest.json").unlink()
+    return make
+
+
+def _calibration(content: str) -> Callable[[dict[str, Path]], None]:
+    def make(paths: dict[str, Path]) -> None:
+        (paths["case"] / "cal.json").write_text(content, encoding="utf-8")
+    return make
+
+
+def _foreign_npy(paths: dict[str, Path]) -> None:
+    np.save(paths["case"] / "out.npy", np.zeros(3))
+
+
+M, T, OUT = "{model}", "{texts}", "{case}/out.npy"
+ENCODE = ("encode", "--input", T, "--output", OUT)
+BUILD = ("index", "build", "--corpus", "{corpus}", "--output", "{case}/new-index")
+TRAIN = ("train-contrastive", "--data", "p={pairs}", "--recipe", "{recipe}", "--max-steps", "1")
+MINE = ("mine-negatives", "--data", "{pairs}", "--output", "{case}/mined.jsonl")
+SEARCH = ("index", "search", "{case}/index", "hello")
+ADD = ("index", "add", "{case}/index", "--corpus", "{corpus}")
+
+CASES = [
+    # corrupt or wrong model files
+    *[Case(f"encode model {k}", ("encode", "--model", "{case}/model", "--input", T, "--output", OUT), OUT,
+           _broken_model(k)) for k in ("empty", "truncated", "garbage", "config", "no-weights", "bin-garbage")],
+    Case("encode model is a file", ("encode", "--model", "{file}", "--input", T, "--output", OUT), OUT),
+    Case("index build truncated model", ("index", "build", "--model", "{case}/model", "--corpus", "{corpus}",
+                                         "--output", "{case}/new-index"), "{case}/new-index",
+         _broken_model("truncated")),
+    Case("train empty model", (*TRAIN, "--model", "{case}/model", "--output", "{case}/run"), "{case}/run",
+         _broken_model("empty")),
+    Case("mine garbage model", ("mine-negatives", "--model", "{case}/model", "--data", "{pairs}", "--output",
+                                "{case}/mined.jsonl"), "{case}/mined.jsonl", _broken_model("garbage")),
+    Case("index add with broken --model", (*ADD, "--model", "{case}/model"), "{case}/index",
+         lambda p: (_broken_index("none")(p), _broken_model("config")(p))),
+    # corrupt index files
+    *[Case(f"search {k}", SEARCH, "{case}/index", _broken_index(k))
+      for k in ("faiss-garbage", "faiss-truncated", "faiss-other", "sqlite-garbage", "sqlite-other", "manifest",
+                "no-manifest")],
+    *[Case(f"add {k}", ADD, "{case}/index", _broken_index(k)) for k in ("faiss-garbage", "faiss-other",
+                                                                       "sqlite-garbage")],
+    Case("verify manifest", ("index", "verify", "{case}/index"), "{case}/index", _broken_index("manifest")),
+    Case("eval no manifest", ("index", "eval", "{case}/index", "--task-dir", "{root}"), "{case}/index",
+         _broken_index("no-manifest")),
+    # unusable outputs
+    Case("encode output is a directory", ("encode", "--model", M, "--input", T, "--output", "{foreign}"),
+         "{foreign}"),
+    Case("encode output is the input", ("encode", "--model", M, "--input", T, "--output", T), T),
+    Case("encode output under a file", ("encode", "--model", M, "--input", T, "--output", "{file}/x.npy"),
+         "{file}"),
+    Case("encode output exists", ("encode", "--model", M, *ENCODE[1:]), OUT, _foreign_npy),
+    Case("encode output unwritable", ("encode", "--model", M, "--input", T, "--output", "/proc/1/out.npy"),
+         "/proc/1/out.npy"),  # /proc/1 is read-only even for root
+    Case("build output unwritable", ("index", "build", "--model", M, "--corpus", "{corpus}", "--output",
+                                     "/proc/1/new-index"), "/proc/1/new-index"),
+    Case("encode --overwrite foreign", ("encode", "--model", M, *ENCODE[1:], "--overwrite"), OUT, _foreign_npy),
+    Case("mine output is the data", ("mine-negatives", "--model", M, "--data", "{pairs}", "--output", "{pairs}"),
+         "{pairs}"),
+    Case("mine output is a directory", ("mine-negatives", "--model", M, "--data", "{pairs}", "--output",
+                                        "{foreign}"), "{foreign}"),
+    Case("train output is a file", (*TRAIN, "--model", M, "--output", "{file}"), "{file}"),
+    Case("train --overwrite foreign", (*TRAIN, "--model", M, "--output", "{foreign}", "--overwrite"), "{foreign}"),
+    Case("build output is a file", ("index", "build", "--model", M, "--corpus", "{corpus}", "--output", "{file}"),
+         "{file}"),
+    Case("build output foreign", ("index", "build", "--model", M, "--corpus", "{corpus}", "--output",
+                                  "{foreign}"), "{foreign}"),
+    Case("build output is the corpus", ("index", "build", "--model", M, "--corpus", "{corpus}", "--output",
+                                        "{corpus}"), "{corpus}"),
+    Case("export into foreign", ("pretrain", "export", "{root}", "--output", "{foreign}"), "{foreign}"),
+    Case("export into a file", ("pretrain", "export", "{root}", "--output", "{file}"), "{file}"),
+    Case("demo fresh foreign", ("demo", "--fresh", "--quick", "--output", "{foreign}"), "{foreign}"),
+    Case("demo output is a file", ("demo", "--quick", "--output", "{file}"), "{file}"),
+    Case("pretrain output is a file", ("pretrain", "--recipe", "{recipe}", "--corpus", "{corpus}", "--output",
+                                       "{file}"), "{file}"),
+    Case("convert --overwrite foreign", ("convert", "{root}", "--output", "{foreign}", "--overwrite"),
+         "{foreign}"),
+    Case("mine output exists", (*MINE, "--model", M), "{case}/mined.jsonl",
+         lambda p: (p["case"] / "mined.jsonl").write_text("{}\n", encoding="utf-8")),
+    # impossible options
+    Case("factory too many lists", (*BUILD, "--model", M, "--factory", "IVF99999,Flat"), "{case}/new-index"),
+    Case("factory not faiss", (*BUILD, "--model", M, "--factory", "Bogus77"), "{case}/new-index"),
+    Case("factory pq needs 256", (*BUILD, "--model", M, "--factory", "PQ4"), "{case}/new-index"),
+    Case("unknown index type", (*BUILD, "--model", M, "--index-type", "magic"), "{case}/new-index"),
+    Case("unknown precision", ("encode", "--model", M, *ENCODE[1:], "--precision", "int4"), OUT),
+    Case("calibration missing", ("encode", "--model", M, *ENCODE[1:], "--precision", "int8", "--calibration",
+                                 "{case}/none.json"), OUT),
+    Case("calibration corrupt", ("encode", "--model", M, *ENCODE[1:], "--precision", "int8", "--calibration",
+                                 "{case}/cal.json"), OUT, _calibration("{oops")),
+    Case("calibration wrong shape", ("encode", "--model", M, *ENCODE[1:], "--precision", "int8",
+                                     "--calibration", "{case}/cal.json"), OUT,
+         _calibration('{"precision": "int8", "dimension": 32, "ranges": [[0, 1]]}')),
+    Case("row ids with replace", (*ADD, "--row-ids", "--on-duplicate", "replace"), "{case}/index",
+         _broken_index("none")),
+    Case("unknown duplicate policy", (*ADD, "--on-duplicate", "merge"), "{case}/index", _broken_index("none")),
+    Case("search neither query nor file", ("index", "search", "{case}/index"), "{case}/index",
+         _broken_index("none")),
+    # out-of-range numbers
+    Case("encode max length", ("encode", "--model", M, *ENCODE[1:], "--max-length", "100000"), OUT),
+    Case("encode batch 0", ("encode", "--model", M, *ENCODE[1:], "--batch-size", "0"), OUT),
+    Case("mine batch 0", (*MINE, "--model", M, "--batch-size", "0"), "{case}/mined.jsonl"),
+    Case("mine negatives 0", (*MINE, "--model", M, "--num-negatives", "0"), "{case}/mined.jsonl"),
+    Case("build max length", (*BUILD, "--model", M, "--max-seq-length", "100000"), "{case}/new-index"),
+    Case("build chunk 0", (*BUILD, "--model", M, "--chunk-size", "0"), "{case}/new-index"),
+    Case("build batch -1", (*BUILD, "--model", M, "--batch-size", "-1"), "{case}/new-index"),
+    Case("search k 0", (*SEARCH, "--k", "0"), "{case}/index", _broken_index("none")),
+    Case("train max length", (*TRAIN, "--model", M, "--output", "{case}/run", "--max-length", "100000"),
+         "{case}/run"),
+    Case("train batch 0", (*TRAIN, "--model", M, "--output", "{case}/run", "--batch-size", "0"), "{case}/run"),
+]
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 40 and len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_hostile_input_exits_2_with_one_line_and_changes_nothing(case, world, tmp_path, capsys):
+    paths = {**world, "case": tmp_path}
+    if case.prepare:
+        case.prepare(paths)
+    args = [arg.format(**{k: str(v) for k, v in paths.items()}) for arg in case.args]
+    watched = Path(case.output.format(**{k: str(v) for k, v in paths.items()})) if case.output else None
+    before = snapshot(watched) if watched else None
+    code, out, err = run_main(args, capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, (code, out, err)
+    assert "Traceback" not in out + err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    if watched:
+        assert snapshot(watched) == before
