@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.status import Status
+
+    from neobert_embed.demo.pipeline import Stage
 
 
 def encode(
@@ -48,24 +55,56 @@ def demo(
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of skipping finished stages."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long sizes for smoke tests (scores mean nothing)."),
     no_wait: bool = typer.Option(False, "--no-wait", help="Fail at once if another demo writes to --output."),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Show third-party warnings and progress bars instead of logging them."),
 ) -> None:
     """Run the whole pipeline offline on the Python standard library's docstrings.
 
-    Pretrains a small NeoBERT, fine-tunes it contrastively on (summary, body) pairs, evaluates it
-    beside baselines on a held-out retrieval task, and indexes the corpus with FAISS. Finished
+    Pretrains a small NeoBERT, fine-tunes it and the real all-MiniLM-L6-v2 contrastively on
+    (summary, body) pairs, evaluates them beside their starting points on a held-out retrieval
+    task, and indexes the corpus with FAISS. Third-party output goes to OUTPUT/demo.log. Finished
     stages are skipped when the command is rerun (after Ctrl-C, say); --fresh starts over.
     """
-    from rich.console import Console
-
-    from neobert_embed.demo.pipeline import DemoSettings, run_demo
+    from neobert_embed.console import user_console
+    from neobert_embed.demo.pipeline import LOG_NAME, DemoSettings, run_demo
     from neobert_embed.demo.summary import print_summary
 
-    console = Console()
+    console = user_console()
     console.print(f"[bold]neobert-embed demo[/] → {output} (rerun to continue after an interruption)")
     settings = DemoSettings.quick() if quick else DemoSettings()
-    report = run_demo(output, settings, fresh=fresh, wait=not no_wait,
-                      on_stage=lambda s: console.print(f"[green]✓[/] {s.name} ({s.seconds:.0f} s): {s.figure}"))
+    with StageDisplay(console) as display:
+        report = run_demo(output, settings, fresh=fresh, wait=not no_wait, on_start=display.start,
+                          on_stage=display.finish, verbose=verbose)
     print_summary(report, console)
+    console.print(f"third-party warnings and progress bars: {output / LOG_NAME}")
+
+
+class StageDisplay:
+    """One spinner line per running stage, replaced by a ✓ line with its time and key figure."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.status: Status | None = None
+
+    def start(self, name: str) -> None:
+        self.stop()
+        self.status = self.console.status(f"{name}…")
+        self.status.start()
+
+    def finish(self, stage: Stage) -> None:
+        self.stop()
+        self.console.print(f"[green]✓[/] {stage.name} ({stage.seconds:.0f} s): {stage.figure}")
+
+    def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def __enter__(self) -> StageDisplay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 def register(app: typer.Typer) -> None:

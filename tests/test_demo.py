@@ -9,7 +9,9 @@ import sys
 
 from neobert_embed.demo.corpus import collect_stdlib_docstrings, split_pairs, write_demo_data
 
-STAGES = ["corpus", "pretrain", "untrained baseline", "contrastive", "evaluate", "index"]
+STAGES = ["corpus", "pretrain", "untrained baseline", "contrastive", "MiniLM contrastive", "evaluate", "index"]
+MODELS = {"untrained", "MLM only", "fine-tuned", "all-MiniLM-L6-v2", "all-MiniLM-L6-v2 + contrastive"}
+NOISE = ("FutureWarning", "UserWarning", "it/s]", "examples/s]", "Loading weights", "%|")
 
 
 def test_stdlib_corpus_has_real_pairs_and_a_consistent_heldout_task(tmp_path):
@@ -28,7 +30,7 @@ def test_stdlib_corpus_has_real_pairs_and_a_consistent_heldout_task(tmp_path):
     assert not {p["query"] for p in pairs} & {q["text"] for q in queries}
 
 
-def test_quick_demo_runs_every_stage_and_rerun_skips_them(tmp_path):
+def test_quick_demo_runs_every_stage_speaks_with_one_voice_and_rerun_skips_them(tmp_path):
     output = tmp_path / "demo"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "neobert_embed.cli", "demo", "--quick", "--output", str(output)]
@@ -38,8 +40,16 @@ def test_quick_demo_runs_every_stage_and_rerun_skips_them(tmp_path):
     assert [s["name"] for s in stages] == STAGES
     assert "held-out retrieval nDCG@10" in first.stdout and "neobert-embed demo" in first.stdout
     scores = next(s for s in stages if s["name"] == "evaluate")["data"]["scores"]
-    assert set(scores) == {"untrained", "MLM only", "fine-tuned"} and all(0 <= v <= 1 for v in scores.values())
+    assert set(scores) == MODELS and all(0 <= v <= 1 for v in scores.values())
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["models"] == {name: {"ndcg_at_10": scores[name]} for name in MODELS}
+    assert (output / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert (output / "index" / "manifest.json").is_file() and (output / "models" / "fine-tuned" / "modules.json").is_file()
+    # one voice: the libraries' warnings and progress bars are in the log, not on the console
+    log = (output / "demo.log").read_text()
+    assert not [noise for noise in NOISE if noise in first.stdout], first.stdout
+    assert [noise for noise in NOISE if noise in log], "the log should hold the third-party output"
+    assert str(output / "demo.log") in first.stdout
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and "✓ corpus (" in again.stdout
     assert json.loads((output / "stages.json").read_text()) == stages  # nothing was redone

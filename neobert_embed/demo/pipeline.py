@@ -25,11 +25,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.console import capture_third_party
 from neobert_embed.demo.corpus import collect_stdlib_docstrings, split_pairs, write_demo_data
+from neobert_embed.demo.report import read_losses, write_demo_outputs
 from neobert_embed.files import atomic_write_json
 from neobert_embed.paths import recipe_path
 
 JOURNAL_NAME = "stages.json"
+LOG_NAME = "demo.log"
+MINILM = "all-MiniLM-L6-v2"
 EXAMPLE_QUERIES = (
     "parse a JSON document into Python objects",
     "compress data with gzip",
@@ -43,13 +47,14 @@ class DemoSettings:
 
     pretrain_steps: int = 300
     contrastive_steps: int = 600
+    minilm_steps: int = 80
     max_documents: int | None = None
     baselines: bool = True
 
     @classmethod
     def quick(cls) -> DemoSettings:
         """A seconds-long run of every stage (for tests; the scores mean nothing)."""
-        return cls(pretrain_steps=6, contrastive_steps=4, max_documents=300, baselines=False)
+        return cls(pretrain_steps=6, contrastive_steps=4, minilm_steps=2, max_documents=300)
 
 
 @dataclass
@@ -101,18 +106,11 @@ def _prepare_data(output: Path, settings: DemoSettings) -> tuple[str, list[str],
     return figure, [str(p) for p in paths.values()], {k: str(v) for k, v in paths.items()}
 
 
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [row for row in rows if "loss" in row]
-
-
-def _loss_figure(metrics: list[dict[str, Any]], label: str) -> str:
-    if not metrics:
+def _loss_figure(losses: list[tuple[int, float]], label: str) -> str:
+    if not losses:
         return f"{label}: no step logged yet"
-    return f"{label} {metrics[0]['loss']:.2f} (step {metrics[0]['step']}) → {metrics[-1]['loss']:.2f} " \
-           f"(step {metrics[-1]['step']})"
+    (first_step, first), (last_step, last) = losses[0], losses[-1]
+    return f"{label} {first:.2f} (step {first_step}) → {last:.2f} (step {last_step})"
 
 
 def _pretrain(output: Path, corpus: str, settings: DemoSettings) -> tuple[str, list[str], dict[str, Any]]:
@@ -126,13 +124,13 @@ def _pretrain(output: Path, corpus: str, settings: DemoSettings) -> tuple[str, l
                "--max-steps", str(settings.pretrain_steps)]
     if (run_dir / "checkpoints").exists():
         command.append("--resume")
-    finished = subprocess.run(command, check=False)
+    finished = subprocess.run(command, check=False, stdout=sys.stdout, stderr=sys.stderr)  # the run's log
     if finished.returncode != 0:
         raise RuntimeError(f"pretraining failed (exit {finished.returncode}); rerun the demo to resume it")
     model_dir = export_checkpoint(run_dir, output / "models" / "mlm-only", progress=False)
-    metrics = _read_metrics(run_dir / "metrics.jsonl")
-    steps = metrics[-1]["step"] if metrics else settings.pretrain_steps
-    figure = f"{steps} steps, " + _loss_figure(metrics, "MLM loss")
+    losses = read_losses(run_dir)
+    steps = losses[-1][0] if losses else settings.pretrain_steps
+    figure = f"{steps} steps, " + _loss_figure(losses, "MLM loss")
     return figure, [str(run_dir), str(model_dir)], {"model": str(model_dir)}
 
 
@@ -150,14 +148,15 @@ def _untrained_copy(mlm_dir: str, output: Path) -> tuple[str, list[str], dict[st
     return f"{parameters / 1e6:.1f}M parameters, random init", [str(target)], {"model": str(target)}
 
 
-def _finetune(output: Path, base: str, pairs: str, settings: DemoSettings) -> tuple[str, list[str], dict[str, Any]]:
+def _finetune(output: Path, base: str, pairs: str, recipe_name: str, steps: int,
+              name: str) -> tuple[str, list[str], dict[str, Any]]:
     from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
 
-    recipe = load_contrastive_recipe(recipe_path("contrastive-demo.yaml"), max_steps=settings.contrastive_steps)
-    target = output / "models" / "fine-tuned"
+    recipe = load_contrastive_recipe(recipe_path(recipe_name), max_steps=steps)
+    target = output / "models" / name
     model_dir = train_contrastive(model=base, data={"docstrings": pairs}, output=target, recipe=recipe,
                                   resume=True)
-    figure = _loss_figure(_read_metrics(Path(model_dir) / "metrics.jsonl"), "InfoNCE loss")
+    figure = _loss_figure(read_losses(Path(model_dir)), "InfoNCE loss")
     return figure, [str(model_dir)], {"model": str(model_dir)}
 
 
@@ -195,12 +194,16 @@ def _available_minilm() -> str | None:
 
 
 def run_demo(output: str | Path = "runs/demo", settings: DemoSettings | None = None, fresh: bool = False,
-             on_stage: Callable[[Stage], None] | None = None, wait: bool = True) -> DemoReport:
+             on_stage: Callable[[Stage], None] | None = None,
+             on_start: Callable[[str], None] | None = None, wait: bool = True,
+             verbose: bool = False) -> DemoReport:
     """Run every stage of the pipeline under ``output`` and return what each produced.
 
     ``output`` must be absent, empty or an earlier demo's directory (it holds ``stages.json``):
     ``fresh`` deletes only such a directory, never a directory with other content. One demo at a
-    time writes to ``output`` (a second waits, or fails at once with ``wait=False``).
+    time writes to ``output`` (a second waits, or fails at once with ``wait=False``). Third-party
+    warnings and progress bars go to ``output/demo.log`` (:data:`LOG_NAME`), or stay on screen with
+    ``verbose``.
 
     Example:
         >>> report = run_demo("runs/demo", DemoSettings.quick())
@@ -219,14 +222,18 @@ def run_demo(output: str | Path = "runs/demo", settings: DemoSettings | None = N
         output.mkdir(parents=True, exist_ok=True)
         if not (output / JOURNAL_NAME).exists():
             atomic_write_json(output / JOURNAL_NAME, [])
-        return _run_stages(output, settings, on_stage)
+        with capture_third_party(output / LOG_NAME, verbose=verbose):
+            return _run_stages(output, settings, on_stage, on_start)
 
 
-def _run_stages(output: Path, settings: DemoSettings, on_stage: Callable[[Stage], None] | None) -> DemoReport:
+def _run_stages(output: Path, settings: DemoSettings, on_stage: Callable[[Stage], None] | None,
+                on_start: Callable[[str], None] | None) -> DemoReport:
     journal = _Journal(output)
     done: list[Stage] = []
 
     def stage(name: str, work: Callable[[], tuple[str, list[str], dict[str, Any]]]) -> Stage:
+        if on_start and name not in journal.stages:
+            on_start(name)
         finished = journal.run(name, work)
         done.append(finished)
         if on_stage:
@@ -236,11 +243,17 @@ def _run_stages(output: Path, settings: DemoSettings, on_stage: Callable[[Stage]
     data = stage("corpus", lambda: _prepare_data(output, settings)).data
     mlm = stage("pretrain", lambda: _pretrain(output, data["corpus"], settings)).data["model"]
     untrained = stage("untrained baseline", lambda: _untrained_copy(mlm, output)).data["model"]
-    tuned = stage("contrastive", lambda: _finetune(output, mlm, data["pairs"], settings)).data["model"]
+    tuned = stage("contrastive", lambda: _finetune(output, mlm, data["pairs"], "contrastive-demo.yaml",
+                                                   settings.contrastive_steps, "fine-tuned")).data["model"]
     models = {"untrained": untrained, "MLM only": mlm, "fine-tuned": tuned}
     minilm = _available_minilm() if settings.baselines else None
     if minilm:
-        models["all-MiniLM-L6-v2"] = minilm
+        models[MINILM] = minilm
+        models[f"{MINILM} + contrastive"] = stage(
+            "MiniLM contrastive", lambda: _finetune(output, minilm, data["pairs"], "contrastive-demo-minilm.yaml",
+                                                    settings.minilm_steps, "minilm-fine-tuned")).data["model"]
     scores = stage("evaluate", lambda: _evaluate(output, models, data["task"])).data["scores"]
     stage("index", lambda: _index(output, tuned, data["index_corpus"]))
-    return DemoReport(output=str(output), stages=done, scores=scores)
+    report = DemoReport(output=str(output), stages=done, scores=scores)
+    write_demo_outputs(report)
+    return report

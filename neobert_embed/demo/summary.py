@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
-from neobert_embed.demo.pipeline import DemoReport
+from neobert_embed.demo.pipeline import MINILM, DemoReport
 
 
 def print_summary(report: DemoReport, console: Console) -> None:
@@ -33,4 +35,11 @@ def print_summary(report: DemoReport, console: Console) -> None:
         console.print(f"held-out retrieval nDCG@10: fine-tuned {tuned:.4f} {verdict} untrained "
                       f"{scores.get('untrained', float('nan')):.4f} and MLM-only "
                       f"{scores.get('MLM only', float('nan')):.4f}")
-    console.print(f"every output is under {report.output} (stages.json lists them)")
+    base, adapted = scores.get(MINILM), scores.get(f"{MINILM} + contrastive")
+    if base is not None and adapted is not None:
+        verdict = "better" if adapted > base else "NOT better"
+        console.print(f"held-out retrieval nDCG@10: {MINILM} {base:.4f} → fine-tuned with this recipe "
+                      f"{adapted:.4f} ({adapted - base:+.4f}, {verdict})")
+    output = Path(report.output)
+    console.print(f"every output is under {output} (stages.json lists them); figures in "
+                  f"{output / 'summary.json'} and {output / 'summary.png'}")
