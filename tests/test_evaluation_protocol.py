@@ -110,7 +110,7 @@ def result_metadata(report, task: str) -> dict:
     return json.loads((Path(report.results_dir) / f"{task}.json").read_text())["neobert_embed"]
 
 
-@pytest.mark.parametrize("kind", ["prompted", "plain"])
+@pytest.mark.parametrize("kind", [pytest.param("prompted", marks=pytest.mark.slow), "plain"])
 def test_default_protocol_equals_plain_mteb_and_uniform_differs(tmp_path, sentence_models, kind):
     model = sentence_models[kind]
     tasks = registered_copies(tmp_path / "tasks")
@@ -178,3 +178,29 @@ def test_list_benchmarks_prints_every_registered_benchmark_with_task_counts():
     lines = {line.rsplit(None, 2)[0].strip(): int(line.rsplit(None, 2)[1]) for line in result.stdout.splitlines()}
     assert lines["MTEB(eng, v2)"] == 41 and lines["MTEB(eng, v1)"] == 56
     assert len(lines) == len(mteb.get_benchmarks())
+
+
+@pytest.mark.slow
+def test_a_train_contrastive_model_is_evaluated_with_the_instructions_it_was_trained_with(tmp_path):
+    from contrastive_helpers import TINY_RECIPE, paraphrase_rows
+    from contrastive_helpers import write_jsonl as write_rows
+
+    from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
+
+    instructions = {"query": "Represent the claim for retrieval: ", "document": "Represent the evidence: "}
+    recipe = load_contrastive_recipe(TINY_RECIPE, max_steps=2, query_instruction=instructions["query"],
+                                     document_instruction=instructions["document"])
+    data = write_rows(tmp_path / "pairs.jsonl", paraphrase_rows(negatives=0, extra=False))
+    trained = train_contrastive(model=str(build_tiny_model("bert", tmp_path / "bert")), data={"pets": str(data)},
+                                output=tmp_path / "trained", recipe=recipe)
+    saved = json.loads((trained / "config_sentence_transformers.json").read_text())["prompts"]
+    assert {side: saved[side] for side in instructions} == instructions
+
+    tasks = registered_copies(tmp_path / "tasks")
+    report = run_mteb(trained, task_dirs=[tasks / "scifact"], output=tmp_path / "out", show_progress=False)
+    direct = direct_mteb_scores(trained, model_prompts=instructions)["SciFact"]
+    assert report.protocol == "model"
+    assert report.scores["SciFact"] == pytest.approx(direct, abs=1e-6)
+    assert result_metadata(report, "SciFact")["prompts"] == instructions
+    bare = direct_mteb_scores(trained, model_prompts={"query": "", "document": ""})["SciFact"]
+    assert bare != pytest.approx(direct, abs=1e-6)  # the instructions matter, so the check can fail
