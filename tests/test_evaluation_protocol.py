@@ -204,3 +204,34 @@ def test_a_train_contrastive_model_is_evaluated_with_the_instructions_it_was_tra
     assert result_metadata(report, "SciFact")["prompts"] == instructions
     bare = direct_mteb_scores(trained, model_prompts={"query": "", "document": ""})["SciFact"]
     assert bare != pytest.approx(direct, abs=1e-6)  # the instructions matter, so the check can fail
+
+
+def test_a_model_mteb_knows_by_name_goes_through_mteb_get_model(tmp_path, sentence_models, monkeypatch):
+    import mteb
+    from sentence_transformers import SentenceTransformer
+
+    name = "sentence-transformers/all-MiniLM-L6-v2"
+    assert mteb.get_model_meta(name).loader is not None
+    calls = []
+
+    def fake_get_model(model_name, revision=None, device=None, **kwargs):  # the hub is offline here
+        calls.append(model_name)
+        return mteb.SentenceTransformerEncoderWrapper(SentenceTransformer(str(sentence_models["plain"])))
+
+    monkeypatch.setattr(mteb, "get_model", fake_get_model)
+    tasks = registered_copies(tmp_path / "tasks")
+    report = run_mteb(name, task_dirs=[tasks / "scifact"], output=tmp_path / "out", show_progress=False)
+    assert calls == [name] and report.failures == {}
+    assert Path(report.results_dir).parts[-4] == "sentence-transformers__all-MiniLM-L6-v2"
+    assert report.scores["SciFact"] == pytest.approx(direct_mteb_scores(sentence_models["plain"])["SciFact"],
+                                                     abs=1e-6)
+
+
+def test_benchmarks_mteb_registers_are_accepted_by_name():
+    from neobert_embed.evaluation import select_tasks
+
+    assert len(select_tasks(benchmark="MTEB(eng, v2)")) == 41
+    assert len(select_tasks(benchmark="MTEB(eng, v1)")) == 56
+    assert len(select_tasks()) == 41  # the default: mteb's current English benchmark
+    with pytest.raises(UserInputError, match="--list-benchmarks"):
+        select_tasks(benchmark="MTEB(eng, v9)")
