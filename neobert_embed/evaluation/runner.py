@@ -218,6 +218,21 @@ def _record_metadata(path: Path, task: Any, lazy: _LazyEncoder) -> dict[str, Any
     return metadata
 
 
+def _settings(lazy: _LazyEncoder, outcomes: list[TaskOutcome]) -> dict[str, Any]:
+    """What the model encoded with: from the loaded encoder, or a cached result's metadata."""
+    from neobert_embed.evaluation.protocol import encoder_settings
+
+    if lazy.encoder is not None:
+        return encoder_settings(lazy.encoder)
+    for outcome in outcomes:
+        path = Path(outcome.result_file or "")
+        if outcome.status == "cached" and path.is_file():
+            saved = json.loads(path.read_text(encoding="utf-8")).get(METADATA_KEY)
+            if saved:
+                return {key: value for key, value in saved.items() if key not in ("prompts", "description")}
+    return {}
+
+
 def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskOutcome:
     import mteb
 
@@ -324,10 +339,7 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
                        report.results_dir)
         raise
     finally:
-        if lazy.encoder is not None:
-            from neobert_embed.evaluation.protocol import encoder_settings
-
-            report.settings = encoder_settings(lazy.encoder)
+        report.settings = _settings(lazy, report.outcomes)
         for notice in report.notices:
             logger.info("mteb notice: %s", notice)
         if summary and report.outcomes:
