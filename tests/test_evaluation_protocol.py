@@ -235,3 +235,16 @@ def test_benchmarks_mteb_registers_are_accepted_by_name():
     assert len(select_tasks()) == 41  # the default: mteb's current English benchmark
     with pytest.raises(UserInputError, match="--list-benchmarks"):
         select_tasks(benchmark="MTEB(eng, v9)")
+
+
+def test_saved_prompts_are_the_instructions_every_dataset_trained_with(caplog):
+    from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
+    from neobert_embed.contrastive.train import trained_prompts
+
+    recipe = ContrastiveRecipe(query_instruction="recipe q: ")
+    same = {"a": DataSource(path="a.jsonl", query_instruction="q: "),
+            "b": DataSource(path="b.jsonl", query_instruction="q: ", document_instruction="")}
+    assert trained_prompts(same, recipe) == {"query": "q: ", "document": ""}
+    mixed = {"a": DataSource(path="a.jsonl", query_instruction="q: "), "b": DataSource(path="b.jsonl")}
+    assert trained_prompts(mixed, recipe) == {"query": "recipe q: ", "document": ""}
+    assert "different query instructions" in caplog.text

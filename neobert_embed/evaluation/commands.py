@@ -119,9 +119,10 @@ def mteb_command(
 ) -> None:
     """Evaluate a model on MTEB (hub or local tasks); by default exactly as its authors configured it.
 
-    --protocol model (default) reproduces published scores; --protocol uniform applies the paper's
-    evaluation recipe. Rerunning the same command skips finished tasks; after Ctrl-C, rerun it to
-    resume. A failing task is reported while the others continue; the exit status is 1 when any failed.
+    --protocol model (default) reproduces published scores; --protocol uniform applies the paper's recipe.
+
+    Rerunning the same command skips finished tasks; after Ctrl-C, rerun it to resume. A failing task is
+    reported while the others continue; the exit status is 1 when any failed.
     """
     from neobert_embed.errors import UserInputError
     from neobert_embed.evaluation.runner import run_mteb
@@ -171,8 +172,9 @@ def compare_command(
 ) -> None:
     """Fine-tune every backbone with one recipe, evaluate each identically: table + one plot per category.
 
-    Defaults: --protocol uniform (the paper's evaluation recipe for every backbone) and benchmark
-    "MTEB(eng, v1)". Resumable: rerun the same command; finished trainings and task results are reused.
+    Defaults: --protocol uniform (the paper's evaluation recipe for every backbone) and "MTEB(eng, v1)".
+
+    Resumable: rerun the same command; finished trainings and task results are reused.
     """
     from neobert_embed.evaluation.compare import compare_models
     from neobert_embed.evaluation.protocol import check_protocol
