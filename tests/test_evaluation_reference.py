@@ -60,8 +60,9 @@ def run_default_protocol(model: Path, task_dirs: list[Path], output: Path) -> di
 def test_minilm_reproduces_published_leaderboard_scores(shared_data, minilm_path, tmp_path, task):
     directory = mirrored_task(shared_data, task, tmp_path / "mirrors")
     if directory is None:
-        pytest.skip(f"no local data for {task} under {shared_data} (tasks/*/task.json with "
-                    f'{{"mteb_task": "{task}"}}, or {RAW_MIRRORS.get(task, ("?",))[0]}/)')
+        raw = f" or {RAW_MIRRORS[task][0]}/{next(iter(RAW_MIRRORS[task][1]))}" if task in RAW_MIRRORS else ""
+        pytest.skip(f'no local data for {task} under {shared_data}: no tasks/*/task.json with {{"mteb_task": '
+                    f'"{task}"}}{raw}')
     report = run_default_protocol(minilm_path, [directory], tmp_path / "out")
     assert report["protocol"] == "model"
     assert report["scores"][task] == pytest.approx(PUBLISHED[task], abs=5e-4)
