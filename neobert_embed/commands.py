@@ -23,7 +23,10 @@ def encode(
                                   help="Stored precision: float32, float16, int8 or binary (packed bits)."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass."),
     max_seq_length: int = typer.Option(None, "--max-length", help="Truncate inputs to this many tokens "
-                                       "(default: what the model's positions allow)."),
+                                       "(default: the model's own max_seq_length; for a plain encoder, what its "
+                                       "positions allow)."),
+    prompt_name: str = typer.Option("document", "--prompt-name", help="Saved prompt to prepend (default "
+                                    "'document' when the model saved one; '' for none)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON line."),
     calibration: Path = typer.Option(None, "--calibration", help="int8/binary calibration to reuse: the "
                                      "OUTPUT.npy.json of an earlier encode (identical texts, identical codes)."),
@@ -41,8 +44,9 @@ def encode(
         raise UserInputError(f"--precision {precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")
     with json_only_stdout(as_json):
         report = encode_file(model, input_path, output, field=field, precision=precision, batch_size=batch_size,
-                             max_seq_length=max_seq_length, show_progress=not as_json, calibration=calibration,
-                             overwrite=overwrite)
+                             max_seq_length=max_seq_length, prompt_name=prompt_name, show_progress=not as_json,
+                             calibration=calibration, overwrite=overwrite)
+    typer.echo(report.used, err=True)
     if as_json:
         typer.echo(report_json(report))
     else:

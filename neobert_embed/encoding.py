@@ -115,6 +115,22 @@ def encode_texts(
     return np.asarray(embeddings, dtype=np.float32)
 
 
+def used_line(model: Any, prompt_names: Sequence[str | None], field: str | None = None) -> str:
+    """One line saying what a model encodes with: max_seq_length, prompts (name and text), field.
+
+    Example:
+        >>> used_line(model, ["document"], field="text")
+        "used: max_seq_length 256; prompt 'document' = 'passage: '; field 'text'"
+    """
+    parts = [f"max_seq_length {model.max_seq_length}"]
+    for name in prompt_names:
+        text = (model.prompts or {}).get(name) if name else None
+        parts.append(f"prompt {name!r} = {text!r}" if text else f"no {name} prompt" if name else "no prompt")
+    if field is not None:
+        parts.append(f"field {field!r}")
+    return "used: " + "; ".join(parts)
+
+
 def read_texts(path: str | Path, field: str = "text") -> list[str]:
     """Read texts from a ``.txt`` file (one per line) or a ``.jsonl`` file (``field`` of each row).
 
@@ -156,6 +172,10 @@ class EncodeReport:
     seconds: float
     texts_per_second: float
     output: str
+    max_seq_length: int = 0
+    prompt_name: str | None = None
+    prompt: str | None = None
+    used: str = ""
     calibration: str | None = None
 
 
@@ -171,11 +191,17 @@ def encode_file(
     precision: str = "float32",
     batch_size: int = 32,
     max_seq_length: int | None = None,
+    prompt_name: str | None = "document",
     show_progress: bool = True,
     calibration: str | Path | None = None,
     overwrite: bool = False,
 ) -> EncodeReport:
     """Encode every text of a file into an ``.npy`` matrix written atomically.
+
+    Defaults are the model's own: its ``max_seq_length`` (a saved SentenceTransformer's, else what
+    the encoder's positions allow) and its ``document`` prompt when it saved one (none otherwise);
+    ``max_seq_length`` and ``prompt_name`` (None or '' for no prompt) override them. The report's
+    ``used`` line says what was applied.
 
     Beside the matrix, ``OUTPUT.json`` records what made it (model, precision, texts) and, for int8
     and binary, the calibration; pass that file as ``calibration`` when encoding more texts so
@@ -209,27 +235,35 @@ def encode_file(
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(model_name, max_seq_length=max_seq_length)
+    prompt_name = prompt_name or None
+    if prompt_name is not None and prompt_name not in model.prompts and prompt_name != "document":
+        known = ", ".join(sorted(model.prompts)) or "none"
+        raise UserInputError(f"--prompt-name {prompt_name!r}: the model has no such prompt (saved prompts: {known})")
+    prompt = model.prompts.get(prompt_name) if prompt_name else None
     start = time.perf_counter()
-    embeddings = encode_texts(model, texts, batch_size=batch_size, prompt_name="document",
+    embeddings = encode_texts(model, texts, batch_size=batch_size, prompt_name=prompt_name,
                               show_progress=show_progress)
     seconds = time.perf_counter() - start
-    used = saved
-    if used is None and precision in ("int8", "binary"):
-        used = fit_calibration(embeddings, precision, model=model_name)
-    stored = quantize(embeddings, precision, used)
+    fitted = saved
+    if fitted is None and precision in ("int8", "binary"):
+        fitted = fit_calibration(embeddings, precision, model=model_name)
+    stored = quantize(embeddings, precision, fitted)
     import io
 
     buffer = io.BytesIO()
     np.save(buffer, stored)
     write_sidecar(output_path, ENCODE_WRITER, model=model_name, input=str(input_path), texts=len(texts),
                   dimension=int(embeddings.shape[1]), precision=precision,
-                  calibration=used.to_json() if used is not None else None,
+                  calibration=fitted.to_json() if fitted is not None else None,
                   calibration_from=str(calibration) if calibration is not None else None)
     atomic_write_bytes(output_path, buffer.getvalue())
     return EncodeReport(texts=len(texts), dimension=int(embeddings.shape[1]), precision=precision,
                         seconds=round(seconds, 3), texts_per_second=round(len(texts) / max(seconds, 1e-9), 1),
-                        output=str(output_path),
-                        calibration=str(sidecar_path(output_path)) if used is not None else None)
+                        output=str(output_path), max_seq_length=int(model.max_seq_length),
+                        prompt_name=prompt_name if prompt else None, prompt=prompt or None,
+                        used=used_line(model, [prompt_name if prompt else None],
+                                       field if Path(input_path).suffix == ".jsonl" else None),
+                        calibration=str(sidecar_path(output_path)) if fitted is not None else None)
 
 
 def report_json(report: EncodeReport) -> str:

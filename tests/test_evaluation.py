@@ -84,11 +84,12 @@ def tiny_bert(tmp_path_factory) -> Path:
 
 
 TINY_RECIPE = EvaluationRecipe(max_length=32, batch_size=16)
+UNIFORM = {"recipe": TINY_RECIPE, "protocol": "uniform"}
 
 
 def test_every_local_task_type_is_scored_by_mteb(tmp_path, tiny_bert):
     tasks = all_task_types(tmp_path)
-    report = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", recipe=TINY_RECIPE,
+    report = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM,
                       show_progress=False)
     assert report.failures == {}
     assert {o.task: o.main_score for o in report.outcomes} == {
@@ -109,13 +110,13 @@ def test_every_local_task_type_is_scored_by_mteb(tmp_path, tiny_bert):
     assert "| Model | Class. | Clust. | PairClass. | Rerank. | Retr. | STS | Summ. | Avg. |" in table
     assert "*" not in table.split("## Per task")[0].split("|---|")[-1]  # complete: no incomplete mark
 
-    rerun = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", recipe=TINY_RECIPE,
+    rerun = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM,
                      show_progress=False)
     assert {o.status for o in rerun.outcomes} == {"cached"}
     assert rerun.scores == pytest.approx(report.scores, abs=1e-6)
 
     other = build_tiny_model("bert", tmp_path / "elsewhere" / "tiny-bert", seed=1)
-    second = run_mteb(other, task_dirs=[tasks / "sts"], output=tmp_path / "out", recipe=TINY_RECIPE,
+    second = run_mteb(other, task_dirs=[tasks / "sts"], output=tmp_path / "out", **UNIFORM,
                       show_progress=False)
     assert second.name == report.name and second.revision != report.revision
     assert (results / "LocalSTS.json").is_file() and (Path(second.results_dir) / "LocalSTS.json").is_file()
@@ -152,7 +153,7 @@ def test_mteb_task_directory_matches_the_registered_task_class(tmp_path, tiny_be
     assert isinstance(local, official_class)
     assert local.metadata.name == "STSBenchmark" and local.metadata.main_score == "cosine_spearman"
 
-    report = run_mteb(tiny_bert, task_dirs=[copy], output=tmp_path / "out", recipe=TINY_RECIPE,
+    report = run_mteb(tiny_bert, task_dirs=[copy], output=tmp_path / "out", **UNIFORM,
                       show_progress=False)
     official = official_class()
     official.dataset = {"default": DatasetDict({"test": Dataset.from_list(
@@ -197,7 +198,7 @@ def test_cli_reports_failures_continues_and_marks_incomplete(tmp_path, tiny_bert
     make_task(tasks, "broken", {"name": "BrokenSTS", "type": "STS"}, {"test.jsonl": "{not json\n"})
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["mteb", "--model", str(tiny_bert), "--task-dir", str(tasks), "--output",
-                                      str(out), "--max-length", "32", "--json"])
+                                      str(out), "--protocol", "uniform", "--max-length", "32", "--json"])
     assert result.exit_code == 1
     report = json.loads(result.stdout[: result.stdout.rindex("}") + 1])
     assert set(report["scores"]) == {"GoodSTS"}
@@ -232,10 +233,10 @@ def test_interrupt_keeps_finished_tasks_and_rerun_resumes(tmp_path, tiny_bert, m
 
     monkeypatch.setattr(mteb, "evaluate", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", recipe=TINY_RECIPE, show_progress=False)
+        run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM, show_progress=False)
     monkeypatch.setattr(mteb, "evaluate", real_evaluate)
     assert "FirstSTS" in (tmp_path / "out" / "summary.md").read_text()
-    resumed = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", recipe=TINY_RECIPE,
+    resumed = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM,
                        show_progress=False)
     assert [(o.task, o.status) for o in resumed.outcomes] == [("FirstSTS", "cached"), ("SecondSTS", "done")]
 
@@ -253,8 +254,8 @@ def test_summary_never_averages_silently_over_fewer_tasks(tmp_path):
     assert "| b | — | — | — | — | — | 90.00* (1/2) | — | 90.00* (1/2) |" in lines
     assert "- b: S2" in lines
     rows = csv_path.read_text().splitlines()
-    assert rows[1].startswith("a,r1,,,,,,60.0000,,60.0000,2,2,true,")
-    assert rows[2].startswith("b,r2,,,,,,90.0000,,90.0000,1,2,false,S2,")
+    assert rows[1].startswith("model,a,r1,,,,,,60.0000,,60.0000,2,2,true,")
+    assert rows[2].startswith("model,b,r2,,,,,,90.0000,,90.0000,1,2,false,S2,")
 
 
 def test_task_selection_and_recipe_errors(tmp_path):

@@ -100,13 +100,19 @@ def mine_negatives_command(
     margin: float = typer.Option(None, "--margin", help="Keep candidates scoring ≥ margin below the positive."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Encoding batch size."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by mine-negatives."),
+    max_length: int = typer.Option(None, "--max-length", help="Truncate to this many tokens (default: the "
+                                   "model's own max_seq_length)."),
 ) -> None:
-    """Mine hard negatives with FAISS; the output is ready for train-contrastive."""
+    """Mine hard negatives with FAISS; the output is ready for train-contrastive.
+
+    The model encodes with its own max_seq_length and its saved "query"/"document" prompts.
+    """
     from neobert_embed.contrastive.mining import mine_negatives
 
     range_min, range_max = _parse_range(rank_range)
     out = mine_negatives(model, data, output, num_negatives=num_negatives, range_min=range_min,
-                         range_max=range_max, margin=margin, batch_size=batch_size, overwrite=overwrite)
+                         range_max=range_max, margin=margin, batch_size=batch_size, max_seq_length=max_length,
+                         overwrite=overwrite, on_model=lambda line: typer.echo(line, err=True))
     typer.echo(f"wrote {out}")
 
 

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from neobert_embed.contrastive.data import load_examples
@@ -25,17 +26,21 @@ MINE_WRITER = "neobert-embed mine-negatives"
 
 def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_negatives: int = 3,
                    range_min: int = 0, range_max: int | None = None, margin: float | None = None,
-                   batch_size: int = 32, overwrite: bool = False) -> Path:
+                   batch_size: int = 32, max_seq_length: int | None = None, overwrite: bool = False,
+                   on_model: Callable[[str], None] | None = None) -> Path:
     """Mine ``num_negatives`` hard negatives per row of ``data`` and write them to ``output``.
 
     Args:
-        model: anything ``load_sentence_model`` accepts; its "query"/"document" prompts are used.
+        model: anything ``load_sentence_model`` accepts; its own ``max_seq_length`` and its
+            "query"/"document" prompts (when saved) are used, as for training and search.
         data: a file/dataset readable by ``train-contrastive`` (existing negatives are ignored).
         output: JSON-lines file to write (atomically).
         num_negatives: negatives per row; rows without enough candidates are dropped.
         range_min, range_max: only candidates ranked in [range_min, range_max) are considered;
             skipping the very top avoids false negatives (unlabelled positives).
         margin: keep a candidate only if its similarity is at least this far below the positive's.
+        max_seq_length: override the model's own length.
+        on_model: called with one line saying what the model encodes with (length, prompts).
         overwrite: replace an existing ``output`` (only one that mine-negatives wrote; the output
             is checked, like every input, before the model is loaded).
 
@@ -62,9 +67,13 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
     if pairs.num_rows < 2:
         raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
-    sentence_model = load_sentence_model(model)
+    from neobert_embed.encoding import used_line
+
+    sentence_model = load_sentence_model(model, max_seq_length=max_seq_length)
     prompts = {"query_prompt_name": "query" if sentence_model.prompts.get("query") else None,
                "corpus_prompt_name": "document" if sentence_model.prompts.get("document") else None}
+    if on_model is not None:
+        on_model(used_line(sentence_model, ["query", "document"], field="anchor/positive"))
     mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",
                                 positive_column_name="positive", range_min=range_min, range_max=range_max,
                                 absolute_margin=margin, num_negatives=num_negatives, sampling_strategy="top",

@@ -3,7 +3,9 @@
 Output directory layout (``DIR``)::
 
     DIR/                      the final SentenceTransformer (written atomically at the end)
-    DIR/prompts               saved inside config_sentence_transformers.json: "query", "document"
+    DIR/prompts               saved inside config_sentence_transformers.json: "query", "document" =
+                              the instructions the run trained with ('' = none), so mteb's
+                              wrapper (``neobert-embed mteb``) evaluates with exactly those
     DIR/metrics.jsonl         one line per logged step: step, loss, lr, examples_per_s, grad_norm
     DIR/summary.json          final loss, steps, wall time, examples/s, reload check
     DIR/run.json              model, data and recipe of the run (what --resume continues)
@@ -157,7 +159,31 @@ def _training_prompts(sources: dict[str, DataSource], recipe: ContrastiveRecipe,
     return prompts if any(p for cols in prompts.values() for p in cols.values()) else None
 
 
-def _load_model(model_name: str, recipe: ContrastiveRecipe):
+def trained_prompts(sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, str]:
+    """The ``query``/``document`` instructions the run trains with, saved as the model's prompts.
+
+    Each side gets the instruction every dataset used ('' = no prefix, which also replaces a base
+    model's own prompt: the run trained without one). When datasets use different instructions
+    there is no single right prompt; the recipe's is saved and a warning names the datasets.
+
+    Example:
+        >>> trained_prompts({"nq": DataSource(path="nq.jsonl")}, ContrastiveRecipe(query_instruction="q: "))
+        {'query': 'q: ', 'document': ''}
+    """
+    prompts = {}
+    for side in ("query", "document"):
+        key = f"{side}_instruction"
+        used = {name: getattr(recipe, key) if getattr(source, key) is None else getattr(source, key)
+                for name, source in sources.items()}
+        values = set(used.values())
+        if len(values) > 1:
+            logger.warning("datasets use different %s instructions (%s); the saved model's %r prompt is the "
+                           "recipe's %r", side, used, side, getattr(recipe, key))
+        prompts[side] = values.pop() if len(values) == 1 else getattr(recipe, key)
+    return prompts
+
+
+def _load_model(model_name: str, recipe: ContrastiveRecipe, sources: dict[str, DataSource]):
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(model_name)
@@ -166,8 +192,7 @@ def _load_model(model_name: str, recipe: ContrastiveRecipe):
     elif recipe.max_length > model.max_seq_length:
         logger.warning("max_length %d exceeds what %s can take; using %d", recipe.max_length, model_name,
                        model.max_seq_length)
-    model.prompts = {**model.prompts, "query": recipe.query_instruction,
-                     "document": recipe.document_instruction}
+    model.prompts = {**model.prompts, **trained_prompts(sources, recipe)}
     return model
 
 
@@ -254,7 +279,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         logger.warning("%s: this run already finished; nothing to resume", output)
         return output
     sets = _checked_training_data(sources, recipe)
-    sentence_model = _load_model(model_name, recipe)
+    sentence_model = _load_model(model_name, recipe, sources)
     loss = build_contrastive_loss(sentence_model, recipe)
     checkpoint = last_checkpoint(output) if resume else None
     fresh = checkpoint is None and (state is not DirectoryState.OWNED or overwrite)

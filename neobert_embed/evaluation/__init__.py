@@ -1,4 +1,5 @@
-"""Uniform MTEB evaluation: one recipe for every model, local tasks, honest summaries, comparison.
+"""MTEB evaluation under two protocols (``model``: as configured, ``uniform``: one recipe), local
+tasks, honest summaries, comparison.
 
 The public names are imported on first use (mteb and torch are heavy), so importing the package
 — as the CLI does for ``--help`` — stays instant.
@@ -6,7 +7,7 @@ The public names are imported on first use (mteb and torch are heavy), so import
 Example:
     >>> from neobert_embed.evaluation import run_mteb
     >>> report = run_mteb("runs/model", task_dirs=["../shared/data/tasks"], output="runs/mteb")
-    >>> report.scores, report.failures
+    >>> report.protocol, report.scores, report.failures
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ _EXPORTS = {
     "EvaluationRecipe": "recipe", "load_evaluation_recipe": "recipe",
     "load_task_dir": "local_tasks", "load_task_dirs": "local_tasks",
     "run_mteb": "runner", "select_tasks": "runner", "EvaluationReport": "runner", "TaskOutcome": "runner",
+    "list_benchmarks": "runner", "PROTOCOLS": "protocol", "load_model_encoder": "protocol",
+    "prompts_used": "protocol",
     "write_summary": "summary", "summarize": "summary",
     "UniformEncoder": "encoder", "model_identity": "encoder",
     "compare_models": "compare", "CompareResult": "compare",

@@ -1,7 +1,8 @@
 """CLI commands of `neobert_embed.evaluation` (registered on the main app by `neobert_embed.cli`).
 
-``mteb`` evaluates one model with the uniform recipe; ``compare`` fine-tunes and evaluates several
-backbones identically. Heavy imports (mteb, torch) happen inside the commands so ``--help`` is instant.
+``mteb`` evaluates one model (default protocol ``model``: as its authors configured it);
+``compare`` fine-tunes and evaluates several backbones identically (default protocol ``uniform``).
+Heavy imports (mteb, torch) happen inside the commands so ``--help`` is instant.
 """
 
 from __future__ import annotations
@@ -25,12 +26,60 @@ def _split(value: str | None) -> list[str] | None:
     return [item.strip() for item in value.split(",") if item.strip()] if value else None
 
 
+PROTOCOL_HELP = ("model: each model as its authors configured it (its saved prompts resolved per task as mteb "
+                 "does, its max_seq_length, pooling and normalization; mteb's own loader for models mteb knows), "
+                 "which reproduces published scores. uniform: the paper's protocol, the evaluation recipe's "
+                 "instructions, length, pooling and precision for every model.")
+
+
 def _evaluation_recipe(path: Path | None, batch_size: int | None, max_length: int | None,
                        precision: str | None, no_instructions: bool):
     from neobert_embed.evaluation.recipe import load_evaluation_recipe
 
     return load_evaluation_recipe(path, batch_size=batch_size, max_length=max_length, precision=precision,
                                   instructions="none" if no_instructions else None)
+
+
+def _protocol_settings(protocol: str, recipe: Path | None, batch_size: int | None, max_length: int | None,
+                       precision: str | None, no_instructions: bool) -> tuple:
+    """(evaluation recipe, model-protocol overrides) for the chosen protocol; recipe options need uniform."""
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.evaluation.protocol import check_protocol
+
+    check_protocol(protocol)
+    if protocol == "uniform":
+        return _evaluation_recipe(recipe, batch_size, max_length, precision, no_instructions), {}
+    if recipe is not None or no_instructions:
+        given = "--recipe" if recipe is not None else "--no-instructions"
+        raise UserInputError(f"{given} sets the uniform recipe; add --protocol uniform (under --protocol model "
+                             "each model uses its own saved prompts)")
+    if precision is not None and precision not in ("fp32", "fp16", "bf16"):
+        raise UserInputError(f"--precision {precision!r}: choose fp32, fp16 or bf16")
+    return _evaluation_recipe(None, batch_size, None, None, False), {"max_length": max_length,
+                                                                    "precision": precision}
+
+
+def _print_benchmarks() -> None:
+    from neobert_embed.evaluation.runner import list_benchmarks
+
+    for name, count in list_benchmarks():
+        typer.echo(f"{name:40s} {count:4d} tasks")
+
+
+def _used_line(report) -> str:
+    """One line: the protocol and what the model was evaluated with."""
+    settings = report.settings
+    parts = [f"protocol {report.protocol}"]
+    if report.protocol == "uniform":
+        parts.append(f"recipe {report.recipe}")
+    if "max_seq_length" in settings:
+        parts.append(f"max_seq_length {settings['max_seq_length']}")
+    if "saved_prompts" in settings and report.protocol == "model":
+        names = sorted(k for k, v in settings["saved_prompts"].items() if v)
+        parts.append(f"saved prompts {', '.join(names) if names else 'none'}")
+    if "modules" in settings:
+        parts.append("modules " + "+".join(settings["modules"]))
+    return "used: " + "; ".join(parts)
 
 
 def _finish(failures: dict[str, str], what: str) -> None:
@@ -43,44 +92,60 @@ def _finish(failures: dict[str, str], what: str) -> None:
 
 
 def mteb_command(
-    model: str = typer.Option(..., "--model", "-m", help="Registry key, hub id, SentenceTransformer dir, plain "
+    model: str = typer.Option(None, "--model", "-m", help="Registry key, hub id, SentenceTransformer dir, plain "
                               "HF dir, or a train-contrastive output."),
-    output: Path = typer.Option(..., "--output", "-o", help="Results root (mteb JSON per model/revision, "
-                                "summary.md, summary.csv)."),
-    benchmark: str = typer.Option(None, "--benchmark", "-b", help='mteb benchmark, e.g. "MTEB(eng, v1)" (the '
-                                  "default when neither --tasks nor --task-dir is given)."),
+    output: Path = typer.Option(None, "--output", "-o", help="Results root (mteb JSON per model/revision/"
+                                "protocol, summary.md, summary.csv)."),
+    protocol: str = typer.Option("model", "--protocol", help="model (default) | uniform. " + PROTOCOL_HELP),
+    benchmark: str = typer.Option(None, "--benchmark", "-b", help='Any benchmark mteb registers, e.g. '
+                                  '"MTEB(eng, v2)" (the default when neither --tasks nor --task-dir is given) or '
+                                  '"MTEB(eng, v1)" (the paper\'s); see --list-benchmarks.'),
+    list_benchmarks: bool = typer.Option(False, "--list-benchmarks", help="Print every benchmark mteb registers "
+                                         "with its task count, then exit."),
     tasks: str = typer.Option(None, "--tasks", "-t", help="Comma-separated task names (within --benchmark if given)."),
     task_types: str = typer.Option(None, "--task-types", help="Comma-separated types, e.g. Retrieval,STS."),
     task_dir: list[Path] = typer.Option(None, "--task-dir", help=TASK_DIR_HELP),
-    recipe: Path = typer.Option(None, "--recipe", "-r", help="Evaluation recipe YAML (default "
-                                "recipes/mteb-eval.yaml)."),
+    recipe: Path = typer.Option(None, "--recipe", "-r", help="Evaluation recipe YAML for --protocol uniform "
+                                "(default recipes/mteb-eval.yaml)."),
     batch_size: int = typer.Option(None, "--batch-size", help="Encoding batch size."),
-    max_length: int = typer.Option(None, "--max-length", help="Maximum tokens per input (default 1024, capped "
-                                   "by the model's positions)."),
-    precision: str = typer.Option(None, "--precision", help="fp32 | fp16 | bf16."),
-    no_instructions: bool = typer.Option(False, "--no-instructions", help="Encode without task instructions."),
+    max_length: int = typer.Option(None, "--max-length", help="Maximum tokens per input (default: the model's "
+                                   "own max_seq_length; uniform: the recipe's 1024, capped by the positions)."),
+    precision: str = typer.Option(None, "--precision", help="fp32 | fp16 | bf16 (default: fp32 / the recipe's)."),
+    no_instructions: bool = typer.Option(False, "--no-instructions", help="Uniform protocol: encode without the "
+                                         "recipe's task instructions."),
     revision: str = typer.Option(None, "--revision", help="Hub revision (default: the cached commit)."),
     device: str = typer.Option(None, "--device", help="cpu, cuda, ... (default: automatic)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
-    """Evaluate a model on MTEB (hub or local tasks) with the uniform recipe.
+    """Evaluate a model on MTEB (hub or local tasks); by default exactly as its authors configured it.
 
-    Rerunning the same command skips finished tasks; after Ctrl-C, rerun it to resume. A failing
-    task is reported while the others continue; the exit status is 1 when any failed.
+    --protocol model (default) reproduces published scores; --protocol uniform applies the paper's recipe.
+
+    Rerunning the same command skips finished tasks; after Ctrl-C, rerun it to resume. A failing task is
+    reported while the others continue; the exit status is 1 when any failed.
     """
+    from neobert_embed.errors import UserInputError
     from neobert_embed.evaluation.runner import run_mteb
 
-    loaded = _evaluation_recipe(recipe, batch_size, max_length, precision, no_instructions)
-    report = run_mteb(model, output=output, benchmark=benchmark, tasks=_split(tasks),
+    if list_benchmarks:
+        _print_benchmarks()
+        return
+    if model is None or output is None:
+        raise UserInputError("give --model and --output (or --list-benchmarks)")
+    loaded, overrides = _protocol_settings(protocol, recipe, batch_size, max_length, precision, no_instructions)
+    report = run_mteb(model, output=output, protocol=protocol, benchmark=benchmark, tasks=_split(tasks),
                       task_types=_split(task_types), task_dirs=task_dir or None, recipe=loaded,
-                      revision=revision, device=device)
+                      revision=revision, device=device, **overrides)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:
+        typer.echo(_used_line(report))
         for outcome in report.outcomes:
             score = "" if outcome.score is None else f"{outcome.main_score} {outcome.score:.4f}"
             typer.echo(f"{outcome.task:40s} {outcome.status:7s} {score}")
         typer.echo(f"results in {report.results_dir}; table in {Path(output) / 'summary.md'} and summary.csv")
+    for notice in report.notices:
+        typer.echo(f"mteb notice: {notice}", err=True)
     _finish(report.failures, "task(s)")
 
 
@@ -91,7 +156,10 @@ def compare_command(
                                 "summary.md|csv, plots/)."),
     recipe: Path = typer.Option(None, "--recipe", "-r", help="Contrastive recipe YAML, identical for every model."),
     data: list[str] = typer.Option(None, "--data", "-d", help="NAME=PATH training data (repeatable)."),
-    benchmark: str = typer.Option(None, "--benchmark", "-b", help="mteb benchmark to evaluate on."),
+    protocol: str = typer.Option("uniform", "--protocol", help="uniform (default, the paper's) | model. "
+                                 + PROTOCOL_HELP),
+    benchmark: str = typer.Option(None, "--benchmark", "-b", help='mteb benchmark to evaluate on (default '
+                                  '"MTEB(eng, v1)", the paper\'s, when neither --tasks nor --task-dir is given).'),
     tasks: str = typer.Option(None, "--tasks", "-t", help="Comma-separated task names."),
     task_types: str = typer.Option(None, "--task-types", help="Comma-separated task types."),
     task_dir: list[Path] = typer.Option(None, "--task-dir", help=TASK_DIR_HELP),
@@ -104,14 +172,18 @@ def compare_command(
 ) -> None:
     """Fine-tune every backbone with one recipe, evaluate each identically: table + one plot per category.
 
+    Defaults: --protocol uniform (the paper's evaluation recipe for every backbone) and "MTEB(eng, v1)".
+
     Resumable: rerun the same command; finished trainings and task results are reused.
     """
     from neobert_embed.evaluation.compare import compare_models
+    from neobert_embed.evaluation.protocol import check_protocol
 
+    check_protocol(protocol)
     evaluation = _evaluation_recipe(eval_recipe, batch_size, max_length, precision, False)
     result = compare_models(_split(models) or [], output=output, recipe=recipe, data=_parse_data(data or []) or None,
                             benchmark=benchmark, tasks=_split(tasks), task_types=_split(task_types),
-                            task_dirs=task_dir or None, evaluation=evaluation, device=device)
+                            task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol)
     if as_json:
         typer.echo(json.dumps({"summary_md": str(result.summary_md), "summary_csv": str(result.summary_csv),
                                "plots": [str(p) for p in result.plots],

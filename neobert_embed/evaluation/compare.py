@@ -7,8 +7,12 @@ from their checkpoints, finished task results are skipped), and writes::
 
     OUTPUT/models/<model>/     fine-tuned SentenceTransformer of each backbone (train-contrastive)
     OUTPUT/results/...         mteb's JSON per task, per model name and revision
-    OUTPUT/summary.md|csv      the paper's table (incomplete averages marked)
+    OUTPUT/summary.md|csv      the paper's table (incomplete averages marked), headed by the protocol
     OUTPUT/plots/<cat>.png     one bar chart per category
+
+Evaluation uses the ``uniform`` protocol by default (the paper's: the evaluation recipe for every
+backbone); ``protocol="model"`` evaluates each fine-tuned model with the prompts and length it
+was trained with instead. Its tasks default to ``MTEB(eng, v1)``, the paper's benchmark.
 
 Example:
     >>> result = compare_models(["bert", "neobert"], recipe="recipes/contrastive.yaml",
@@ -30,6 +34,8 @@ from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_re
 from neobert_embed.evaluation.runner import EvaluationReport, TaskOutcome, run_mteb, select_tasks
 
 logger = logging.getLogger(__name__)
+COMPARE_PROTOCOL = "uniform"
+COMPARE_BENCHMARK = "MTEB(eng, v1)"
 
 
 @dataclass
@@ -50,18 +56,19 @@ def _run_dir_name(model: str) -> str:
     return path.name if path.exists() else model.replace("/", "__")
 
 
-def _failed_report(model: str, name: str, tasks: list[Any], error: str) -> EvaluationReport:
+def _failed_report(model: str, name: str, tasks: list[Any], error: str, protocol: str) -> EvaluationReport:
     """A report whose every task failed, so a model that could not be trained shows as missing."""
     outcomes = [TaskOutcome(t.metadata.name, t.metadata.type, "failed", t.metadata.main_score, error=error)
                 for t in tasks]
-    return EvaluationReport(model, name, "untrained", "", "", outcomes)
+    return EvaluationReport(model, name, "untrained", "", "", outcomes, protocol=protocol)
 
 
 def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = None,
                    data: dict[str, str] | None = None, benchmark: str | None = None,
                    tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
                    task_dirs: Sequence[str | Path] | None = None,
-                   evaluation: EvaluationRecipe | None = None, device: str | None = None) -> CompareResult:
+                   evaluation: EvaluationRecipe | None = None, device: str | None = None,
+                   protocol: str = COMPARE_PROTOCOL) -> CompareResult:
     """Fine-tune each model with one contrastive recipe, evaluate each the same way, tabulate and plot.
 
     Args:
@@ -71,6 +78,7 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
         data: training data ``{name: path}`` (overrides the recipe's ``data``).
         benchmark, tasks, task_types, task_dirs: evaluation tasks, as for ``neobert-embed mteb``.
         evaluation: the evaluation recipe (default ``recipes/mteb-eval.yaml``).
+        protocol: ``uniform`` (default, the paper's) or ``model`` (each model's own prompts/length).
 
     Returns:
         A :class:`CompareResult`; a model whose training fails is reported and shown as missing.
@@ -87,8 +95,12 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
         raise UserInputError(f"--models: {duplicates} appear more than once; each model needs its own name")
     output = Path(output)
     contrastive = recipe if recipe is None or not isinstance(recipe, str | Path) else load_contrastive_recipe(recipe)
+    from neobert_embed.evaluation.protocol import check_protocol
+
+    check_protocol(protocol)
     evaluation = evaluation or load_evaluation_recipe()
-    selected = select_tasks(benchmark, tasks, task_types, task_dirs)  # bad task dirs fail before training
+    selected = select_tasks(benchmark, tasks, task_types, task_dirs,  # bad task dirs fail before training
+                            default_benchmark=COMPARE_BENCHMARK)
 
     reports, trained, failures = [], {}, {}
     for model, name in zip(models, names, strict=True):
@@ -98,11 +110,12 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
                                                    recipe=contrastive, resume=True))
         except UserInputError as exc:
             logger.error("compare: training %s failed: %s", model, exc)
-            reports.append(_failed_report(model, name, selected, f"training failed: {exc}"))
+            reports.append(_failed_report(model, name, selected, f"training failed: {exc}", protocol))
             failures[name] = {"training": str(exc)}
             continue
         report = run_mteb(trained[name], output=output, benchmark=benchmark, tasks=tasks, task_types=task_types,
-                          task_dirs=task_dirs, recipe=evaluation, device=device, summary=False)
+                          task_dirs=task_dirs, recipe=evaluation, device=device, summary=False, protocol=protocol,
+                          default_benchmark=COMPARE_BENCHMARK)
         reports.append(report)
         if report.failures:
             failures[name] = report.failures

@@ -1,13 +1,15 @@
-"""The model side of the uniform recipe: one mteb encoder that applies the recipe to any model.
+"""The model side of the ``uniform`` protocol: one mteb encoder that applies the recipe to any model.
 
 Why: mteb's ``SentenceTransformerEncoderWrapper`` takes instructions from the model's own prompts
 (which differ per model and must name registered tasks); the comparison needs the *recipe's*
 instruction for every task — local ones included — and the recipe's normalization, identical for
 every model. This subclass changes only that; batching, similarity and metrics stay mteb's.
 
-Results are stored by mteb under ``results/<model name>/<revision>/experiments/recipe_<hash>/``:
-the revision of a local directory is a hash of its files (so a retrained model never overwrites
-the scores of the previous one) and the recipe hash keeps results of different recipes apart.
+Results are stored by mteb under ``results/<model name>/<revision>/experiments/<protocol...>/``
+(``protocol_model`` or ``protocol_uniform__recipe_<hash>``): the revision of a local directory is
+a hash of its files (so a retrained model never overwrites the scores of the previous one), and
+the protocol and recipe hash keep results of different protocols and recipes apart.
+The ``model`` protocol's encoder is in :mod:`neobert_embed.evaluation.protocol`.
 
 Example:
     >>> identity = model_identity("runs/bert-contrastive")
@@ -39,10 +41,19 @@ class ModelIdentity:
     name: str
     revision: str
 
-    def meta(self, recipe: EvaluationRecipe, base: ModelMeta | None = None) -> ModelMeta:
-        """mteb model metadata carrying this identity and the recipe (decides the results folder)."""
-        update = {"name": self.name, "revision": self.revision,
-                  "experiment_kwargs": {"recipe": recipe.fingerprint()}}
+    def meta(self, protocol: str, *, recipe: EvaluationRecipe | None = None,
+             overrides: dict[str, Any] | None = None, base: ModelMeta | None = None) -> ModelMeta:
+        """mteb model metadata carrying this identity, the protocol and the recipe (the results folder).
+
+        Example:
+            >>> model_identity("runs/m").meta("model").experiment_name
+            'protocol_model'
+        """
+        experiment: dict[str, Any] = {"protocol": protocol}
+        if recipe is not None:
+            experiment["recipe"] = recipe.fingerprint()
+        experiment.update(overrides or {})
+        update = {"name": self.name, "revision": self.revision, "experiment_kwargs": experiment}
         return (base or ModelMeta.create_empty()).model_copy(update=update)
 
 
@@ -98,7 +109,7 @@ class UniformEncoder(SentenceTransformerEncoderWrapper):
         super().__init__(model)
         self.model_prompts = None  # the recipe decides instructions, never the model's saved prompts
         self.recipe = recipe
-        self.mteb_model_meta = identity.meta(recipe, base=self.mteb_model_meta)
+        self.mteb_model_meta = identity.meta("uniform", recipe=recipe, base=self.mteb_model_meta)
 
     @classmethod
     def load(cls, identity: ModelIdentity, recipe: EvaluationRecipe, device: str | None = None) -> UniformEncoder:

@@ -1,4 +1,9 @@
-"""``run_mteb``: evaluate one model on MTEB tasks (hub or local) with the uniform recipe.
+"""``run_mteb``: evaluate one model on MTEB tasks (hub or local) under a named protocol.
+
+The protocol (:mod:`neobert_embed.evaluation.protocol`) is ``model`` by default — the model as
+its authors configured it, which reproduces published leaderboard scores — or ``uniform``, the
+paper's recipe for every backbone. It names the results folder and is written into every result
+file (``"neobert_embed"`` key: protocol, prompts used per side, max_seq_length, modules).
 
 Why: the comparison must be rerunnable and robust — finished tasks are reused, a failing task is
 reported while the others run, an offline hub task fails at once with what to do, and Ctrl-C
@@ -7,14 +12,15 @@ in an ``mteb.ResultCache`` rooted at the output directory.
 
 Example:
     >>> report = run_mteb("runs/model", task_dirs=["../shared/data/tasks"], output="runs/mteb")
-    >>> report.scores
-    {'STSBenchmarkDev': 0.8671..., 'TRECCoarse': 0.5272}
+    >>> report.protocol, report.scores
+    ('model', {'STSBenchmarkDev': 0.8671..., 'TRECCoarse': 0.5272})
     >>> report.failures
     {}
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -24,11 +30,13 @@ from typing import Any
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.local_tasks import check_task_data, load_task_dirs
+from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.files import atomic_write_json
 
 logger = logging.getLogger(__name__)
-DEFAULT_BENCHMARK = "MTEB(eng, v1)"
+DEFAULT_BENCHMARK = "MTEB(eng, v2)"
+METADATA_KEY = "neobert_embed"
 TASK_TYPE_NAMES = ("Classification", "Clustering", "PairClassification", "Reranking", "Retrieval", "STS",
                    "Summarization")
 
@@ -56,6 +64,9 @@ class EvaluationReport:
     recipe: str
     results_dir: str
     outcomes: list[TaskOutcome] = field(default_factory=list)
+    protocol: str = "model"
+    settings: dict[str, Any] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
 
     @property
     def scores(self) -> dict[str, float]:
@@ -76,14 +87,27 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes", "on"}
 
 
+def list_benchmarks() -> list[tuple[str, int]]:
+    """Every benchmark mteb registers, with its number of tasks.
+
+    Example:
+        >>> dict(list_benchmarks())["MTEB(eng, v2)"]
+        41
+    """
+    import mteb
+
+    return [(benchmark.name, len(benchmark.tasks)) for benchmark in mteb.get_benchmarks()]
+
+
 def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = None,
                  task_types: Sequence[str] | None = None,
-                 task_dirs: Sequence[str | Path] | None = None) -> list[Any]:
+                 task_dirs: Sequence[str | Path] | None = None,
+                 default_benchmark: str = DEFAULT_BENCHMARK) -> list[Any]:
     """The tasks to run: registered ones (benchmark / names) with local copies replacing hub data.
 
     A local ``mteb_task`` directory named like a selected hub task replaces it (offline copies);
     other local tasks are added. With neither a benchmark nor task names, local directories alone
-    are run, or ``MTEB(eng, v1)`` when none are given either.
+    are run, or ``default_benchmark`` (``MTEB(eng, v2)``) when none are given either.
 
     Example:
         >>> [t.metadata.name for t in select_tasks(tasks=["STSBenchmark"], task_dirs=["copies/"])]
@@ -97,11 +121,11 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
     local = load_task_dirs(task_dirs) if task_dirs else []
     registered: list[Any] = []
     if benchmark or not (tasks or local):
-        name = benchmark or DEFAULT_BENCHMARK
+        name = benchmark or default_benchmark
         try:
             registered = list(mteb.get_benchmark(name).tasks)
         except (KeyError, ValueError) as exc:
-            raise UserInputError(f"--benchmark: {exc}") from None
+            raise UserInputError(f"--benchmark: {exc}; `neobert-embed mteb --list-benchmarks` lists them") from None
         if tasks:
             outside = sorted(set(tasks) - {t.metadata.name for t in registered} - {t.metadata.name for t in local})
             if outside:
@@ -160,15 +184,53 @@ def _offline_error(task: Any) -> str:
 class _LazyEncoder:
     """Loads the model only when a task actually has to be evaluated (reruns may need none)."""
 
-    def __init__(self, identity: Any, recipe: EvaluationRecipe, device: str | None) -> None:
-        self.identity, self.recipe, self.device, self.encoder = identity, recipe, device, None
+    def __init__(self, identity: Any, protocol: str, recipe: EvaluationRecipe, device: str | None,
+                 overrides: dict[str, Any]) -> None:
+        self.identity, self.protocol, self.recipe, self.device = identity, protocol, recipe, device
+        self.overrides, self.encoder = overrides, None
 
     def get(self) -> Any:
         if self.encoder is None:
-            from neobert_embed.evaluation.encoder import UniformEncoder
+            if self.protocol == "uniform":
+                from neobert_embed.evaluation.encoder import UniformEncoder
 
-            self.encoder = UniformEncoder.load(self.identity, self.recipe, device=self.device)
+                self.encoder = UniformEncoder.load(self.identity, self.recipe, device=self.device)
+            else:
+                from neobert_embed.evaluation.protocol import load_model_encoder
+
+                self.encoder = load_model_encoder(self.identity, device=self.device, **self.overrides)
         return self.encoder
+
+
+def _record_metadata(path: Path, task: Any, lazy: _LazyEncoder) -> dict[str, Any]:
+    """Write the protocol and the prompts actually used into mteb's result file (extra key)."""
+    from neobert_embed.evaluation.protocol import encoder_settings, prompts_used
+
+    encoder = lazy.get()
+    metadata = {"protocol": lazy.protocol, "description": DESCRIPTIONS[lazy.protocol],
+                "prompts": prompts_used(encoder, task), **encoder_settings(encoder)}
+    if lazy.overrides:
+        metadata["overrides"] = lazy.overrides
+    if path.is_file():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved[METADATA_KEY] = metadata
+        atomic_write_json(path, saved)
+    return metadata
+
+
+def _settings(lazy: _LazyEncoder, outcomes: list[TaskOutcome]) -> dict[str, Any]:
+    """What the model encoded with: from the loaded encoder, or a cached result's metadata."""
+    from neobert_embed.evaluation.protocol import encoder_settings
+
+    if lazy.encoder is not None:
+        return encoder_settings(lazy.encoder)
+    for outcome in outcomes:
+        path = Path(outcome.result_file or "")
+        if outcome.status == "cached" and path.is_file():
+            saved = json.loads(path.read_text(encoding="utf-8")).get(METADATA_KEY)
+            if saved:
+                return {key: value for key, value in saved.items() if key not in ("prompts", "description")}
+    return {}
 
 
 def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskOutcome:
@@ -199,15 +261,17 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
         outcome.error = result.exceptions[0].exception
         return outcome
     outcome.status, outcome.score = "done", float(result.task_results[0].get_score())
+    _record_metadata(Path(outcome.result_file), task, lazy)
     return outcome
 
 
-def run_mteb(model: str | Path, *, output: str | Path, benchmark: str | None = None,
+def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", benchmark: str | None = None,
              tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
              task_dirs: Sequence[str | Path] | None = None, recipe: EvaluationRecipe | None = None,
+             max_length: int | None = None, precision: str | None = None,
              revision: str | None = None, device: str | None = None, summary: bool = True,
-             show_progress: bool = True) -> EvaluationReport:
-    """Evaluate ``model`` on the selected tasks with the uniform recipe.
+             show_progress: bool = True, default_benchmark: str = DEFAULT_BENCHMARK) -> EvaluationReport:
+    """Evaluate ``model`` on the selected tasks under ``protocol`` (``model`` or ``uniform``).
 
     A task that fails (bad data, hub unreachable, offline) is reported in the returned report
     while the others run; a model that cannot be loaded raises :class:`UserInputError`.
@@ -215,37 +279,53 @@ def run_mteb(model: str | Path, *, output: str | Path, benchmark: str | None = N
     Args:
         model: registry key, hub id, SentenceTransformer directory, plain HF directory, or a
             ``train-contrastive`` output.
-        output: results root; mteb JSON goes to ``output/results/<name>/<revision>/...`` and
+        output: results root; mteb JSON goes to
+            ``output/results/<name>/<revision>/experiments/protocol_<protocol>.../`` and
             ``summary.md``/``summary.csv`` to ``output`` (when ``summary``).
+        protocol: ``model`` (default: the model's own prompts, length, pooling, normalization;
+            ``mteb.get_model`` for models mteb knows) or ``uniform`` (the recipe for every model).
         benchmark, tasks, task_types, task_dirs: task selection, see :func:`select_tasks`.
-        recipe: the evaluation recipe (default: ``recipes/mteb-eval.yaml``).
+        recipe: the ``uniform`` evaluation recipe (default: ``recipes/mteb-eval.yaml``); with
+            ``model`` only its ``batch_size`` is used.
+        max_length, precision: ``model`` protocol only: explicit overrides of the model's own
+            ``max_seq_length`` / dtype (recorded in the results folder name and metadata).
         revision: hub revision; for local directories the default is a hash of their files.
 
     Returns:
         An :class:`EvaluationReport`; ``report.failures`` lists the tasks that failed.
 
     Example:
-        >>> report = run_mteb("bert", tasks=["STSBenchmark"], output="runs/mteb")
+        >>> report = run_mteb("bert", tasks=["STSBenchmark"], output="runs/mteb", protocol="uniform")
     """
     from mteb import ResultCache
     from rich.progress import Progress
 
     from neobert_embed.evaluation.encoder import model_identity
+    from neobert_embed.evaluation.notices import collect_mteb_notices
     from neobert_embed.evaluation.summary import write_summary
 
+    check_protocol(protocol)
+    overrides = model_overrides(max_length, precision)
+    if protocol == "uniform" and overrides:
+        raise UserInputError("max_length/precision overrides are for --protocol model; under uniform they "
+                             "come from the evaluation recipe")
     recipe = recipe or load_evaluation_recipe()
-    selected = select_tasks(benchmark, tasks, task_types, task_dirs)
+    selected = select_tasks(benchmark, tasks, task_types, task_dirs, default_benchmark=default_benchmark)
     identity = model_identity(model, revision)
-    meta = identity.meta(recipe)
+    uniform = protocol == "uniform"
+    meta = identity.meta(protocol, recipe=recipe if uniform else None, overrides=overrides)
     cache = ResultCache(Path(output))
-    report = EvaluationReport(str(model), identity.name, identity.revision, recipe.fingerprint(),
-                              str(_result_file(cache, selected[0], meta).parent))
+    report = EvaluationReport(str(model), identity.name, identity.revision, recipe.fingerprint() if uniform else "",
+                              str(_result_file(cache, selected[0], meta).parent), protocol=protocol)
     Path(report.results_dir).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(report.results_dir) / "recipe.json", recipe.model_dump())
-    logger.info("results of %s go to %s", identity.name, report.results_dir)
-    lazy = _LazyEncoder(identity, recipe, device)
+    atomic_write_json(Path(report.results_dir) / "protocol.json",
+                      {"protocol": protocol, "description": DESCRIPTIONS[protocol],
+                       "recipe": recipe.model_dump() if uniform else None, "overrides": overrides})
+    logger.info("results of %s (protocol %s) go to %s", identity.name, protocol, report.results_dir)
+    lazy = _LazyEncoder(identity, protocol, recipe, device, overrides)
     try:
-        with Progress(disable=not show_progress, transient=True) as progress:
+        with Progress(disable=not show_progress, transient=True) as progress, \
+                collect_mteb_notices() as report.notices:
             bar = progress.add_task(f"MTEB {identity.name}", total=len(selected))
             for task in selected:
                 progress.update(bar, description=f"{identity.name}: {task.metadata.name}")
@@ -259,6 +339,9 @@ def run_mteb(model: str | Path, *, output: str | Path, benchmark: str | None = N
                        report.results_dir)
         raise
     finally:
+        report.settings = _settings(lazy, report.outcomes)
+        for notice in report.notices:
+            logger.info("mteb notice: %s", notice)
         if summary and report.outcomes:
             write_summary([report], Path(output), tasks=selected)
     return report

@@ -9,6 +9,11 @@ Layout (as the paper's Table): Class., Clust., PairClass., Rerank., Retr., STS, 
 Scores are mteb main scores × 100. ``Avg.`` is the mean over all selected tasks (the MTEB
 leaderboard convention), not the mean of the category means.
 
+Both files are headed by the evaluation protocol (``model`` or ``uniform``, see
+:mod:`neobert_embed.evaluation.protocol`): the Markdown title line names it, the CSV's first
+column holds it. Scores of different protocols are not comparable, so a summary of reports with
+different protocols is refused.
+
 Example:
     >>> md_path, csv_path = write_summary([report_bert, report_neobert], "runs/compare")
 """
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_text
 
 CATEGORIES = (("Classification", "Class."), ("Clustering", "Clust."), ("PairClassification", "PairClass."),
@@ -89,10 +95,30 @@ def summarize(reports: Sequence[Any], task_types: dict[str, str]) -> list[Summar
     return rows
 
 
-def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str]) -> str:
+def summary_protocol(reports: Sequence[Any]) -> str:
+    """The one protocol of ``reports``; raises :class:`UserInputError` when they mix protocols.
+
+    Example:
+        >>> summary_protocol([report_a, report_b])
+        'uniform'
+    """
+    protocols = sorted({getattr(report, "protocol", "model") for report in reports})
+    if len(protocols) > 1:
+        by_protocol = "; ".join(f"{p}: {', '.join(r.name for r in reports if getattr(r, 'protocol', 'model') == p)}"
+                                for p in protocols)
+        raise UserInputError(f"refusing to write one summary mixing evaluation protocols ({by_protocol}); "
+                             "scores of different protocols are not comparable: evaluate every model with "
+                             "the same --protocol, or write separate summaries")
+    return protocols[0] if protocols else "model"
+
+
+def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol: str = "model") -> str:
     """The table (paper layout), then per-task scores and the missing tasks of each model."""
+    from neobert_embed.evaluation.protocol import DESCRIPTIONS
+
     headers = ["Model"] + [short for _, short in CATEGORIES] + ["Avg."]
-    lines = ["# MTEB summary", "", f"Main scores × 100 over {len(task_types)} selected task(s). "
+    lines = [f"# MTEB summary — protocol: {protocol}", "", f"Protocol `{protocol}`: {DESCRIPTIONS[protocol]}.",
+             "", f"Main scores × 100 over {len(task_types)} selected task(s). "
              "`*` marks an average over fewer tasks than selected (done/selected): it is incomplete, "
              "not comparable.", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -111,19 +137,19 @@ def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str]) -> s
     return "\n".join(lines) + "\n"
 
 
-def render_csv(rows: Sequence[SummaryRow], task_types: dict[str, str]) -> str:
-    """Same numbers as CSV: category averages, Avg., completeness, then one column per task."""
+def render_csv(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol: str = "model") -> str:
+    """Same numbers as CSV: protocol, category averages, Avg., completeness, then one column per task."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     shorts = [short for _, short in CATEGORIES]
-    writer.writerow(["model", "revision", *shorts, "Avg.", "tasks_done", "tasks_selected", "complete",
+    writer.writerow(["protocol", "model", "revision", *shorts, "Avg.", "tasks_done", "tasks_selected", "complete",
                      "missing", *task_types])
 
     def number(value: float | None) -> str:
         return "" if value is None else f"{value:.4f}"
 
     for row in rows:
-        writer.writerow([row.label, row.revision, *(number(row.cells[s].value) for s in shorts),
+        writer.writerow([protocol, row.label, row.revision, *(number(row.cells[s].value) for s in shorts),
                          number(row.average.value), row.average.done, row.average.expected,
                          str(row.average.complete).lower(), ";".join(row.missing),
                          *(number(None if s is None else 100 * s) for s in row.task_scores.values())])
@@ -132,6 +158,8 @@ def render_csv(rows: Sequence[SummaryRow], task_types: dict[str, str]) -> str:
 
 def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[Any] | None = None) -> tuple[Path, Path]:
     """Write ``summary.md`` and ``summary.csv`` under ``output`` for these evaluation reports.
+
+    Raises :class:`UserInputError` (nothing written) when the reports mix evaluation protocols.
 
     Args:
         reports: :class:`~neobert_embed.evaluation.runner.EvaluationReport` objects (one per model).
@@ -142,6 +170,7 @@ def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[An
         >>> write_summary([run_mteb("runs/model", task_dirs=["tasks/"], output="runs/mteb", summary=False)],
         ...               "runs/mteb")
     """
+    protocol = summary_protocol(reports)
     if tasks is not None:
         task_types = {t.metadata.name: t.metadata.type for t in tasks}
     else:
@@ -149,6 +178,6 @@ def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[An
     rows = summarize(reports, task_types)
     output = Path(output)
     md_path, csv_path = output / "summary.md", output / "summary.csv"
-    atomic_write_text(md_path, render_markdown(rows, task_types))
-    atomic_write_text(csv_path, render_csv(rows, task_types))
+    atomic_write_text(md_path, render_markdown(rows, task_types, protocol))
+    atomic_write_text(csv_path, render_csv(rows, task_types, protocol))
     return md_path, csv_path

@@ -76,7 +76,7 @@ class BuildOptions(BaseModel):
     corpus: str
     text_field: str = "text"
     id_field: str = "_id"
-    title_field: str | None = None
+    title_field: str | None = "title"
     row_ids: bool = False
     split: str = "train"
     index_type: str = "auto"

@@ -18,8 +18,9 @@ index_app = typer.Typer(help="Encode corpora into FAISS indexes, search them, an
 
 TextField = Annotated[str, typer.Option("--text-field", help="Field holding the document text.")]
 IdField = Annotated[str, typer.Option("--id-field", help="Field holding the unique document id.")]
-TitleField = Annotated[str | None, typer.Option("--title-field",
-                                                    help="Optional field joined before the text.")]
+TitleField = Annotated[str, typer.Option(
+    "--title-field", help="Field joined before the text as mteb does (title + ' ' + text) when a document has "
+    "one; --title-field '' leaves titles out.")]
 RowIds = Annotated[bool, typer.Option("--row-ids", help="Use line/row numbers as ids (corpus without ids).")]
 Split = Annotated[str, typer.Option("--split", help="Split to read when the corpus is a HF dataset.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
@@ -33,6 +34,18 @@ def _console():
     from rich.console import Console
 
     return Console(stderr=True)
+
+
+def _used_line(manifest, fields=None, kind: str = "document") -> str:
+    """One line: the length, prompt and fields the index's model encodes with."""
+    prompt = manifest.prompts.get(kind)
+    parts = [f"max_seq_length {manifest.max_seq_length}",
+             f"{kind} prompt {prompt!r}" if prompt else f"no {kind} prompt"]
+    if fields is not None:
+        title = f"title={fields.title_field} (title + ' ' + text)" if fields.title_field else "no title"
+        parts.append(f"fields: id={'row number' if fields.row_ids else fields.id_field}, "
+                     f"text={fields.text_field}, {title}")
+    return "used: " + "; ".join(parts)
 
 
 def _resume_command(**values: object) -> str:
@@ -53,7 +66,7 @@ def build(
     output: Annotated[Path, typer.Option("--output", help="Index directory to create.")],
     text_field: TextField = "text",
     id_field: IdField = "_id",
-    title_field: TitleField = None,
+    title_field: TitleField = "title",
     row_ids: RowIds = False,
     split: Split = "train",
     index_type: Annotated[str, typer.Option("--index-type", help="flat | ivf | hnsw | ivfpq | auto")] = "auto",
@@ -91,6 +104,10 @@ def build(
         console.print(f"[yellow]interrupted[/]: {stop.encoded} of {stop.total} documents encoded; finished "
                       f"chunks are kept in {stop.partial}.\nResume with:\n  {command}", highlight=False)
         raise SystemExit(130) from None
+    from neobert_embed.index.corpus import CorpusFields
+
+    console.print(_used_line(manifest, CorpusFields(text_field, id_field, title_field, row_ids, split)),
+                  highlight=False, soft_wrap=True)
     calibration = manifest.calibration
     recall = f", recall@10 {calibration.recall_at_10:.3f} vs exact" if calibration else ""
     console.print(f"index of {manifest.documents} documents written to {output} "
@@ -103,7 +120,7 @@ def add(
     corpus: Annotated[str, typer.Option("--corpus", help=".jsonl, .parquet, .txt or HF dataset.")],
     text_field: TextField = "text",
     id_field: IdField = "_id",
-    title_field: TitleField = None,
+    title_field: TitleField = "title",
     row_ids: RowIds = False,
     split: Split = "train",
     on_duplicate: Annotated[str, typer.Option(
@@ -120,10 +137,10 @@ def add(
 
     if on_duplicate not in ("error", "replace"):
         raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
-    manifest = add_documents(index_dir, corpus, fields=CorpusFields(text_field, id_field, title_field,
-                                                                    row_ids, split),
-                             on_duplicate=on_duplicate, model=model, batch_size=batch_size, device=device,
-                             wait=not no_wait)
+    fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
+    manifest = add_documents(index_dir, corpus, fields=fields, on_duplicate=on_duplicate, model=model,
+                             batch_size=batch_size, device=device, wait=not no_wait)
+    _console().print(_used_line(manifest, fields), highlight=False, soft_wrap=True)
     _console().print(f"{index_dir} now holds {manifest.documents} documents "
                      f"({manifest.replaced} replaced so far)", highlight=False)
 
@@ -168,6 +185,7 @@ def search(
 
     with json_only_stdout(as_json), open_index(index_dir, model=model, device=device,
                                                batch_size=batch_size) as index:
+        _console().print(_used_line(index.manifest, kind="query"), highlight=False, soft_wrap=True)
         results = index.search(texts, k=k)
     if as_json:
         for text, hits in zip(texts, results, strict=True):
@@ -210,8 +228,10 @@ def evaluate(
     from rich.table import Table
 
     from neobert_embed.index.evaluate import evaluate_index
+    from neobert_embed.index.manifest import read_manifest
     from neobert_embed.machine_output import json_only_stdout
 
+    _console().print(_used_line(read_manifest(index_dir), kind="query"), highlight=False, soft_wrap=True)
     with json_only_stdout(as_json):
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
                                 device=device)

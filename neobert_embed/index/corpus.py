@@ -44,7 +44,7 @@ class CorpusDocument:
     line: int
 
     @property
-    def encoded_text(self) -> str:
+    def encoded_text(self) -> str:  # mteb: mteb/_create_dataloaders.py _corpus_to_dict
         """The string the model sees: title and body joined exactly like mteb's retrieval tasks."""
         return f"{self.title} {self.text}".strip() if self.title else self.text.strip()
 
@@ -56,14 +56,15 @@ class CorpusFields:
     Attributes:
         text_field: field with the document body.
         id_field: field with the unique document id.
-        title_field: optional field with a title, joined before the text.
+        title_field: field with an optional title, joined before the text as mteb does
+            (``title + " " + text``) when a record has one; default ``title``; empty or None: no titles.
         row_ids: ignore ``id_field`` and number documents by their line/row (1-based).
         split: split to read when the corpus is a Hugging Face dataset.
     """
 
     text_field: str = "text"
     id_field: str = "_id"
-    title_field: str | None = None
+    title_field: str | None = "title"
     row_ids: bool = False
     split: str = "train"
 
@@ -177,7 +178,7 @@ def read_corpus(source: str | Path, fields: CorpusFields | None = None) -> Itera
     Args:
         source: ``.jsonl``/``.parquet``/``.txt`` file, a ``save_to_disk`` dataset folder, or a hub
             dataset id. A ``.txt`` file holds one document per line; its ids are line numbers.
-        fields: which fields hold id, text and title (defaults: ``_id``, ``text``, no title).
+        fields: which fields hold id, text and title (defaults: ``_id``, ``text``, ``title``).
 
     Example:
         >>> docs = read_corpus("news.parquet", CorpusFields(text_field="body", row_ids=True))

@@ -1,0 +1,174 @@
+"""The two evaluation protocols: ``model`` (as the model's authors configured it) and ``uniform``.
+
+Why: a new user checks an evaluation tool by running a model whose scores they already know.
+Those published scores were computed by mteb with the model's *own* configuration: its saved
+prompts (resolved per task name and type by mteb's ``SentenceTransformerEncoderWrapper``), its
+own ``max_seq_length``, pooling and normalization modules. Injecting an instruction the model
+was never trained with, or raising its length, silently changes the scores (all-MiniLM-L6-v2 on
+Banking77: 0.8004 published, 0.7454 with E5 instructions). So:
+
+* ``model`` (the default of ``neobert-embed mteb`` and :func:`run_mteb`): a model mteb knows by
+  name is loaded by ``mteb.get_model`` (its own loader and prompts); any other model is loaded as
+  saved and wrapped in mteb's own ``SentenceTransformerEncoderWrapper``. Nothing is added.
+* ``uniform`` (the paper's protocol, the default of ``compare``): the evaluation recipe
+  (``recipes/mteb-eval.yaml``: instructions, length, pooling, precision) for every backbone.
+
+The protocol is part of the results path (mteb's experiment folder) and of each result file's
+metadata, so scores of the two protocols are never mixed.
+
+Example:
+    >>> encoder = load_model_encoder(model_identity("runs/minilm"))
+    >>> mteb.evaluate(encoder, mteb.get_task("Banking77Classification"))
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from neobert_embed.errors import UserInputError
+
+if TYPE_CHECKING:
+    from neobert_embed.evaluation.encoder import ModelIdentity
+
+logger = logging.getLogger(__name__)
+
+Protocol = Literal["model", "uniform"]
+PROTOCOLS: tuple[str, ...] = ("model", "uniform")
+DESCRIPTIONS = {
+    "model": "each model as its authors configured it (its saved prompts, max_seq_length, pooling, "
+             "normalization; mteb's own loader for models it knows)",
+    "uniform": "the paper's uniform protocol (the evaluation recipe's instructions, length, pooling and "
+               "precision for every model)",
+}
+RETRIEVAL_TYPES = ("Retrieval", "Reranking", "InstructionRetrieval", "InstructionReranking")
+
+
+def check_protocol(protocol: str) -> str:
+    """Return ``protocol`` if it is ``model`` or ``uniform``, else raise :class:`UserInputError`.
+
+    Example:
+        >>> check_protocol("uniform")
+        'uniform'
+    """
+    if protocol not in PROTOCOLS:
+        raise UserInputError(f"--protocol {protocol!r}: choose 'model' (the model's own configuration) or "
+                             "'uniform' (the evaluation recipe for every model)")
+    return protocol
+
+
+def _registered_meta(name: str) -> Any:
+    """mteb's ``ModelMeta`` for a model it knows by name (with a loader), else None."""
+    import mteb
+
+    try:
+        meta = mteb.get_model_meta(name)
+    except KeyError:
+        return None
+    return meta if meta.loader is not None else None
+
+
+def load_model_encoder(identity: ModelIdentity, *, device: str | None = None,
+                       max_length: int | None = None, precision: str | None = None) -> Any:
+    """An mteb encoder that evaluates ``identity`` exactly as its authors configured it.
+
+    A model in mteb's registry (by hub id) is loaded with ``mteb.get_model`` (its own loader,
+    prompts and settings); a directory or an unknown hub model is loaded as saved and wrapped in
+    mteb's ``SentenceTransformerEncoderWrapper``, which resolves its saved prompts per task name
+    and type. ``max_length`` and ``precision`` override the model's own only when given.
+
+    Example:
+        >>> encoder = load_model_encoder(model_identity("sentence-transformers/all-MiniLM-L6-v2"))
+    """
+    from mteb import SentenceTransformerEncoderWrapper
+
+    from neobert_embed.backbones import resolve_model_name
+    from neobert_embed.sentence import load_sentence_model
+
+    source = identity.source
+    local = Path(source).is_dir()
+    meta = None if local or precision else _registered_meta(resolve_model_name(source))
+    if meta is not None:
+        import mteb
+
+        try:
+            encoder = mteb.get_model(meta.name, device=device)
+        except Exception as exc:  # any loader failure (offline, missing package) is the user's to fix
+            raise UserInputError(f"cannot load {meta.name!r} with mteb's loader: {type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}. Pass a local "
+                                 "SentenceTransformer directory instead") from None
+        base = encoder.mteb_model_meta
+    else:
+        model = load_sentence_model(source, device=device, precision=precision or "fp32",
+                                    revision=None if local else identity.revision)
+        encoder = SentenceTransformerEncoderWrapper(model)
+        base = encoder.mteb_model_meta
+    inner = getattr(encoder, "model", None)
+    if max_length is not None and hasattr(inner, "max_seq_length"):
+        inner.max_seq_length = int(max_length)
+    encoder.mteb_model_meta = identity.meta("model", overrides=model_overrides(max_length, precision), base=base)
+    return encoder
+
+
+def model_overrides(max_length: int | None, precision: str | None) -> dict[str, Any]:
+    """The explicit changes to a model's own configuration (they name the results folder)."""
+    return {key: value for key, value in (("max_length", max_length), ("precision", precision))
+            if value is not None}
+
+
+def _effective_prompt(encoder: Any, task_metadata: Any, prompt_type: Any) -> str | None:
+    """The prefix mteb's wrapper (then sentence-transformers) puts before this side's texts."""
+    from mteb.models.abs_encoder import get_prompt_name
+    from mteb.types import PromptType
+
+    prompts = getattr(encoder, "model_prompts", None)
+    name = get_prompt_name(prompts, task_metadata, prompt_type) if prompts else None
+    if name is not None:
+        return prompts.get(name)
+    model = getattr(encoder, "model", None)
+    saved = dict(getattr(model, "prompts", None) or {})
+    if prompt_type == PromptType.query and "query" in saved:
+        return saved["query"]
+    if prompt_type == PromptType.document and "document" in saved:
+        return saved["document"]
+    default = getattr(model, "default_prompt_name", None)
+    return saved.get(default) if default else None
+
+
+def prompts_used(encoder: Any, task: Any) -> dict[str, str | None]:
+    """``{"query": ..., "document": ...}`` (retrieval) or ``{"text": ...}`` prompts for ``task``.
+
+    Under ``uniform`` these are the recipe's instructions; under ``model`` what mteb's wrapper
+    resolves from the model's saved prompts (None = no prefix).
+
+    Example:
+        >>> prompts_used(encoder, mteb.get_task("SciFact"))
+        {'query': 'query: ', 'document': 'passage: '}
+    """
+    from mteb.types import PromptType
+
+    metadata = task.metadata
+    retrieval = metadata.type in RETRIEVAL_TYPES
+    recipe = getattr(encoder, "recipe", None)
+    sides = {"query": PromptType.query, "document": PromptType.document} if retrieval else {"text": None}
+    if recipe is not None:
+        return {side: recipe.instruction(metadata, kind) or None for side, kind in sides.items()}
+    return {side: _effective_prompt(encoder, metadata, kind) or None for side, kind in sides.items()}
+
+
+def encoder_settings(encoder: Any) -> dict[str, Any]:
+    """Length, normalization and prompts the encoder's model carries (for result metadata)."""
+    model = getattr(encoder, "model", None)
+    settings: dict[str, Any] = {"wrapper": type(encoder).__name__}
+    if hasattr(model, "max_seq_length"):
+        settings["max_seq_length"] = int(model.max_seq_length)
+    if hasattr(model, "prompts"):
+        settings["saved_prompts"] = dict(model.prompts or {})
+    modules = [type(module).__name__ for module in model] if hasattr(model, "__iter__") else []
+    if modules:
+        settings["modules"] = modules
+    recipe = getattr(encoder, "recipe", None)
+    if recipe is not None:
+        settings["recipe"] = recipe.model_dump()
+    return settings
