@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.modeling import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTModel
-from neobert_embed.modeling import attention
+from neobert_embed.modeling import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTModel, attention
 from neobert_embed.modeling import model as model_module
 from neobert_embed.modeling.attention import build_varlen_batch, choose_attention_backend, varlen_attention
 
