@@ -201,8 +201,8 @@ def test_packed_rows_use_one_masked_call_per_row_length_when_cheaper():
     cu = packed(rows, 16)
     mask = torch.ones(4, 16, dtype=torch.long)
     mask[3, 9:] = 0
-    auto = build_varlen_batch(mask, cu, (4, 16), hidden_size=64)
-    documents = build_varlen_batch(mask, cu, (4, 16), layout="documents", hidden_size=64)
+    auto = build_varlen_batch(mask, cu, (4, 16))
+    documents = build_varlen_batch(mask, cu, (4, 16), layout="documents")
     assert auto.layout == "rows" and auto.kernel_calls == 2 and documents.kernel_calls == 9
     full_rows = auto.groups[0]
     assert (full_rows.count, full_rows.length, full_rows.start) == (3, 16, 0)  # a zero-copy view
@@ -222,7 +222,7 @@ def test_cost_rule_keeps_long_documents_in_groups():
     one_doc_rows = packed([[64], [64], [64]], 64)
     assert build_varlen_batch(None, one_doc_rows, (3, 64)).layout == "documents"  # nothing to gain
     few_long = packed([[500, 12], [512], [400, 112]], 512)
-    plan = build_varlen_batch(None, few_long, (3, 512), hidden_size=768)
+    plan = build_varlen_batch(None, few_long, (3, 512))
     assert plan.layout == "documents"  # masking 512² scores costs more than 4 extra calls
     crossing = torch.tensor([0, 5, 15, 20], dtype=torch.int32)  # a document spans both rows of 10
     assert build_varlen_batch(None, crossing, (2, 10)).layout == "documents"
@@ -235,7 +235,7 @@ def test_packed_isolation_through_the_model_in_the_rows_layout():
     rows = [[3, 5, 2, 6], [1, 1, 4, 10]]
     cu = packed(rows, 16)
     ids = torch.randint(1, 500, (2, 16), generator=torch.Generator().manual_seed(3))
-    assert build_varlen_batch(None, cu, (2, 16), hidden_size=model.config.hidden_size).layout == "rows"
+    assert build_varlen_batch(None, cu, (2, 16)).layout == "rows"
     with torch.no_grad():
         out = model(ids, cu_seqlens=cu).last_hidden_state.reshape(32, -1)
         flat = ids.reshape(-1)

@@ -242,7 +242,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             hidden = self.layer_norm(hidden)
         else:
             plan = build_varlen_batch(attention_mask, cu_seqlens, (batch, length), position_ids, device,
-                                      backend=kernel, hidden_size=self.config.hidden_size)
+                                      backend=kernel)
             if max_seqlen is not None:
                 plan = dataclasses.replace(plan, max_seqlen=int(max_seqlen))
             tokens = self._embed_real_tokens(input_ids, inputs_embeds, plan.token_index)
