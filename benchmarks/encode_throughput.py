@@ -73,10 +73,9 @@ def batches(quick: bool) -> list[Batch]:
 
 def matmul_peak(dtype: torch.dtype, size: int, repeats: int) -> float:
     """Best GFLOP/s of a square matmul: the machine's practical peak for ``dtype``."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
-    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
-    return 2 * size**3 / best / 1e9
+    from neobert_embed.modeling.flops import measured_matmul_tflops
+
+    return measured_matmul_tflops(dtype, "cpu", size, repeats) * 1e3
 
 
 def _seconds(fn: Callable[[], object]) -> float:
@@ -102,19 +101,13 @@ def build(kind: str, layers: int, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def useful_gflop(model: torch.nn.Module, lengths: list[int]) -> float:
-    """Estimated GFLOPs of the real tokens: linear layers plus attention scores and mixing.
+    """Estimated GFLOPs of the real tokens (see :mod:`neobert_embed.modeling.flops`).
 
     ``useful_gflop(model, [max(lengths)] * len(lengths))`` is what the padded path computes.
     """
-    config = model.config
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    windows = []
-    for i in range(config.num_hidden_layers):
-        layer_types = getattr(config, "layer_types", None)
-        local = layer_types is not None and layer_types[i] == "sliding_attention"
-        windows.append(config.local_attention + 1 if local else None)
-    attention = sum(4 * config.hidden_size * n * min(n, w or n) for n in lengths for w in windows)
-    return (2 * linear * sum(lengths) + attention) / 1e9
+    from neobert_embed.modeling.flops import forward_flops
+
+    return forward_flops(model, lengths) / 1e9
 
 
 def pad_id(model: torch.nn.Module) -> int:

@@ -12,7 +12,10 @@ public :func:`neobert_embed.pretraining.pretrain` on a small NeoBERT:
 * ``padded_unpadded``: the same padded rows, but NeoBERT drops the pad tokens before every
   layer (``attention_backend: auto``) — shows how much of packing's gain un-padding alone recovers.
 
-Throughput counts REAL tokens only (padding is not work). Each figure is the median per-step rate
+Throughput counts REAL tokens only (padding is not work). ``attention_calls_per_forward``
+counts the SDPA calls of one forward of the packed model on a real packed micro-batch, as the
+model runs it now (the cost rule's layout: one masked call per group of equal-length rows) and
+with the per-length-groups layout it used before (one call per distinct document length). Each figure is the median per-step rate
 from ``metrics.jsonl`` after ``--warmup`` steps; modes run interleaved ``--rounds`` times so
 background load hits them alike, and the best round is kept. Compare ratios within one run.
 
@@ -85,6 +88,36 @@ def measure(mode: str, corpus: Path, work: Path, args: argparse.Namespace, round
             "final_loss": rows[-1]["loss"], "timed_steps": len(timed)}
 
 
+def attention_calls(corpus_path: Path, args: argparse.Namespace) -> dict:
+    """SDPA calls in one forward of the packed model on a real packed micro-batch."""
+    from unittest import mock
+
+    import torch
+
+    from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
+    from neobert_embed.modeling.attention import build_varlen_batch
+    from neobert_embed.pretraining.corpus import load_prepared
+    from neobert_embed.pretraining.packing import DocumentStream, collate_rows
+
+    corpus = load_prepared(corpus_path)
+    stream = DocumentStream(corpus.lengths, seed=0)
+    rows = [stream.next_row(args.seq_length, packed=True) for _ in range(args.rows)]
+    batch = collate_rows(corpus, rows, args.seq_length, corpus.tokenizer.pad_token_id)
+    model = NeoBERTModel(NeoBERTConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=4,
+                                       intermediate_size=4 * args.hidden, vocab_size=len(corpus.tokenizer),
+                                       max_length=args.seq_length)).eval()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", wraps=sdpa) as counted, \
+            torch.no_grad():
+        model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "cu_seqlens")})
+    shape = tuple(batch["input_ids"].shape)
+    plans = {layout: build_varlen_batch(batch["attention_mask"], batch["cu_seqlens"], shape, batch["position_ids"],
+                                        layout=layout) for layout in ("auto", "documents")}
+    return {"documents_per_micro_batch": int((batch["cu_seqlens"].diff() > 0).sum()),
+            "layout_now": plans["auto"].layout, "now": counted.call_count,
+            "before_per_length_groups": plans["documents"].kernel_calls * args.layers}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few steps, one round (a smoke run)")
@@ -130,6 +163,7 @@ def main() -> None:
                          "model": f"NeoBERT {args.layers}x{args.hidden}, vocab 4096", "threads": args.threads,
                          "precision": "fp32"},
             "results": best,
+            "attention_calls_per_forward": attention_calls(prepared.path, args),
             "packed_vs_padded_speedup": best["packed"]["real_tokens_per_s"] / best["padded"]["real_tokens_per_s"],
             "packed_vs_padded_unpadded_speedup":
                 best["packed"]["real_tokens_per_s"] / best["padded_unpadded"]["real_tokens_per_s"],
