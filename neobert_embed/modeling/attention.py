@@ -419,6 +419,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: V
         torch.Size([3, 2, 4])
     """
     scale = q.shape[-1] ** -0.5
+    if batch.backend in ("native_varlen", "flash_attn"):
+        # q/k are strided views of the rotated [q | k] pairs; the flash kernels need only a unit
+        # last stride, but a contiguous copy (tokens × hidden, small next to the GEMMs) keeps every
+        # backend (flash, cuDNN) on its documented layout.
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if batch.backend == "native_varlen":
         return load_native_varlen()(q, k, v, batch.cu_seqlens, batch.cu_seqlens, batch.max_seqlen,
                                     batch.max_seqlen, scale=scale)

@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -212,7 +211,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                 is then restricted to each document — no token attends across a boundary — and
                 positions restart at 0 in each document. May be combined with ``attention_mask``
                 (masked tokens are dropped from their document).
-            max_seqlen: longest document (optional; computed when omitted).
+            max_seqlen: accepted for compatibility and ignored: the longest document is computed
+                from ``cu_seqlens`` after dropping masked tokens (a stale value passed to a flash
+                kernel would be unsafe).
             output_hidden_states: also return (embeddings, output of each layer); pre-final-norm,
                 re-padded to (batch, length, hidden).
             return_dict: return a ``BaseModelOutput`` (default) or a tuple.
@@ -243,8 +244,6 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         else:
             plan = build_varlen_batch(attention_mask, cu_seqlens, (batch, length), position_ids, device,
                                       backend=kernel)
-            if max_seqlen is not None:
-                plan = dataclasses.replace(plan, max_seqlen=int(max_seqlen))
             tokens = self._embed_real_tokens(input_ids, inputs_embeds, plan.token_index)
             rotations = self._rotations(plan.position_ids)
             attend = functools.partial(varlen_attention, batch=plan)
