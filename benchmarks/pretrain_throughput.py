@@ -1,12 +1,14 @@
 """Pretraining throughput on CPU: packed rows vs padded rows, in real tokens per second.
 
 Prints one JSON document (stdout). The corpus is real and mixed-length: the docstrings of the
-Python standard library (median ~80 tokens, a long tail past the row length). Three ways to build
+Python standard library (median ~80 tokens, a long tail past the row length). Four ways to build
 the same micro-batches (``--rows`` rows of ``--seq-length`` tokens), all trained through the
 public :func:`neobert_embed.pretraining.pretrain` on a small NeoBERT:
 
 * ``packed``: documents concatenated into full rows, attention kept within each document
   (``cu_seqlens``, the varlen path) — this toolkit's default;
+* ``packed_per_length_groups``: the same packed rows with the CPU attention layout forced to one
+  SDPA call per distinct document length (what ``packed`` did before the layout cost rule);
 * ``padded``: one document (or chunk) per row, padded, dense attention over the padding
   (``model.attention_backend: padded``) — the classic baseline;
 * ``padded_unpadded``: the same padded rows, but NeoBERT drops the pad tokens before every
@@ -15,8 +17,8 @@ public :func:`neobert_embed.pretraining.pretrain` on a small NeoBERT:
 Throughput counts REAL tokens only (padding is not work). ``attention_calls_per_forward``
 counts the SDPA calls of one forward of the packed model on a real packed micro-batch, as the
 model runs it now (the cost rule's layout: one masked call per group of equal-length rows) and
-with the per-length-groups layout it used before (one call per distinct document length). Each figure is the median per-step rate
-from ``metrics.jsonl`` after ``--warmup`` steps; modes run interleaved ``--rounds`` times so
+with the per-length-groups layout it used before (one call per distinct document length).
+Each figure is the median per-step rate from ``metrics.jsonl`` after ``--warmup`` steps; modes run interleaved ``--rounds`` times so
 background load hits them alike, and the best round is kept. Compare ratios within one run.
 
 Example:
@@ -36,9 +38,11 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 MODES = {
     "packed": {"packing": True, "attention_backend": "auto"},
+    "packed_per_length_groups": {"packing": True, "attention_backend": "auto"},
     "padded": {"packing": False, "attention_backend": "padded"},
     "padded_unpadded": {"packing": False, "attention_backend": "auto"},
 }
@@ -78,9 +82,14 @@ def recipe_for(mode: str, args: argparse.Namespace):
 
 
 def measure(mode: str, corpus: Path, work: Path, args: argparse.Namespace, round_index: int) -> dict:
+    from neobert_embed.modeling import attention
     from neobert_embed.pretraining import pretrain
 
-    result = pretrain(recipe_for(mode, args), corpus, work / f"{mode}-{round_index}", progress=False)
+    with contextlib.ExitStack() as stack:
+        if mode == "packed_per_length_groups":  # free calls and gathers: the rule always picks per-length groups
+            stack.enter_context(mock.patch.object(attention, "CALL_COST", 0.0))
+            stack.enter_context(mock.patch.object(attention, "GATHER_COST", 0.0))
+        result = pretrain(recipe_for(mode, args), corpus, work / f"{mode}-{round_index}", progress=False)
     rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     timed = rows[args.warmup:]
     return {"real_tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
@@ -90,8 +99,6 @@ def measure(mode: str, corpus: Path, work: Path, args: argparse.Namespace, round
 
 def attention_calls(corpus_path: Path, args: argparse.Namespace) -> dict:
     """SDPA calls in one forward of the packed model on a real packed micro-batch."""
-    from unittest import mock
-
     import torch
 
     from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
@@ -167,6 +174,8 @@ def main() -> None:
             "packed_vs_padded_speedup": best["packed"]["real_tokens_per_s"] / best["padded"]["real_tokens_per_s"],
             "packed_vs_padded_unpadded_speedup":
                 best["packed"]["real_tokens_per_s"] / best["padded_unpadded"]["real_tokens_per_s"],
+            "packed_per_length_groups_vs_padded_unpadded_speedup":
+                best["packed_per_length_groups"]["real_tokens_per_s"] / best["padded_unpadded"]["real_tokens_per_s"],
             "machine": {"python": sys.version.split()[0], "torch": torch.__version__,
                         "platform": platform.platform(), "cpus": os.cpu_count()},
         }

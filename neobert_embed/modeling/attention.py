@@ -227,25 +227,28 @@ class _Tiling:
     starts: list[int]
     documents: list[list[int]]  # per tile: its documents' lengths (one entry: no mask needed)
 
-    def groups(self) -> dict[int, list[int]]:
+    def groups(self) -> tuple[list[tuple[int, list[int], bool]], bool]:
+        """Per tile length (first appearance first): (length, tiles, tiles are consecutive on the
+        token axis); and whether the groups, concatenated, are already in token order."""
         by_length: dict[int, list[int]] = {}
         for tile, length in enumerate(self.lengths):
             if length:
                 by_length.setdefault(length, []).append(tile)
-        return by_length
+        groups, cursor, in_order = [], 0, True
+        for length, tiles in by_length.items():
+            starts = [self.starts[t] for t in tiles]
+            consecutive = all(b - a == length for a, b in zip(starts, starts[1:], strict=False))
+            in_order = in_order and consecutive and starts[0] == cursor
+            cursor += length * len(tiles)
+            groups.append((length, tiles, consecutive))
+        return groups, in_order
 
     def cost(self) -> float:
         """The measured cost rule (module docstring), in unmasked score entries."""
-        groups = self.groups()
-        gathered, cursor, in_order = 0, 0, True
-        for length, tiles in groups.items():
-            starts = [self.starts[t] for t in tiles]
-            consecutive = all(b - a == length for a, b in zip(starts, starts[1:], strict=False))
-            gathered += 0 if consecutive else length * len(tiles)
-            in_order = in_order and consecutive and starts[0] == cursor
-            cursor += length * len(tiles)
+        groups, in_order = self.groups()
+        gathered = sum(length * len(tiles) for length, tiles, consecutive in groups if not consecutive)
         if not in_order:
-            gathered += cursor  # the restoring permutation touches every token
+            gathered += sum(self.lengths)  # the restoring permutation touches every token
         scores = sum(n * n * (MASKED_SCORE_COST if len(docs) > 1 else 1.0)
                      for n, docs in zip(self.lengths, self.documents, strict=True))
         return CALL_COST * len(groups) + GATHER_COST * gathered + scores
@@ -267,7 +270,7 @@ def _rows_tiling(lengths: list[int], starts: list[int], doc_rows: list[int], row
     return _Tiling([sum(docs) for docs in per_row], row_starts, per_row)
 
 
-def _block_diagonal(tiles: list[list[int]], length: int, device: torch.device | None) -> torch.Tensor | None:
+def _block_diagonal(tiles: list[list[int]], device: torch.device | None) -> torch.Tensor | None:
     """(tiles, 1, length, length) True within a document; None when every tile is one document."""
     if all(len(docs) <= 1 for docs in tiles):
         return None
@@ -277,21 +280,18 @@ def _block_diagonal(tiles: list[list[int]], length: int, device: torch.device | 
 
 
 def _plan_groups(tiling: _Tiling, device: torch.device | None) -> tuple[tuple[AttentionGroup, ...], torch.Tensor | None]:
-    """One group per tile length; also the permutation restoring token order after concatenating
-    the group outputs (None when the groups already cover the tokens in order)."""
-    groups, order, in_order = [], [], True
-    cursor = 0
-    for length, tiles in tiling.groups().items():
+    """One SDPA group per tile length; also the permutation restoring token order after
+    concatenating the group outputs (None when the groups already cover the tokens in order)."""
+    placement, in_order = tiling.groups()
+    groups, order = [], []
+    for length, tiles, consecutive in placement:
         starts = [tiling.starts[t] for t in tiles]
-        mask = _block_diagonal([tiling.documents[t] for t in tiles], length, device)
-        consecutive = all(b - a == length for a, b in zip(starts, starts[1:], strict=False))
+        mask = _block_diagonal([tiling.documents[t] for t in tiles], device)
         index = torch.tensor(starts).unsqueeze(1) + torch.arange(length)
         if consecutive:
             groups.append(AttentionGroup(length, len(tiles), start=starts[0], mask=mask))
         else:
             groups.append(AttentionGroup(length, len(tiles), index=index.to(device), mask=mask))
-        in_order = in_order and consecutive and starts[0] == cursor
-        cursor += length * len(tiles)
         order.append(index.reshape(-1))
     if in_order:
         return tuple(groups), None
