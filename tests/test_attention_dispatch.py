@@ -243,3 +243,10 @@ def test_packed_isolation_through_the_model_in_the_rows_layout():
         for start, stop in zip(bounds, bounds[1:], strict=False):
             alone = model(flat[start:stop][None]).last_hidden_state[0]
             assert (out[start:stop] - alone).abs().max() <= 1e-5
+
+
+def test_a_batch_without_real_tokens_returns_zeros():
+    model = tiny_model()
+    with torch.no_grad():
+        hidden = model(torch.tensor([[1, 2, 3]]), torch.tensor([[0, 0, 0]])).last_hidden_state
+    assert hidden.shape == (1, 3, HEADS * HEAD_DIM) and not hidden.any()

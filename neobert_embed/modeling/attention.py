@@ -403,6 +403,8 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Varle
         attended = F.scaled_dot_product_attention(q_g.transpose(1, 2), k_g.transpose(1, 2), v_g.transpose(1, 2),
                                                   attn_mask=group.mask, scale=scale)
         outputs.append(attended.transpose(1, 2).reshape(-1, attended.shape[1], attended.shape[-1]))
+    if not outputs:  # every token masked: nothing to attend
+        return torch.empty_like(q)
     # One concatenation (not a copy per document): on a busy CPU every extra parallel region costs.
     out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
     return out if batch.restore is None else out[batch.restore]

@@ -69,6 +69,7 @@ class NeoBERTLayer(GradientCheckpointingLayer):
     def __init__(self, config: NeoBERTConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.ffn = SwiGLU(config.hidden_size, swiglu_hidden_size(config.intermediate_size))
@@ -78,10 +79,10 @@ class NeoBERTLayer(GradientCheckpointingLayer):
     def forward(self, x: torch.Tensor, rotations: torch.Tensor, attend: Attend) -> torch.Tensor:
         leading = x.shape[:-1]
         # The official checkpoint lays qkv out per head: (…, heads, [q | k | v] of head_dim each).
-        qkv = self.qkv(self.attention_norm(x)).view(*leading, self.num_heads, 3, -1)
+        qkv = self.qkv(self.attention_norm(x)).view(*leading, self.num_heads, 3, self.head_dim)
         qk = apply_rotary(qkv[..., :2, :], rotations)
         attended = attend(qk[..., 0, :], qk[..., 1, :], qkv[..., 2, :])
-        x = x + self.wo(attended.reshape(*leading, -1))
+        x = x + self.wo(attended.reshape(*leading, self.num_heads * self.head_dim))
         return x + self.ffn(self.ffn_norm(x))
 
 
