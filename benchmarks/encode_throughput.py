@@ -226,9 +226,10 @@ def run_plan(args: argparse.Namespace, inputs: list[Batch]) -> list[tuple]:
     return plan
 
 
-def measure_peaks(quick: bool) -> dict[str, float]:
+def measure_peaks(quick: bool, dtypes: set[str]) -> dict[str, float]:
+    """Matmul peaks of the dtypes the run uses only (a CPU without bf16 units takes minutes for bf16)."""
     size, repeats = (1024, 3) if quick else (2048, 5)
-    return {str(d).split(".")[-1]: round(matmul_peak(d, size, repeats), 1) for d in (torch.float32, torch.bfloat16)}
+    return {name: round(matmul_peak(getattr(torch, name), size, repeats), 1) for name in sorted(dtypes)}
 
 
 def rebase_on_best_peak(rows: list[dict], before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -246,13 +247,15 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     inputs = [b for b in batches(args.quick) if b.name.startswith(tuple(args.inputs.split(",")))]
-    peaks_before = measure_peaks(args.quick)
+    plan = run_plan(args, inputs)
+    used = {str(dtype).split(".")[-1] for _, _, dtype, _, _ in plan}
+    peaks_before = measure_peaks(args.quick, used)
     print(f"matmul peak GFLOP/s: {peaks_before}", file=sys.stderr)
     rows: list[dict] = []
-    for kind, depth, dtype, batch_list, runs in run_plan(args, inputs):  # rows stream to stderr
+    for kind, depth, dtype, batch_list, runs in plan:  # rows stream to stderr
         print(f"{kind} {depth} layers {dtype}: {', '.join(b.name for b in batch_list)}", file=sys.stderr)
         rows += measure(kind, depth, dtype, batch_list, runs, peaks_before)
-    peaks = rebase_on_best_peak(rows, peaks_before, measure_peaks(args.quick))
+    peaks = rebase_on_best_peak(rows, peaks_before, measure_peaks(args.quick, used))
     criterion = [s for s in speedups(rows) if s["layers"] == args.layers and s["dtype"] == "float32"
                  and s["input"].startswith("mixed")]
     print(json.dumps({
