@@ -83,11 +83,13 @@ MASKED_SCORE_COST = 1.5
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
+@functools.lru_cache(maxsize=1)
 def native_varlen_available() -> bool:
     """Whether this PyTorch ships ``torch.nn.attention.varlen`` (2.10+), without importing it."""
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None
 
 
+@functools.lru_cache(maxsize=1)
 def flash_attn_installed() -> bool:
     """Whether the ``flash-attn`` package is importable (it is never imported to find out)."""
     return importlib.util.find_spec("flash_attn") is not None
