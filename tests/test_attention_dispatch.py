@@ -250,3 +250,15 @@ def test_a_batch_without_real_tokens_returns_zeros():
     with torch.no_grad():
         hidden = model(torch.tensor([[1, 2, 3]]), torch.tensor([[0, 0, 0]])).last_hidden_state
     assert hidden.shape == (1, 3, HEADS * HEAD_DIM) and not hidden.any()
+
+
+def test_pytorch_varlen_attn_has_a_backward_and_is_cuda_only():
+    """Training through ``native_varlen`` relies on these two facts of PyTorch's kernel."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    op = torch.ops.torch_attn._varlen_attn.default
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Autograd")  # register_autograd
+    q = torch.randn(4, HEADS, HEAD_DIM)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(NotImplementedError):  # no CPU kernel: auto never picks it off CUDA
+        varlen_attn(q, q, q, cu, cu, 4, 4)
