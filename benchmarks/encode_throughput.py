@@ -73,10 +73,9 @@ def batches(quick: bool) -> list[Batch]:
 
 def matmul_peak(dtype: torch.dtype, size: int, repeats: int) -> float:
     """Best GFLOP/s of a square matmul: the machine's practical peak for ``dtype``."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
-    best = min(_seconds(lambda: a @ b) for _ in range(repeats))
-    return 2 * size**3 / best / 1e9
+    from neobert_embed.modeling.flops import measured_matmul_tflops
+
+    return measured_matmul_tflops(dtype, "cpu", size, repeats) * 1e3
 
 
 def _seconds(fn: Callable[[], object]) -> float:
@@ -102,19 +101,13 @@ def build(kind: str, layers: int, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def useful_gflop(model: torch.nn.Module, lengths: list[int]) -> float:
-    """Estimated GFLOPs of the real tokens: linear layers plus attention scores and mixing.
+    """Estimated GFLOPs of the real tokens (see :mod:`neobert_embed.modeling.flops`).
 
     ``useful_gflop(model, [max(lengths)] * len(lengths))`` is what the padded path computes.
     """
-    config = model.config
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    windows = []
-    for i in range(config.num_hidden_layers):
-        layer_types = getattr(config, "layer_types", None)
-        local = layer_types is not None and layer_types[i] == "sliding_attention"
-        windows.append(config.local_attention + 1 if local else None)
-    attention = sum(4 * config.hidden_size * n * min(n, w or n) for n in lengths for w in windows)
-    return (2 * linear * sum(lengths) + attention) / 1e9
+    from neobert_embed.modeling.flops import forward_flops
+
+    return forward_flops(model, lengths) / 1e9
 
 
 def pad_id(model: torch.nn.Module) -> int:
@@ -233,9 +226,10 @@ def run_plan(args: argparse.Namespace, inputs: list[Batch]) -> list[tuple]:
     return plan
 
 
-def measure_peaks(quick: bool) -> dict[str, float]:
+def measure_peaks(quick: bool, dtypes: set[str]) -> dict[str, float]:
+    """Matmul peaks of the dtypes the run uses only (a CPU without bf16 units takes minutes for bf16)."""
     size, repeats = (1024, 3) if quick else (2048, 5)
-    return {str(d).split(".")[-1]: round(matmul_peak(d, size, repeats), 1) for d in (torch.float32, torch.bfloat16)}
+    return {name: round(matmul_peak(getattr(torch, name), size, repeats), 1) for name in sorted(dtypes)}
 
 
 def rebase_on_best_peak(rows: list[dict], before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -253,13 +247,15 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     inputs = [b for b in batches(args.quick) if b.name.startswith(tuple(args.inputs.split(",")))]
-    peaks_before = measure_peaks(args.quick)
+    plan = run_plan(args, inputs)
+    used = {str(dtype).split(".")[-1] for _, _, dtype, _, _ in plan}
+    peaks_before = measure_peaks(args.quick, used)
     print(f"matmul peak GFLOP/s: {peaks_before}", file=sys.stderr)
     rows: list[dict] = []
-    for kind, depth, dtype, batch_list, runs in run_plan(args, inputs):  # rows stream to stderr
+    for kind, depth, dtype, batch_list, runs in plan:  # rows stream to stderr
         print(f"{kind} {depth} layers {dtype}: {', '.join(b.name for b in batch_list)}", file=sys.stderr)
         rows += measure(kind, depth, dtype, batch_list, runs, peaks_before)
-    peaks = rebase_on_best_peak(rows, peaks_before, measure_peaks(args.quick))
+    peaks = rebase_on_best_peak(rows, peaks_before, measure_peaks(args.quick, used))
     criterion = [s for s in speedups(rows) if s["layers"] == args.layers and s["dtype"] == "float32"
                  and s["input"].startswith("mixed")]
     print(json.dumps({

@@ -1,19 +1,24 @@
 """Pretraining throughput on CPU: packed rows vs padded rows, in real tokens per second.
 
 Prints one JSON document (stdout). The corpus is real and mixed-length: the docstrings of the
-Python standard library (median ~80 tokens, a long tail past the row length). Three ways to build
+Python standard library (median ~80 tokens, a long tail past the row length). Four ways to build
 the same micro-batches (``--rows`` rows of ``--seq-length`` tokens), all trained through the
 public :func:`neobert_embed.pretraining.pretrain` on a small NeoBERT:
 
 * ``packed``: documents concatenated into full rows, attention kept within each document
   (``cu_seqlens``, the varlen path) — this toolkit's default;
+* ``packed_per_length_groups``: the same packed rows with the CPU attention layout forced to one
+  SDPA call per distinct document length (what ``packed`` did before the layout cost rule);
 * ``padded``: one document (or chunk) per row, padded, dense attention over the padding
   (``model.attention_backend: padded``) — the classic baseline;
 * ``padded_unpadded``: the same padded rows, but NeoBERT drops the pad tokens before every
   layer (``attention_backend: auto``) — shows how much of packing's gain un-padding alone recovers.
 
-Throughput counts REAL tokens only (padding is not work). Each figure is the median per-step rate
-from ``metrics.jsonl`` after ``--warmup`` steps; modes run interleaved ``--rounds`` times so
+Throughput counts REAL tokens only (padding is not work). ``attention_calls_per_forward``
+counts the SDPA calls of one forward of the packed model on a real packed micro-batch, as the
+model runs it now (the cost rule's layout: one masked call per group of equal-length rows) and
+with the per-length-groups layout it used before (one call per distinct document length).
+Each figure is the median per-step rate from ``metrics.jsonl`` after ``--warmup`` steps; modes run interleaved ``--rounds`` times so
 background load hits them alike, and the best round is kept. Compare ratios within one run.
 
 Example:
@@ -33,9 +38,11 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 MODES = {
     "packed": {"packing": True, "attention_backend": "auto"},
+    "packed_per_length_groups": {"packing": True, "attention_backend": "auto"},
     "padded": {"packing": False, "attention_backend": "padded"},
     "padded_unpadded": {"packing": False, "attention_backend": "auto"},
 }
@@ -75,14 +82,47 @@ def recipe_for(mode: str, args: argparse.Namespace):
 
 
 def measure(mode: str, corpus: Path, work: Path, args: argparse.Namespace, round_index: int) -> dict:
+    from neobert_embed.modeling import attention
     from neobert_embed.pretraining import pretrain
 
-    result = pretrain(recipe_for(mode, args), corpus, work / f"{mode}-{round_index}", progress=False)
+    with contextlib.ExitStack() as stack:
+        if mode == "packed_per_length_groups":  # free calls and gathers: the rule always picks per-length groups
+            stack.enter_context(mock.patch.object(attention, "CALL_COST", 0.0))
+            stack.enter_context(mock.patch.object(attention, "GATHER_COST", 0.0))
+        result = pretrain(recipe_for(mode, args), corpus, work / f"{mode}-{round_index}", progress=False)
     rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     timed = rows[args.warmup:]
     return {"real_tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
             "real_token_fraction": statistics.fmean(r["real_token_fraction"] for r in timed),
             "final_loss": rows[-1]["loss"], "timed_steps": len(timed)}
+
+
+def attention_calls(corpus_path: Path, args: argparse.Namespace) -> dict:
+    """SDPA calls in one forward of the packed model on a real packed micro-batch."""
+    import torch
+
+    from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
+    from neobert_embed.modeling.attention import build_varlen_batch
+    from neobert_embed.pretraining.corpus import load_prepared
+    from neobert_embed.pretraining.packing import DocumentStream, collate_rows
+
+    corpus = load_prepared(corpus_path)
+    stream = DocumentStream(corpus.lengths, seed=0)
+    rows = [stream.next_row(args.seq_length, packed=True) for _ in range(args.rows)]
+    batch = collate_rows(corpus, rows, args.seq_length, corpus.tokenizer.pad_token_id)
+    model = NeoBERTModel(NeoBERTConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=4,
+                                       intermediate_size=4 * args.hidden, vocab_size=len(corpus.tokenizer),
+                                       max_length=args.seq_length)).eval()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", wraps=sdpa) as counted, \
+            torch.no_grad():
+        model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "cu_seqlens")})
+    shape = tuple(batch["input_ids"].shape)
+    plans = {layout: build_varlen_batch(batch["attention_mask"], batch["cu_seqlens"], shape, batch["position_ids"],
+                                        layout=layout) for layout in ("auto", "documents")}
+    return {"documents_per_micro_batch": int((batch["cu_seqlens"].diff() > 0).sum()),
+            "layout_now": plans["auto"].layout, "now": counted.call_count,
+            "before_per_length_groups": plans["documents"].kernel_calls * args.layers}
 
 
 def main() -> None:
@@ -130,9 +170,12 @@ def main() -> None:
                          "model": f"NeoBERT {args.layers}x{args.hidden}, vocab 4096", "threads": args.threads,
                          "precision": "fp32"},
             "results": best,
+            "attention_calls_per_forward": attention_calls(prepared.path, args),
             "packed_vs_padded_speedup": best["packed"]["real_tokens_per_s"] / best["padded"]["real_tokens_per_s"],
             "packed_vs_padded_unpadded_speedup":
                 best["packed"]["real_tokens_per_s"] / best["padded_unpadded"]["real_tokens_per_s"],
+            "packed_per_length_groups_vs_padded_unpadded_speedup":
+                best["packed_per_length_groups"]["real_tokens_per_s"] / best["padded_unpadded"]["real_tokens_per_s"],
             "machine": {"python": sys.version.split()[0], "torch": torch.__version__,
                         "platform": platform.platform(), "cpus": os.cpu_count()},
         }

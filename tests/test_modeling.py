@@ -117,7 +117,7 @@ def test_inputs_embeds_and_eager_request_use_the_same_math(official_dir):
     model = AutoModel.from_pretrained(official_dir).eval()
     eager = AutoModel.from_pretrained(official_dir, attn_implementation="eager").eval()
     ids, mask = mixed_batch([7, 2, 12])
-    assert model.attention_path(mask, None) == "varlen" and eager.attention_path(mask, None) == "padded"
+    assert model.attention_kernel(mask, None) == "sdpa_varlen" and eager.attention_kernel(mask, None) == "padded"
     with torch.no_grad():
         expected = model(ids, mask).last_hidden_state
         from_embeds = model(inputs_embeds=model.encoder(ids), attention_mask=mask).last_hidden_state
@@ -157,7 +157,7 @@ def test_unpadded_padded_and_one_at_a_time_agree():
         padded = model(ids, mask, output_hidden_states=True)
         model.config.attention_backend = "auto"
         singles = [model(ids[i:i + 1, :n]).last_hidden_state[0] for i, n in enumerate(lengths)]
-    assert model.attention_path(mask, None) == "varlen"
+    assert model.attention_kernel(mask, None) == "sdpa_varlen"
     assert (real_tokens(unpadded.last_hidden_state, mask) - real_tokens(padded.last_hidden_state, mask)).abs().max() <= 1e-5
     for i, n in enumerate(lengths):
         assert (unpadded.last_hidden_state[i, :n] - singles[i]).abs().max() <= 1e-5

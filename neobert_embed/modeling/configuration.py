@@ -25,8 +25,8 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.modeling.attention import ATTENTION_BACKENDS
 
-ATTENTION_BACKENDS = ("auto", "varlen", "padded")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
 
 
@@ -60,10 +60,17 @@ class NeoBERTConfig(PretrainedConfig):
             ``original_max_position_embeddings`` defaults to ``max_position_embeddings``) or
             ``{"rope_type": "dynamic", "factor": 2.0}`` (dynamic NTK: θ grows only when a batch is
             longer than ``max_position_embeddings``) or ``{"rope_type": "linear", "factor": 2.0}``.
-        attention_backend: ``"auto"`` (default: un-padded varlen attention whenever the mask has
-            padding or documents are packed, plain SDPA otherwise), ``"varlen"`` (always un-pad)
-            or ``"padded"`` (the reference: SDPA over the padded batch with a key-padding mask).
-            ``attn_implementation="eager"`` also selects ``"padded"``.
+        attention_backend: which attention kernel runs, chosen once per forward (full table in
+            :mod:`neobert_embed.modeling.attention`). ``"auto"`` (default): plain SDPA when the
+            batch has no padding and no packed documents; otherwise pad tokens are dropped and
+            the documents attended by PyTorch's native flash ``varlen_attn`` on a CUDA GPU in
+            fp16/bf16, or by SDPA (per equal-length group, or per packed row with a
+            block-diagonal mask, whichever a measured cost rule says is cheaper) on CPU and in
+            fp32. ``"varlen"``: always un-pad, kernel as ``auto``. ``"padded"``: the reference
+            (SDPA over the padded batch with a key-padding mask; ``attn_implementation="eager"``
+            also selects it). ``"sdpa_varlen"``, ``"native_varlen"``, ``"flash_attn"`` force one
+            un-padded kernel (``flash_attn`` needs the flash-attn package; the flash kernels a
+            CUDA sm80+ GPU and fp16/bf16).
         dim_head: official field; derived from the sizes, checked when given.
         kwargs, pretrained_model_name_or_path, trust_remote_code, auto_map: official bookkeeping
             fields, kept as they are; NeoBERT never needs remote code here.

@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,15 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 from transformers.utils import logging
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.modeling.attention import build_varlen_batch, padded_attention, varlen_attention
+from neobert_embed.modeling.attention import (
+    build_varlen_batch,
+    choose_attention_backend,
+    flash_attn_installed,
+    flash_capable,
+    native_varlen_available,
+    padded_attention,
+    varlen_attention,
+)
 from neobert_embed.modeling.configuration import NeoBERTConfig, swiglu_hidden_size
 from neobert_embed.modeling.rotary import RotaryEmbedding, apply_rotary
 
@@ -62,6 +69,7 @@ class NeoBERTLayer(GradientCheckpointingLayer):
     def __init__(self, config: NeoBERTConfig) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.ffn = SwiGLU(config.hidden_size, swiglu_hidden_size(config.intermediate_size))
@@ -71,10 +79,10 @@ class NeoBERTLayer(GradientCheckpointingLayer):
     def forward(self, x: torch.Tensor, rotations: torch.Tensor, attend: Attend) -> torch.Tensor:
         leading = x.shape[:-1]
         # The official checkpoint lays qkv out per head: (…, heads, [q | k | v] of head_dim each).
-        qkv = self.qkv(self.attention_norm(x)).view(*leading, self.num_heads, 3, -1)
+        qkv = self.qkv(self.attention_norm(x)).view(*leading, self.num_heads, 3, self.head_dim)
         qk = apply_rotary(qkv[..., :2, :], rotations)
         attended = attend(qk[..., 0, :], qk[..., 1, :], qkv[..., 2, :])
-        x = x + self.wo(attended.reshape(*leading, -1))
+        x = x + self.wo(attended.reshape(*leading, self.num_heads * self.head_dim))
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -147,24 +155,34 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.encoder = value
 
-    def attention_path(self, attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> str:
-        """``"varlen"`` | ``"padded"`` for this input, from ``config.attention_backend``.
+    def attention_kernel(self, attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> str:
+        """The kernel this input runs on (``padded`` | ``sdpa_varlen`` | ``native_varlen`` | ``flash_attn``).
 
-        ``auto`` un-pads when the mask has padding or documents are packed, and otherwise runs
-        plain SDPA over the (pad-free) batch; ``attn_implementation="eager"`` means ``padded``.
+        Resolved once per forward from ``config.attention_backend`` by
+        :func:`~neobert_embed.modeling.attention.choose_attention_backend`, for the device of the
+        weights and the compute dtype (autocast's when autocast is on).
+        ``attn_implementation="eager"`` means ``padded``.
+
+        Example:
+            >>> model.attention_kernel(torch.tensor([[1, 1, 0]]), None)   # on CPU
+            'sdpa_varlen'
         """
-        backend = self.config.attention_backend
+        requested = self.config.attention_backend
         if self.config._attn_implementation == "eager":
-            backend = "padded"
-        if backend == "padded":
-            if cu_seqlens is not None:
-                raise ValueError("packed documents (cu_seqlens) need the varlen attention path; "
-                                 "set config.attention_backend to 'auto' or 'varlen'")
-            return "padded"
-        if backend == "varlen" or cu_seqlens is not None:
-            return "varlen"
-        has_padding = attention_mask is not None and not bool(attention_mask.all())
-        return "varlen" if has_padding else "padded"
+            requested = "padded"
+        if requested == "padded" and cu_seqlens is not None:
+            raise ValueError("packed documents (cu_seqlens) need the varlen attention path; "
+                             "set config.attention_backend to 'auto' or 'varlen'")
+        device = self.encoder.weight.device
+        dtype = self.encoder.weight.dtype
+        if torch.is_autocast_enabled(device.type):
+            dtype = torch.get_autocast_dtype(device.type)
+        unpad = cu_seqlens is not None or (attention_mask is not None and not bool(attention_mask.all()))
+        return choose_attention_backend(
+            requested, device.type, dtype, unpad=unpad,
+            flash_capable_gpu=flash_capable(device, self.config.head_dim),
+            native_available=native_varlen_available(),
+            flash_attn_available=requested == "flash_attn" and flash_attn_installed())
 
     def forward(
         self,
@@ -185,7 +203,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             input_ids: (batch, length) token ids (or pass ``inputs_embeds`` (batch, length, hidden)).
             attention_mask: (batch, length) 1 for real tokens, 0 for padding (right padding, as the
                 tokenizer produces). With padding, pad tokens are dropped before every linear
-                layer (un-padded path) unless ``config.attention_backend == "padded"``.
+                layer (un-padded path) unless ``config.attention_backend == "padded"``; the
+                attention kernel is chosen once per forward (:meth:`attention_kernel`).
             position_ids: (batch, length) RoPE positions; default: the index within the row, or
                 within the packed document when ``cu_seqlens`` is given.
             cu_seqlens: PACKED PRETRAINING. int32 (documents + 1,) boundaries of documents over the
@@ -193,7 +212,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                 is then restricted to each document — no token attends across a boundary — and
                 positions restart at 0 in each document. May be combined with ``attention_mask``
                 (masked tokens are dropped from their document).
-            max_seqlen: longest document (optional; computed when omitted).
+            max_seqlen: accepted for compatibility and ignored: the longest document is computed
+                from ``cu_seqlens`` after dropping masked tokens (a stale value passed to a flash
+                kernel would be unsafe).
             output_hidden_states: also return (embeddings, output of each layer); pre-final-norm,
                 re-padded to (batch, length, hidden).
             return_dict: return a ``BaseModelOutput`` (default) or a tuple.
@@ -210,7 +231,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = self.encoder.weight.device
         states: list[torch.Tensor] = []
-        if self.attention_path(attention_mask, cu_seqlens) == "padded":
+        kernel = self.attention_kernel(attention_mask, cu_seqlens)
+        if kernel == "padded":
             hidden = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
             if position_ids is None:
                 position_ids = torch.arange(length, device=device).expand(batch, length)
@@ -221,9 +243,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             hidden = self._run_layers(hidden, rotations, attend, states if output_hidden_states else None)
             hidden = self.layer_norm(hidden)
         else:
-            plan = build_varlen_batch(attention_mask, cu_seqlens, (batch, length), position_ids, device)
-            if max_seqlen is not None:
-                plan = dataclasses.replace(plan, max_seqlen=int(max_seqlen))
+            plan = build_varlen_batch(attention_mask, cu_seqlens, (batch, length), position_ids, device,
+                                      backend=kernel)
             tokens = self._embed_real_tokens(input_ids, inputs_embeds, plan.token_index)
             rotations = self._rotations(plan.position_ids)
             attend = functools.partial(varlen_attention, batch=plan)
