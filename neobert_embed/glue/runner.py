@@ -144,6 +144,7 @@ class _Progress:
 
         self.console = Console(stderr=True)
         self.best: dict[str, float] = {}
+        self.done = 0
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=self.console, disable=not enabled)
         self.bar = self.progress.add_task("GLUE", total=total)
@@ -163,6 +164,7 @@ class _Progress:
         if self.enabled:
             self.console.print(f"{label} {task.title} {outcome['key']}: {task.selection_metric} {100 * value:.2f} "
                                f"(best {100 * self.best[key]:.2f})", highlight=False)
+        self.done += 1
         self.progress.advance(self.bar)
 
 
@@ -305,7 +307,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
                     ran += _run_jobs(jobs, devices, tracker, ran, pending_total)
     except KeyboardInterrupt:
         hint = resume_hint or f"rerun the same command with --output {journal.output}"
-        print(f"\ninterrupted: {skipped + ran} of {total} trials are finished and kept in "
+        print(f"\ninterrupted: {skipped + tracker.done} of {total} trials are finished and kept in "
               f"{journal.output / 'trials'}; the trial in flight was discarded. Continue with:\n  {hint}",
               file=sys.stderr, flush=True)
         raise
