@@ -6,6 +6,7 @@ table. Heavy imports happen inside the command so ``--help`` is instant.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
@@ -54,10 +55,12 @@ def glue_command(
     loaded = load_glue_preset(preset, seeds=list(range(seeds)) if seeds else None, epochs=epochs,
                               max_length=max_length)
     device_list = _split(devices) or None
-    result = run_glue(model, output, tasks=_split(tasks), task_dirs=task_dir or [], preset=loaded,
-                      devices=device_list, predict_test=predict_test, progress=not as_json or sys.stderr.isatty(),
-                      resume_hint=shlex.join(["neobert-embed", *sys.argv[1:]]),
-                      preset_name=Path(preset).stem)
+    # with --json, stdout is the JSON only: library banners (DeepSpeed's logger writes to stdout) go to stderr
+    quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    with quiet:
+        result = run_glue(model, output, tasks=_split(tasks), task_dirs=task_dir or [], preset=loaded,
+                          devices=device_list, predict_test=predict_test, progress=not as_json or sys.stderr.isatty(),
+                          resume_hint=shlex.join(["neobert-embed", *sys.argv[1:]]), preset_name=Path(preset).stem)
     first = next(iter(result.scores.values()), {})
     if as_json:
         typer.echo(json.dumps({"scores": first, "models": result.scores, "summary": str(result.summary_md),
