@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from neobert_embed.errors import UserInputError, located
+from neobert_embed.files import read_yaml_mapping
 from neobert_embed.glue.tasks import TASKS
 
 BUNDLED = {"quick": "glue-quick.yaml", "paper": "glue-paper.yaml"}
@@ -186,16 +187,8 @@ def load_glue_preset(preset: str | Path = "quick", **overrides: Any) -> GluePres
     path = recipe_path(BUNDLED[str(preset)]) if str(preset) in BUNDLED else Path(preset)
     if not path.is_file():
         raise UserInputError(f"{path}: preset not found; use quick, paper or a YAML file")
-    try:
-        text = path.read_text(encoding="utf-8")
-        values = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise located(path, mark.line + 1 if mark else None, f"invalid YAML: {exc}") from None
-    except UnicodeDecodeError:
-        raise UserInputError(f"{path}: not valid UTF-8; re-encode the preset as UTF-8") from None
-    if values is not None and not isinstance(values, dict):
-        raise UserInputError(f"{path}: a preset is a mapping of keys to values, got {type(values).__name__}")
+    values = read_yaml_mapping(path, "preset")
+    text = path.read_text(encoding="utf-8")
     lines = _key_lines(text)
     try:
         GluePreset(**(values or {}))
