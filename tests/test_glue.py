@@ -267,3 +267,25 @@ def test_unknown_hub_task_and_unknown_preset_key_write_nothing(tmp_path, models)
     with pytest.raises(UserInputError, match=r"grid.yaml:2: key 'transfer': .*unknown GLUE task 'snli'"):
         load_glue_preset(bad_value)
     assert not out.exists()
+
+
+def test_missing_model_fails_before_writing(tmp_path, tasks):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["glue", "--model", str(tmp_path / "no-such-model"), "--task-dir", str(tasks["rte"]),
+                                 "--output", str(out)])
+    assert isinstance(result.exception, UserInputError) and "cannot load model" in str(result.exception)
+    assert not out.exists()
+
+
+def test_best_configuration_is_the_best_median_and_nan_never_wins():
+    from neobert_embed.glue.selection import select_best
+
+    def trial(config, seed, pearson):
+        return {"config_key": config, "key": f"{config}-seed{seed}", "scores": {"pearson": pearson, "spearman": 0.5}}
+
+    results = [trial("a", 0, 0.9), trial("a", 1, 0.1), trial("a", 2, 0.2),   # median 0.2 despite one lucky 0.9
+               trial("b", 0, 0.5), trial("b", 1, 0.6), trial("b", 2, 0.4),   # median 0.5
+               trial("c", 0, float("nan"))]
+    choice = select_best(results, "pearson")
+    assert (choice.config_key, choice.scores["pearson"], choice.seeds, choice.configs) == ("b", 0.5, 3, 3)
+    assert choice.spread["pearson"]["min"] == 0.4 and choice.spread["pearson"]["max"] == 0.6

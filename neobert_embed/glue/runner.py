@@ -96,6 +96,21 @@ def _sources(tasks: Sequence[str] | None, task_dirs: Sequence[str | Path] | None
     return loaded
 
 
+def _check_model(model: str) -> None:
+    """Fail before anything is written when ``model`` has no loadable config."""
+    from transformers import AutoConfig
+
+    import neobert_embed.modeling  # noqa: F401  (NeoBERT's config class)
+    from neobert_embed.glue.trial import backbone_path
+
+    try:
+        AutoConfig.from_pretrained(backbone_path(model))
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"cannot load model {model!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}. "
+                             "Pass a local model directory, a reachable hub id or a registry key "
+                             "(HF_HUB_OFFLINE=1 allows only local and cached models)") from None
+
+
 def _default_devices() -> list[str]:
     import torch
 
@@ -279,6 +294,8 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     labels = {model_label(m): m for m in models}
     if len(labels) != len(models):
         raise UserInputError("--model: two models share a name; each row of the table needs its own")
+    for model in labels.values():
+        _check_model(model)
     sources = _sources(tasks, task_dirs)
     task_names = list(sources)
     journal = Journal(output)

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -53,7 +54,11 @@ def select_best(results: Sequence[dict[str, Any]], selection: str) -> TaskChoice
     def median_of(group: list[dict[str, Any]], metric: str) -> float:
         return float(statistics.median(r["scores"][metric] for r in group))
 
-    best_key = max(sorted(groups), key=lambda k: median_of(groups[k], selection))
+    def rank(key: str) -> float:  # NaN (constant predictions) ranks below every real score
+        value = median_of(groups[key], selection)
+        return float("-inf") if math.isnan(value) else value
+
+    best_key = max(sorted(groups), key=rank)
     group = groups[best_key]
     metrics = list(group[0]["scores"])
     scores = {m: median_of(group, m) for m in metrics}

@@ -106,6 +106,8 @@ def _keep_best_callback(selection: str):
             if value is None:
                 return
             self.history.append({"step": state.global_step, selection: float(value)})
+            if math.isnan(value):  # e.g. Pearson of constant predictions: never an improvement
+                value = float("-inf")
             if self.best is None or value > self.best:
                 self.best, self.best_step = float(value), state.global_step
                 self.state_dict = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
