@@ -1,9 +1,10 @@
 """neobert-embed glue on real data with the real all-MiniLM-L6-v2, against a plain transformers.Trainer.
 
-STS-B: 1000 rows of the real train split, scored on the full dev split (1500 pairs).
-MRPC: 1000 rows of the MSR train file, scored on the first 800 rows of the MSR test file (the
-GLUE dev split is a subset of MSR train that ../shared/data does not mark, so MSR test stands in).
-Both runs: the quick preset, 2 epochs, max length 64, seed 0 — the same in the plain Trainer.
+STS-B: the first 800 rows of the real train split, scored on the first 750 dev pairs.
+MRPC: the first 800 rows of the MSR train file, scored on the first 750 rows of the MSR test file
+(the GLUE dev split is a subset of MSR train that ../shared/data does not mark, so MSR test
+stands in). Both: the quick preset (one configuration, one seed) at 2 epochs, max length 64,
+batch 16, learning rate 1e-4 (small budget, small model), seed 0 — the same in the plain Trainer.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from neobert_embed.glue.presets import load_glue_preset
 runner = CliRunner()
 _one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
-TRAIN_ROWS, EPOCHS, MAX_LENGTH = 1000, 2, 64
+TRAIN_ROWS, DEV_ROWS, EPOCHS, MAX_LENGTH, BATCH, LR = 800, 750, 2, 64, 16, 1e-4
 
 
 def _rows(path: Path, limit: int | None, label: str) -> list[dict]:
@@ -54,7 +55,7 @@ def _plain_trainer(model_path: Path, task: str, train: list[dict], validation: l
         set_seed,
     )
 
-    preset = load_glue_preset("quick", epochs=EPOCHS, max_length=MAX_LENGTH)
+    preset = load_glue_preset("quick", epochs=EPOCHS, max_length=MAX_LENGTH, batch_size=[BATCH], learning_rate=[LR])
     regression = task == "stsb"
     set_seed(preset.seeds[0])
     model = AutoModelForSequenceClassification.from_pretrained(str(model_path), num_labels=1 if regression else 2)
@@ -93,7 +94,8 @@ def _plain_trainer(model_path: Path, task: str, train: list[dict], validation: l
 def _glue(model_path: Path, task_dir: Path, out: Path) -> dict:
     result = runner.invoke(app, ["glue", "--model", str(model_path), "--task-dir", str(task_dir), "--output", str(out),
                                  "--preset", "quick", "--seeds", "1", "--epochs", str(EPOCHS),
-                                 "--max-length", str(MAX_LENGTH), "--json"])
+                                 "--max-length", str(MAX_LENGTH), "--batch-size", str(BATCH), "--lr", str(LR),
+                                 "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)["scores"]
 
@@ -103,10 +105,10 @@ def _glue(model_path: Path, task_dir: Path, out: Path) -> dict:
 def test_minilm_quick_preset_matches_a_plain_trainer_run(task, tmp_path, shared_data, minilm_path):
     if task == "stsb":
         train = _rows(shared_data / "stsb" / "train.jsonl", TRAIN_ROWS, "score")
-        validation = _rows(shared_data / "stsb" / "dev.jsonl", None, "score")
+        validation = _rows(shared_data / "stsb" / "dev.jsonl", DEV_ROWS, "score")
     else:
         train = _rows(shared_data / "mrpc" / "train.jsonl", TRAIN_ROWS, "label")
-        validation = _rows(shared_data / "mrpc" / "test.jsonl", 800, "label")
+        validation = _rows(shared_data / "mrpc" / "test.jsonl", DEV_ROWS, "label")
     ours = _glue(minilm_path, _task_dir(tmp_path, task, train, validation), tmp_path / "out")[task]
     plain = _plain_trainer(minilm_path, task, train, validation, tmp_path / "plain")
     print(f"\n{task}: neobert-embed glue {ours}; plain Trainer {plain}")
@@ -114,4 +116,8 @@ def test_minilm_quick_preset_matches_a_plain_trainer_run(task, tmp_path, shared_
     assert ours[main] == pytest.approx(plain[main], abs=0.01)
     for metric in plain:
         assert np.isclose(ours[metric], plain[metric], atol=0.02), metric
-    assert ours[main] > (0.7 if task == "stsb" else 0.65)  # it learned the task (MRPC majority class: 66.5%)
+    if task == "stsb":
+        assert ours["pearson"] > 0.5  # it learned the task
+    else:
+        majority = max(np.mean([r["label"] for r in validation]), 1 - np.mean([r["label"] for r in validation]))
+        assert ours["accuracy"] > majority, f"no better than always answering the majority class ({majority:.3f})"

@@ -36,6 +36,8 @@ def glue_command(
     epochs: float = typer.Option(None, "--epochs", help="Override the preset's epochs."),
     max_length: int = typer.Option(None, "--max-length", help="Truncate inputs to N tokens (default: the preset's, "
                                                                 "else what the model can take)."),
+    batch_size: int = typer.Option(None, "--batch-size", help="One batch size instead of the preset's grid."),
+    learning_rate: float = typer.Option(None, "--lr", help="One learning rate instead of the preset's grid."),
     devices: str = typer.Option(None, "--devices", help="Parallel trials, one per device: cuda:0,cuda:1 (or cpu,cpu)."),
     predict_test: bool = typer.Option(False, "--predict-test",
                                       help="Write GLUE-server TSVs for tasks with (unlabelled) test files."),
@@ -53,7 +55,8 @@ def glue_command(
     if seeds is not None and seeds < 1:
         raise UserInputError(f"--seeds {seeds}: give at least 1")
     loaded = load_glue_preset(preset, seeds=list(range(seeds)) if seeds else None, epochs=epochs,
-                              max_length=max_length)
+                              max_length=max_length, batch_size=[batch_size] if batch_size else None,
+                              learning_rate=[learning_rate] if learning_rate else None)
     device_list = _split(devices) or None
     # with --json, stdout is the JSON only: library banners (DeepSpeed's logger writes to stdout) go to stderr
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()

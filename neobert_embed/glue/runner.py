@@ -96,6 +96,13 @@ def _sources(tasks: Sequence[str] | None, task_dirs: Sequence[str | Path] | None
     return loaded
 
 
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def _check_model(model: str) -> None:
     """Fail before anything is written when ``model`` has no loadable config."""
     from transformers import AutoConfig
@@ -147,6 +154,7 @@ def execute_job(job: dict[str, Any]) -> dict[str, Any]:
                        predict_test=job["predict_test"], keep_model=job["keep_model"])
     if is_main_process():
         Journal(job["output"]).write(job["label"], trial, result)
+    _barrier()  # under torchrun: the next trial may start from the model rank 0 just saved
     return {"task": trial.task, "key": trial.key, "scores": result["scores"]}
 
 
