@@ -16,6 +16,7 @@ from neobert_embed import commands as general_commands
 from neobert_embed.contrastive import commands as contrastive_commands
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import commands as evaluation_commands
+from neobert_embed.glue import commands as glue_commands
 from neobert_embed.index import commands as index_commands
 from neobert_embed.modeling import commands as modeling_commands
 from neobert_embed.pretraining import commands as pretraining_commands
@@ -30,7 +31,7 @@ app = typer.Typer(
 )
 
 for _area in (general_commands, modeling_commands, contrastive_commands, evaluation_commands, index_commands,
-              pretraining_commands):
+              pretraining_commands, glue_commands):
     _area.register(app)
 
 

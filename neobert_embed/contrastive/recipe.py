@@ -18,10 +18,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from neobert_embed.errors import UserInputError, located
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import read_yaml_mapping
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -178,18 +178,7 @@ def load_contrastive_recipe(path: str | Path | None = None, **overrides: Any) ->
     if path is not None:
         path = Path(path)
         where = str(path)
-        if not path.is_file():
-            raise UserInputError(f"{path}: recipe file not found")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            raise located(path, mark.line + 1 if mark else None, f"invalid YAML: {exc}") from None
-        except UnicodeDecodeError:
-            raise UserInputError(f"{path}: not valid UTF-8; re-encode the recipe as UTF-8") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise UserInputError(f"{path}: a recipe is a mapping of keys to values, got {type(loaded).__name__}")
-        values = dict(loaded or {})
+        values = read_yaml_mapping(path, "recipe")
         values["data"] = _resolve_data_paths(values.get("data"), path.parent)
         if values["data"] is None:
             del values["data"]

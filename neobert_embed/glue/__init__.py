@@ -1,0 +1,32 @@
+"""GLUE fine-tuning with the NeoBERT paper's protocol, for any backbone (``neobert-embed glue``).
+
+Modules: :mod:`.tasks` (the eight tasks, metrics), :mod:`.data` (hub or local task directories),
+:mod:`.presets` (validated grids, trial expansion and MNLI→target ordering), :mod:`.trial` (one
+fine-tuning run with ``transformers.Trainer``), :mod:`.journal` (per-trial results on disk),
+:mod:`.selection` (best configuration on validation), :mod:`.summary` (table and chart),
+:mod:`.server` (GLUE-server TSVs) and :mod:`.runner` (the whole protocol).
+
+Nothing heavy is imported here, so the CLI stays light.
+
+Example:
+    >>> from neobert_embed.glue import run_glue
+    >>> run_glue(["neobert"], "runs/glue", tasks=["rte", "mnli"], preset="paper")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["GluePreset", "load_glue_preset", "run_glue"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run_glue":
+        from neobert_embed.glue.runner import run_glue
+
+        return run_glue
+    if name in ("GluePreset", "load_glue_preset"):
+        from neobert_embed.glue import presets
+
+        return getattr(presets, name)
+    raise AttributeError(name)

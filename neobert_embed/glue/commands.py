@@ -1,0 +1,82 @@
+"""CLI command of `neobert_embed.glue` (registered on the main app by `neobert_embed.cli`).
+
+``glue`` fine-tunes one or more backbones on GLUE with a preset grid and writes the paper's
+table. Heavy imports happen inside the command so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+from neobert_embed.errors import UserInputError
+
+
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def glue_command(
+    model: list[str] = typer.Option(..., "--model", "-m",
+                                    help="Registry key (bert, roberta, modernbert, neobert, ...), hub id, HF model dir, "
+                                         "`pretrain export` dir or SentenceTransformer dir. Repeat for one table row "
+                                         "per model."),
+    output: Path = typer.Option(..., "--output", "-o", help="Run directory; rerun the same command to continue."),
+    tasks: str = typer.Option(None, "--tasks", "-t",
+                              help="Comma-separated GLUE tasks from the hub: cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte."),
+    task_dir: list[Path] = typer.Option(None, "--task-dir",
+                                        help="Local task directory (task.json + train/validation.jsonl); repeatable."),
+    preset: str = typer.Option("quick", "--preset", "-p", help="quick, paper or a YAML grid file."),
+    seeds: int = typer.Option(None, "--seeds", help="Run seeds 0..N-1 for every configuration."),
+    epochs: float = typer.Option(None, "--epochs", help="Override the preset's epochs."),
+    max_length: int = typer.Option(None, "--max-length", help="Truncate inputs to N tokens (default: the preset's, "
+                                                                "else what the model can take)."),
+    batch_size: int = typer.Option(None, "--batch-size", help="One batch size instead of the preset's grid."),
+    learning_rate: float = typer.Option(None, "--lr", help="One learning rate instead of the preset's grid."),
+    devices: str = typer.Option(None, "--devices", help="Parallel trials, one per device: cuda:0,cuda:1 (or cpu,cpu)."),
+    predict_test: bool = typer.Option(False, "--predict-test",
+                                      help="Write GLUE-server TSVs for tasks with (unlabelled) test files."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the scores at the end."),
+) -> None:
+    """Fine-tune on GLUE with the paper's protocol (any backbone) and write its table.
+
+    Each task's reported figure is its best configuration on validation, as in the paper (optimistic).
+    """
+    from neobert_embed.glue.presets import load_glue_preset
+    from neobert_embed.glue.runner import run_glue
+
+    if not tasks and not task_dir:
+        raise UserInputError("no tasks: pass --tasks cola,sst2,... (hub) or --task-dir DIR (local)")
+    if seeds is not None and seeds < 1:
+        raise UserInputError(f"--seeds {seeds}: give at least 1")
+    loaded = load_glue_preset(preset, seeds=list(range(seeds)) if seeds else None, epochs=epochs,
+                              max_length=max_length, batch_size=[batch_size] if batch_size else None,
+                              learning_rate=[learning_rate] if learning_rate else None)
+    device_list = _split(devices) or None
+    # with --json, stdout is the JSON only: library banners (DeepSpeed's logger writes to stdout) go to stderr
+    quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    with quiet:
+        result = run_glue(model, output, tasks=_split(tasks), task_dirs=task_dir or [], preset=loaded,
+                          devices=device_list, predict_test=predict_test, progress=not as_json or sys.stderr.isatty(),
+                          resume_hint=shlex.join(["neobert-embed", *sys.argv[1:]]), preset_name=Path(preset).stem)
+    first = next(iter(result.scores.values()), {})
+    if as_json:
+        typer.echo(json.dumps({"scores": first, "models": result.scores, "summary": str(result.summary_md),
+                               "trials": {"run": result.trials_run, "skipped": result.trials_skipped},
+                               "submission": [str(p) for p in result.submissions]}, indent=2, sort_keys=True))
+        return
+    typer.echo(result.summary_md.read_text(encoding="utf-8"))
+    typer.echo(f"ran {result.trials_run} trial(s), skipped {result.trials_skipped} finished; table in "
+               f"{result.summary_md} and {result.summary_csv}, chart {result.plot}"
+               + (f", {len(result.submissions)} GLUE-server file(s) in {output / 'submission'}"
+                  if result.submissions else ""))
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this area's commands to the main `neobert-embed` app."""
+    app.command("glue")(glue_command)

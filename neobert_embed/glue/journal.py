@@ -1,0 +1,95 @@
+"""The run journal of ``neobert-embed glue``: what a run is, and every finished trial.
+
+Layout of ``OUTPUT``::
+
+    run.json                              the preset all trials share (a rerun must match it)
+    trials/<model>/model.json             which model the folder belongs to
+    trials/<model>/<task>/<trial>.json    one finished trial: config, scores, history, timing
+    models/<model>/<task>/                best model of a transfer source (MNLI), with best.json
+
+Why files per trial: a GLUE grid is hundreds of runs; each result lands atomically the moment its
+trial ends, so Ctrl-C, a crash or a pre-empted node loses only the trial in flight, and a rerun
+runs only what is missing. A rerun whose settings differ is refused, naming the key, because its
+trials would not be comparable with the ones already on disk.
+
+Example:
+    >>> journal = Journal("runs/glue")
+    >>> journal.check_run(preset)                 # raises on a changed preset
+    >>> journal.finished("neobert", "rte")        # {trial key: result}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_json
+from neobert_embed.glue.presets import GluePreset, Trial
+
+RUN_FILE = "run.json"
+
+
+def model_label(model: str) -> str:
+    """Folder and table name of a model: a path's last part, or the id with ``/`` → ``__``.
+
+    Example:
+        >>> model_label("answerdotai/ModernBERT-base"), model_label("neobert")
+        ('answerdotai__ModernBERT-base', 'neobert')
+    """
+    path = Path(model)
+    return path.name if path.exists() else model.replace("/", "__")
+
+
+class Journal:
+    """Reads and writes one output directory's run file and trial results."""
+
+    def __init__(self, output: str | Path) -> None:
+        self.output = Path(output)
+
+    def trial_path(self, label: str, trial: Trial) -> Path:
+        return self.output / "trials" / label / trial.task / f"{trial.key}.json"
+
+    def best_model_dir(self, label: str, task: str) -> Path:
+        return self.output / "models" / label / task
+
+    def check_run(self, preset: GluePreset, models: dict[str, str]) -> None:
+        """Refuse a rerun whose preset or model (for an existing label) differs; name the key."""
+        run_file = self.output / RUN_FILE
+        if run_file.is_file():
+            saved = json.loads(run_file.read_text(encoding="utf-8"))["preset"]
+            current = preset.model_dump(mode="json")
+            changed = [k for k in current if saved.get(k) != current[k]]
+            if changed:
+                key = changed[0]
+                raise UserInputError(f"{run_file}: this output was run with {key}={saved.get(key)!r}, now "
+                                     f"{current[key]!r}; finished trials would not be comparable. Use the same "
+                                     "preset and options, or another --output")
+        for label, model in models.items():
+            model_file = self.output / "trials" / label / "model.json"
+            if model_file.is_file():
+                saved_model = json.loads(model_file.read_text(encoding="utf-8"))["model"]
+                if saved_model != model:
+                    raise UserInputError(f"{model_file}: the results named {label!r} belong to model "
+                                         f"{saved_model!r}, not {model!r}; rename the model directory or use "
+                                         "another --output")
+
+    def start(self, preset: GluePreset, models: dict[str, str]) -> None:
+        """Record the run (called after every input was checked, before the first trial)."""
+        atomic_write_json(self.output / RUN_FILE, {"preset": preset.model_dump(mode="json")})
+        for label, model in models.items():
+            atomic_write_json(self.output / "trials" / label / "model.json", {"model": model})
+
+    def is_finished(self, label: str, trial: Trial) -> bool:
+        return self.trial_path(label, trial).is_file()
+
+    def results(self, label: str, task: str) -> list[dict[str, Any]]:
+        """Every finished trial of ``label`` on ``task``."""
+        folder = self.output / "trials" / label / task
+        return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+
+    def write(self, label: str, trial: Trial, result: dict[str, Any]) -> Path:
+        path = self.trial_path(label, trial)
+        atomic_write_json(path, result)
+        return path
