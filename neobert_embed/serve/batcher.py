@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,10 +83,8 @@ class DynamicBatcher:
         """Stop the loop (after in-flight requests were answered) and release the worker thread."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         for item in self._waiting:
             if not item.future.done():
                 item.future.set_exception(RuntimeError("server shutting down"))

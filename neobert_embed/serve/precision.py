@@ -42,7 +42,7 @@ def quantize_linear_int8(model: Any) -> Any:
         # torch 2.13 marks the quantized-tensor constructors deprecated (in favour of torchao);
         # they are the fast eager CPU path today, see the module docstring.
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch.ao")
+        warnings.filterwarnings("ignore", message="torch.ao.quantization is deprecated", category=DeprecationWarning)
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8,
                                                       inplace=True)
 

@@ -2,7 +2,7 @@
 
 Why: validation belongs at the edge. Wrong types, empty lists, unknown fields, ``k`` out of range
 or a ``dimensions`` below 1 are refused with 422 and a message naming the field before any work is
-queued. Strings are strict (``123`` is not silently turned into ``"123"``).
+queued. Types are strict (``123`` is not silently turned into ``"123"``, nor ``"8"`` into 8).
 
 Example:
     >>> EmbeddingsRequest.model_validate({"input": ["a cat"], "model": "minilm"}).texts
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 NonEmptyTexts = Annotated[list[StrictStr], Field(min_length=1)]
 MAX_K = 1000
@@ -30,7 +30,7 @@ class EmbeddingsRequest(_Strict):
     model: StrictStr = Field(description="The served model's name (see GET /v1/models).")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: JSON numbers; base64: little-endian float32 bytes, base64-encoded.")
-    dimensions: int | None = Field(None, ge=1, description="Matryoshka truncation (renormalized).")
+    dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka truncation (renormalized).")
     user: StrictStr | None = Field(None, description="Accepted for compatibility; unused.")
     prompt_name: StrictStr | None = Field(None, description="One of the model's prompts (extension).")
 
@@ -74,12 +74,12 @@ class EmbedRequest(_Strict):
     """TEI ``POST /embed``."""
 
     inputs: StrictStr | NonEmptyTexts
-    normalize: bool = Field(True, description="L2-normalize the vectors (TEI's default).")
-    truncate: bool | None = Field(None, description="Truncate too-long inputs instead of answering 413 "
+    normalize: StrictBool = Field(True, description="L2-normalize the vectors (TEI's default).")
+    truncate: StrictBool | None = Field(None, description="Truncate too-long inputs instead of answering 413 "
                                   "(default: the server's --truncate).")
     truncation_direction: Literal["right", "Right"] = "right"
     prompt_name: StrictStr | None = None
-    dimensions: int | None = Field(None, ge=1, description="Matryoshka truncation.")
+    dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka truncation.")
 
     @property
     def texts(self) -> list[str]:
@@ -92,7 +92,7 @@ class SearchRequest(_Strict):
 
     query: StrictStr | None = None
     queries: NonEmptyTexts | None = None
-    k: int = Field(10, ge=1, le=MAX_K, description="Documents per query.")
+    k: StrictInt = Field(10, ge=1, le=MAX_K, description="Documents per query.")
     index: StrictStr | None = Field(None, description="Index name (its directory name); default: the first.")
 
     @model_validator(mode="after")
