@@ -15,6 +15,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def tiny_neobert_st(directory: Path, seed: int = 0) -> Path:
+    """A tiny random NeoBERT saved as a SentenceTransformer with a "query: " prompt."""
+    from tiny_models import build_tiny_model
+
+    from neobert_embed.sentence import load_sentence_model
+
+    plain = build_tiny_model("neobert", directory / "plain", seed=seed)
+    load_sentence_model(str(plain), prompts={"query": "query: "}).save(str(directory / "st"))
+    return directory / "st"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:

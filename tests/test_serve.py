@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from serve_helpers import server_thread
-from tiny_models import build_tiny_model
+from serve_helpers import server_thread, tiny_neobert_st
 from typer.testing import CliRunner
 
 from neobert_embed.cli import app as cli_app
@@ -174,12 +173,7 @@ def test_metrics_and_docs(server):
 @pytest.fixture(scope="module")
 def tiny_neobert(tmp_path_factory) -> Path:
     """A tiny NeoBERT SentenceTransformer with a query prompt (exercises the un-padded path)."""
-    from neobert_embed.sentence import load_sentence_model
-
-    directory = tmp_path_factory.mktemp("serve-neobert")
-    plain = build_tiny_model("neobert", directory / "plain", seed=3)
-    load_sentence_model(str(plain), prompts={"query": "query: "}).save(str(directory / "st"))
-    return directory / "st"
+    return tiny_neobert_st(tmp_path_factory.mktemp("serve-neobert"), seed=3)
 
 
 def test_neobert_prompts_batching_and_precisions(tiny_neobert):
@@ -229,3 +223,31 @@ def test_cli_help_and_bad_settings(tiny_neobert):
     assert isinstance(result.exception, UserInputError) and "--max-queue" in str(result.exception)
     result = runner.invoke(cli_app, ["serve", "--model", str(tiny_neobert), "--precision", "int4"])
     assert isinstance(result.exception, UserInputError) and "int4" in str(result.exception)
+
+
+def test_batcher_cuts_length_ordered_token_budgeted_batches():
+    import asyncio
+
+    from neobert_embed.serve.batcher import DynamicBatcher
+
+    calls: list[list[int]] = []
+
+    def forward(texts, prompts):
+        calls.append([len(t) for t in texts])
+        return np.array([[float(len(t)), float(p == "q: ")] for t, p in zip(texts, prompts, strict=True)],
+                        dtype=np.float32)
+
+    lengths = [3, 10, 1, 7, 20, 2]
+
+    async def run():
+        batcher = DynamicBatcher(forward, max_batch_tokens=40, max_wait_ms=200, max_queue=100)
+        await batcher.start()
+        try:
+            return await asyncio.gather(*(batcher.embed(["x" * n], "q: " if n % 2 else None, [n])
+                                          for n in lengths))
+        finally:
+            await batcher.stop()
+
+    results = asyncio.run(run())
+    assert [(r[0, 0], r[0, 1]) for r in results] == [(n, float(n % 2 == 1)) for n in lengths]
+    assert calls == [[20, 10], [7, 3, 2, 1]]  # longest first; 2 x 20 and 4 x 7 padded tokens <= 40

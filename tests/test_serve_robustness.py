@@ -12,18 +12,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from serve_helpers import server_process, server_thread
-from tiny_models import build_tiny_model
+from serve_helpers import server_process, server_thread, tiny_neobert_st
 
 
 @pytest.fixture(scope="module")
 def tiny_neobert(tmp_path_factory) -> Path:
-    from neobert_embed.sentence import load_sentence_model
-
-    directory = tmp_path_factory.mktemp("robust-neobert")
-    plain = build_tiny_model("neobert", directory / "plain", seed=1)
-    load_sentence_model(str(plain), prompts={"query": "query: "}).save(str(directory / "st"))
-    return directory / "st"
+    return tiny_neobert_st(tmp_path_factory.mktemp("robust-neobert"), seed=1)
 
 
 @pytest.fixture(scope="module")
