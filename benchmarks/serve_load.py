@@ -128,7 +128,7 @@ def ours(name: str, model: str, *extra: str) -> Server:
 def infinity(python: str, model: str) -> Server:
     port = _free_port()
     command = [python, "-m", "infinity_emb.cli", "v2", "--model-id", model, "--served-model-name", "m",
-               "--port", str(port), "--engine", "torch", "--device", "cpu"]
+               "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", "cpu"]
     executable = Path(python).parent / "infinity_emb"
     if executable.exists():
         command = [str(executable), *command[3:]]
@@ -283,7 +283,8 @@ def main() -> None:
     if not args.skip_neobert:
         workdir = Path(tempfile.mkdtemp(prefix="serve-load-neobert-"))
         try:
-            neobert = random_neobert(workdir / "neobert-4x768")
+            with contextlib.redirect_stdout(sys.stderr):  # library banners must not corrupt the JSON
+                neobert = random_neobert(workdir / "neobert-4x768")
             pair = [ours("neobert_batched", neobert), ours("neobert_one_at_a_time", neobert,
                                                            "--max-batch-tokens", "1")]
             result: dict = {s.name: {} for s in pair}

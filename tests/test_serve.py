@@ -239,8 +239,8 @@ def test_batcher_cuts_length_ordered_token_budgeted_batches():
 
     lengths = [3, 10, 1, 7, 20, 2]
 
-    async def run():
-        batcher = DynamicBatcher(forward, max_batch_tokens=40, max_wait_ms=200, max_queue=100)
+    async def run(min_fill=0.0):
+        batcher = DynamicBatcher(forward, max_batch_tokens=40, max_wait_ms=200, max_queue=100, min_fill=min_fill)
         await batcher.start()
         try:
             return await asyncio.gather(*(batcher.embed(["x" * n], "q: " if n % 2 else None, [n])
@@ -251,3 +251,6 @@ def test_batcher_cuts_length_ordered_token_budgeted_batches():
     results = asyncio.run(run())
     assert [(r[0, 0], r[0, 1]) for r in results] == [(n, float(n % 2 == 1)) for n in lengths]
     assert calls == [[20, 10], [7, 3, 2, 1]]  # longest first; 2 x 20 and 4 x 7 padded tokens <= 40
+    calls.clear()
+    asyncio.run(run(min_fill=0.5))
+    assert calls == [[20, 10], [7], [3, 2], [1]]  # nothing padded to more than twice its length

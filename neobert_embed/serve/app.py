@@ -45,6 +45,7 @@ from neobert_embed.serve.schemas import (
 )
 from neobert_embed.serve.settings import ServeSettings
 
+PADDED_MIN_FILL = 0.5  # a padded model's batch never pads an input to more than twice its length
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (401, 413, 422, 503)}
 
 
@@ -83,7 +84,8 @@ def build_state(settings: ServeSettings, served: ServedModel | None = None) -> S
         engine.set_max_seq_length(limit)
     metrics = ServeMetrics()
     batcher = DynamicBatcher(engine.forward, max_batch_tokens=settings.max_batch_tokens,
-                             max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue, observer=metrics)
+                             max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue,
+                             min_fill=0.0 if engine.unpads else PADDED_MIN_FILL, observer=metrics)
     registry = IndexRegistry(settings.indexes, served=served, model_name=settings.name, device=settings.device)
     registry.open_all()
     return ServerState(settings, engine, batcher, registry, metrics, settings.resolved_api_key(), limit,

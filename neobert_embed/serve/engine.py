@@ -57,6 +57,12 @@ class Embedder:
         """True when the model's pipeline ends in a Normalize module (its outputs are unit vectors)."""
         return any(type(module).__name__ == "Normalize" for module in self.model)
 
+    @property
+    def unpads(self) -> bool:
+        """True when the encoder skips pad tokens itself (NeoBERT), so mixed lengths cost no padding."""
+        auto_model = getattr(self.model[0], "auto_model", None)
+        return getattr(getattr(auto_model, "config", None), "model_type", None) == "neobert"
+
     def prompt_for(self, prompt_name: str | None) -> str | None:
         """The prompt ``encode(prompt_name=...)`` would use; None means the model's default prompt.
 
