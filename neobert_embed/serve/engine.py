@@ -39,6 +39,7 @@ class Embedder:
         # thread (which sets truncation on it) fails with "Already borrowed" under concurrency.
         self.counter = copy.deepcopy(self.model.tokenizer)
         self._count_lock = threading.Lock()
+        self._loop_counter = copy.deepcopy(self.model.tokenizer)  # used by the event-loop thread only
         self.max_seq_length = int(self.model.max_seq_length)
         self.dimension = int(self.model.get_embedding_dimension())
 
@@ -78,17 +79,23 @@ class Embedder:
             raise UserInputError(f"unknown prompt_name {prompt_name!r}; this model's prompts: {known}")
         return self.model.prompts[prompt_name]
 
-    def count_tokens(self, texts: Sequence[str], prompt: str | None) -> list[int]:
+    def count_tokens(self, texts: Sequence[str], prompt: str | None, *, on_loop: bool = False) -> list[int]:
         """Tokens of each (prompted) text with special tokens, before truncation.
+
+        Thread-safe; ``on_loop=True`` uses a tokenizer reserved for the event-loop thread (small
+        requests are counted there: cheaper than a hop to a worker thread).
 
         Example:
             >>> engine.count_tokens(["hello world", ""], None)
             [4, 2]
         """
         full = [prompt + text for text in texts] if prompt else list(texts)
+        kwargs = dict(add_special_tokens=True, truncation=False, return_attention_mask=False,
+                      return_token_type_ids=False, verbose=False)
+        if on_loop:
+            return [len(row) for row in self._loop_counter(full, **kwargs)["input_ids"]]
         with self._count_lock:
-            ids = self.counter(full, add_special_tokens=True, truncation=False, return_attention_mask=False,
-                               return_token_type_ids=False, verbose=False)["input_ids"]
+            ids = self.counter(full, **kwargs)["input_ids"]
         return [len(row) for row in ids]
 
     def forward(self, texts: Sequence[str], prompts: Sequence[str | None]) -> np.ndarray:
