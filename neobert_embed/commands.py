@@ -36,9 +36,9 @@ def encode(
 
     Beside OUTPUT, OUTPUT.json records the model, precision and (int8/binary) calibration.
     """
+    from neobert_embed.console import json_only_stdout
     from neobert_embed.encoding import STORAGE_PRECISIONS, encode_file, report_json
     from neobert_embed.errors import UserInputError
-    from neobert_embed.machine_output import json_only_stdout
 
     if precision not in STORAGE_PRECISIONS:
         raise UserInputError(f"--precision {precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")

@@ -6,7 +6,8 @@ dataset-formatting bars. Left alone they bury the one line a user needs (what fi
 went). :func:`capture_third_party` routes everything written through ``sys.stdout``/``sys.stderr``,
 Python warnings and terminal ``logging`` handlers into a log file for the duration of a job, while the console
 returned by :func:`user_console` keeps writing to the real terminal. ``verbose=True`` leaves
-everything on screen.
+everything on screen. :func:`json_only_stdout` keeps stdout pure JSON for ``--json`` (stray prints,
+DeepSpeed's op-builder warnings, even C code writing to descriptor 1, land on stderr).
 
 Example:
     >>> console = user_console()
@@ -19,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -112,3 +114,34 @@ def _terminal_handlers_to(stream: TextIO) -> Iterator[None]:
     finally:
         for handler, original in moved:
             handler.setStream(original)
+
+
+@contextlib.contextmanager
+def json_only_stdout(enabled: bool = True) -> Iterator[None]:
+    """Send everything written to stdout during the block to stderr (when ``enabled``).
+
+    Example:
+        >>> with json_only_stdout():
+        ...     print("warning from a library")   # goes to stderr
+    """
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved_fd = None
+    try:
+        fd = sys.stdout.fileno()
+        err_fd = sys.stderr.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # an in-memory stdout (tests)
+        fd = err_fd = None
+    if fd is not None and err_fd is not None:
+        saved_fd = os.dup(fd)
+        os.dup2(err_fd, fd)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved_fd is not None:
+            os.dup2(saved_fd, fd)
+            os.close(saved_fd)

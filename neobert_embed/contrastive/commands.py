@@ -64,8 +64,8 @@ def train_contrastive_command(
     Multi-GPU: torchrun --nproc_per_node N -m neobert_embed.cli train-contrastive ... (DDP);
     DeepSpeed: set 'deepspeed: ds_config.json' in the recipe.
     """
+    from neobert_embed.console import json_only_stdout
     from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
-    from neobert_embed.machine_output import json_only_stdout
     from neobert_embed.model_files import check_length_flag, check_model_files
 
     if model is not None:

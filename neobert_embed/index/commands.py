@@ -181,7 +181,7 @@ def search(
     texts = [query] if query is not None else _read_queries(queries)
     if not texts:
         raise UserInputError(f"{queries}: no queries in the file")
-    from neobert_embed.machine_output import json_only_stdout
+    from neobert_embed.console import json_only_stdout
 
     with json_only_stdout(as_json), open_index(index_dir, model=model, device=device,
                                                batch_size=batch_size) as index:
@@ -227,9 +227,9 @@ def evaluate(
     from rich.console import Console
     from rich.table import Table
 
+    from neobert_embed.console import json_only_stdout
     from neobert_embed.index.evaluate import evaluate_index
     from neobert_embed.index.manifest import read_manifest
-    from neobert_embed.machine_output import json_only_stdout
 
     _console().print(_used_line(read_manifest(index_dir), kind="query"), highlight=False, soft_wrap=True)
     with json_only_stdout(as_json):
