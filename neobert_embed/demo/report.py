@@ -11,11 +11,11 @@ Example:
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neobert_embed.charts import png_bytes, subplots
 from neobert_embed.files import atomic_write_bytes, atomic_write_json
 
 if TYPE_CHECKING:
@@ -62,12 +62,7 @@ def write_demo_outputs(report: DemoReport) -> tuple[Path, Path]:
 
 
 def _chart(scores: dict[str, float], losses: dict[str, list[tuple[int, float]]]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.2))
+    figure, (bars, curves) = subplots(1, 2, figsize=(12, 4.2))
     names = list(scores)
     drawn = bars.barh(names, [scores[name] for name in names], color="#4C72B0")
     for bar, name in zip(drawn, names, strict=True):
@@ -84,8 +79,4 @@ def _chart(scores: dict[str, float], losses: dict[str, list[tuple[int, float]]])
     curves.set_ylabel("training loss")
     curves.set_title("Training losses")
     curves.legend(fontsize=8)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    plt.close(figure)
-    return buffer.getvalue()
+    return png_bytes(figure, dpi=110)

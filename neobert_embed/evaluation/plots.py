@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from neobert_embed.charts import png_bytes, subplots
 from neobert_embed.evaluation.summary import CATEGORIES, SummaryRow
 from neobert_embed.files import atomic_write_bytes
 
@@ -24,20 +25,13 @@ def _file_name(short: str) -> str:
 
 def plot_categories(rows: Sequence[SummaryRow], directory: str | Path) -> list[Path]:
     """Write ``<category>.png`` for every category with selected tasks; return the paths."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     directory = Path(directory)
     written = []
     for category, short in CATEGORIES:
         cells = [row.cells[short] for row in rows]
         if not cells or cells[0].expected == 0:
             continue
-        figure, axis = plt.subplots(figsize=(1.2 + 1.1 * len(rows), 3.6))
+        figure, axis = subplots(figsize=(1.2 + 1.1 * len(rows), 3.6))
         values = [cell.value or 0.0 for cell in cells]
         bars = axis.bar([row.label for row in rows], values, color="#4C72B0")
         for bar, cell in zip(bars, cells, strict=True):
@@ -52,11 +46,7 @@ def plot_categories(rows: Sequence[SummaryRow], directory: str | Path) -> list[P
         axis.set_ylabel("score")
         axis.set_ylim(0, max(max(values) * 1.15, 1.0))
         axis.tick_params(axis="x", labelrotation=20)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=120)
-        plt.close(figure)
         path = directory / _file_name(short)
-        atomic_write_bytes(path, buffer.getvalue())
+        atomic_write_bytes(path, png_bytes(figure))
         written.append(path)
     return written

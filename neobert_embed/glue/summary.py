@@ -18,6 +18,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
+from neobert_embed.charts import png_bytes, subplots
 from neobert_embed.evaluation.summary import Cell
 from neobert_embed.files import atomic_write_bytes, atomic_write_text
 from neobert_embed.glue.selection import TaskChoice
@@ -91,17 +92,13 @@ def render_csv(table: Table, tasks: Sequence[str]) -> str:
 
 def plot_table(table: Table, tasks: Sequence[str], path: str | Path) -> Path:
     """Grouped bars: one group per task plus Avg., one bar per model (matplotlib, Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     tasks = ordered_tasks(tasks)
     groups = [TASKS[t].title for t in tasks] + ["Avg."]
     labels = list(table)
     width = 0.8 / max(len(labels), 1)
-    figure, axis = plt.subplots(figsize=(2 + 0.9 * len(groups) * max(1, len(labels) / 2), 3.8))
+    figure, axis = subplots(figsize=(2 + 0.9 * len(groups) * max(1, len(labels) / 2), 3.8))
     for i, label in enumerate(labels):
         row = table[label]
         avg = average(row, tasks)
@@ -118,11 +115,7 @@ def plot_table(table: Table, tasks: Sequence[str], path: str | Path) -> Path:
     axis.set_ylabel("validation score × 100")
     axis.set_title("GLUE (best configuration on validation)")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120)
-    plt.close(figure)
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_write_bytes(path, png_bytes(figure))
     return Path(path)
 
 
