@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json, replace_directory
 from neobert_embed.index.corpus import CorpusFields, corpus_fingerprint, read_corpus
+from neobert_embed.index.distributed import World, barrier, init_world, on_main
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import (
     IndexSpec,
@@ -39,7 +40,13 @@ from neobert_embed.index.factory import (
     create_index,
     write_faiss_index,
 )
-from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, Calibration, IndexManifest, write_manifest
+from neobert_embed.index.manifest import (
+    INDEX_NAME,
+    STORE_NAME,
+    Calibration,
+    IndexManifest,
+    write_manifest,
+)
 from neobert_embed.index.progress import document_progress
 from neobert_embed.index.shards import ShardDirectory
 from neobert_embed.index.store import DocumentStore
@@ -159,19 +166,22 @@ def _import_corpus(store: DocumentStore, options: BuildOptions, show_progress: b
 
 def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexEncoder,
                    options: BuildOptions, total: int, show_progress: bool,
-                   on_chunk: Callable[[ChunkDone], None] | None) -> int:
+                   on_chunk: Callable[[ChunkDone], None] | None, world: World = World()) -> int:
+    """Encode this rank's unfinished chunks (all of them in one process); a chunk is finished once its shard exists."""
     n_chunks = math.ceil(total / options.chunk_size)
-    start = store.finished_chunks()
-    with document_progress(show_progress) as progress:
-        task = progress.add_task("encoding documents", total=total,
-                                 completed=min(total, start * options.chunk_size))
-        for chunk in range(start, n_chunks):
+    finished = shards.finished()
+    todo = world.my_chunks(n_chunks, finished)
+    label = f"encoding documents (rank 0 of {world.size})" if world.distributed else "encoding documents"
+    with document_progress(show_progress and world.is_main) as progress:
+        task = progress.add_task(label, total=total, completed=min(total, len(finished) * options.chunk_size))
+        for chunk in todo:
             first = chunk * options.chunk_size
             documents = store.documents_between(first, first + options.chunk_size)
             vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], "document",
-                                                     advance=lambda n: progress.advance(task, n))
+                                                     advance=lambda n: progress.advance(task, n * world.size))
             shards.write(chunk, vectors)
-            store.mark_chunk_finished(chunk, first, len(documents))
+            if not store.read_only:
+                store.mark_chunk_finished(chunk, first, len(documents))
             if on_chunk is not None:
                 on_chunk(ChunkDone(chunk, n_chunks, first + len(documents), total))
     return n_chunks
@@ -233,20 +243,58 @@ def calibrate_index(index: Any, spec: IndexSpec, blocks: Callable[[], Any],
     return calibrate(index, spec, vectors, rows, exact)
 
 
-def _encode_and_fill(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progress: bool,
-                     on_chunk: Callable[[ChunkDone], None] | None) -> tuple[IndexSpec, dict, Any, int]:
-    """Import, encode the missing chunks, then train, fill, calibrate and write the FAISS index."""
-    shards = ShardDirectory(partial / "shards")
+def _import_and_check(partial: Path, opts: BuildOptions, dimension: int, show_progress: bool) -> int:
+    """Rank 0: import the corpus into the store and refuse an index type the corpus cannot train."""
     with DocumentStore(partial / STORE_NAME) as store:
         total = _import_corpus(store, opts, show_progress)
-        spec = choose_index_spec(opts.index_type, total, encoder.dimension, opts.precision, opts.factory)
-        n_chunks = _encode_chunks(store, shards, encoder, opts, total, show_progress, on_chunk)
+    choose_index_spec(opts.index_type, total, dimension, opts.precision, opts.factory)
+    return total
+
+
+def _encode(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progress: bool,
+            on_chunk: Callable[[ChunkDone], None] | None, world: World) -> tuple[int, int]:
+    """Import (rank 0), then encode the missing chunks (every rank its share); returns (rows, chunks)."""
+    total = on_main(world, lambda: _import_and_check(partial, opts, encoder.dimension, show_progress))
+    with DocumentStore(partial / STORE_NAME, read_only=world.distributed) as store:
+        n_chunks = _encode_chunks(store, ShardDirectory(partial / "shards"), encoder, opts, total, show_progress,
+                                  on_chunk, world)
+    barrier(world)
+    return total, n_chunks
+
+
+def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: int,
+                    n_chunks: int) -> tuple[IndexSpec, dict, Any]:
+    """Once every shard exists: train on a sample, fill, calibrate and write the FAISS index."""
+    shards = ShardDirectory(partial / "shards")
+    missing = sorted(set(range(n_chunks)) - shards.finished())
+    if missing:
+        raise RuntimeError(f"{partial}: chunks {missing[:10]} were not encoded (a rank failed); rerun with --resume")
+    spec = choose_index_spec(opts.index_type, total, dimension, opts.precision, opts.factory)
     blocks = functools.partial(shards.blocks, n_chunks)
     sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
-    index = fill_index(spec, encoder.dimension, blocks, sample, total)
+    index = fill_index(spec, dimension, blocks, sample, total)
     params, calibration = calibrate_index(index, spec, blocks, sample, total)
     write_faiss_index(index, partial / INDEX_NAME)
-    return spec, params, calibration, total
+    return spec, params, calibration
+
+
+def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncoder, total: int,
+            n_chunks: int) -> IndexManifest:
+    """Rank 0: build the FAISS index from the shards, write the manifest, move ``partial`` to ``output``."""
+    spec, params, calibration = _fill_and_write(partial, opts, encoder.dimension, total, n_chunks)
+    manifest = IndexManifest(
+        model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
+        model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
+        similarity=encoder.similarity, normalized=encoder.normalized,
+        max_seq_length=int(encoder.model.max_seq_length), prompts=encoder.prompts,
+        index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
+        search_params=params, calibration=calibration, documents=total, vectors=total,
+        sources=[opts.corpus])
+    write_manifest(partial, manifest)
+    ShardDirectory(partial / "shards").remove()
+    (partial / STATE_NAME).unlink()
+    replace_directory(partial, output)
+    return manifest
 
 
 def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, resume: bool = False,
@@ -273,29 +321,19 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
     """
     opts = BuildOptions(model=str(model), corpus=str(corpus), **options)
     output = Path(output)
-    encoder = load_encoder(opts.model, device=opts.device, batch_size=opts.batch_size,
+    world = init_world()
+    encoder = load_encoder(opts.model, device=world.device(opts.device), batch_size=opts.batch_size,
                            max_seq_length=opts.max_seq_length, revision=opts.revision)
     check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
     if opts.factory is not None:
         create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)
-    partial = _prepare_partial(output, _saved_state(opts, encoder), resume, overwrite)
+    state = _saved_state(opts, encoder)
+    partial = on_main(world, lambda: _prepare_partial(output, state, resume, overwrite))
     try:
-        spec, params, calibration, total = _encode_and_fill(partial, opts, encoder, show_progress, on_chunk)
+        total, n_chunks = _encode(partial, opts, encoder, show_progress, on_chunk, world)
     except KeyboardInterrupt:
-        with DocumentStore(partial / STORE_NAME) as store:
+        with DocumentStore(partial / STORE_NAME, read_only=True) as store:
             total = store.total_rows()
-            encoded = min(total, store.finished_chunks() * opts.chunk_size)
+        encoded = min(total, len(ShardDirectory(partial / "shards").finished()) * opts.chunk_size)
         raise BuildInterrupted(partial, encoded, total) from None
-    manifest = IndexManifest(
-        model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
-        model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
-        similarity=encoder.similarity, normalized=encoder.normalized,
-        max_seq_length=int(encoder.model.max_seq_length), prompts=encoder.prompts,
-        index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
-        search_params=params, calibration=calibration, documents=total, vectors=total,
-        sources=[opts.corpus])
-    write_manifest(partial, manifest)
-    ShardDirectory(partial / "shards").remove()
-    (partial / STATE_NAME).unlink()
-    replace_directory(partial, output)
-    return manifest
+    return on_main(world, lambda: _finish(partial, output, opts, encoder, total, n_chunks))

@@ -24,6 +24,9 @@ RowIds = Annotated[bool, typer.Option("--row-ids", help="Use line/row numbers as
 Split = Annotated[str, typer.Option("--split", help="Split to read when the corpus is a HF dataset.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, mps… (default: auto).")]
+Devices = Annotated[str | None, typer.Option(
+    "--devices", help="Encode with one worker per device, e.g. cuda:0,cuda:1 (or cpu,cpu); under torchrun "
+    "every rank already takes its share.")]
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
 
@@ -68,17 +71,27 @@ def build(
     revision: Annotated[str | None, typer.Option("--revision", help="Hub revision of the model.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted build.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index.")] = False,
+    devices: Devices = None,
 ) -> None:
-    """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest."""
+    """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest.
+
+    Runs data-parallel under `torchrun --nproc-per-node N` or with --devices (rank r encodes chunks
+    i = r mod N; rank 0 builds the index).
+    """
     from neobert_embed.index.build import BuildInterrupted, build_index
+    from neobert_embed.index.distributed import launch_on_devices, parse_devices
 
     console = _console()
+    options = dict(resume=resume, overwrite=overwrite, text_field=text_field, id_field=id_field,
+                   title_field=title_field, row_ids=row_ids, split=split, index_type=index_type,
+                   factory=factory, precision=precision, chunk_size=chunk_size, batch_size=batch_size,
+                   max_seq_length=max_seq_length, revision=revision)
     try:
-        manifest = build_index(model, corpus, output, resume=resume, overwrite=overwrite,
-                               text_field=text_field, id_field=id_field, title_field=title_field,
-                               row_ids=row_ids, split=split, index_type=index_type, factory=factory,
-                               precision=precision, chunk_size=chunk_size, batch_size=batch_size,
-                               max_seq_length=max_seq_length, device=device, revision=revision)
+        if devices is not None:
+            manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
+                                         output=output, **options)
+        else:
+            manifest = build_index(model, corpus, output, device=device, **options)
     except BuildInterrupted as stop:
         command = _resume_command(model=model, corpus=corpus, output=output, text_field=text_field,
                                   id_field=id_field, title_field=title_field, row_ids=row_ids,
