@@ -26,7 +26,7 @@ from index_bench import clustered_vectors  # noqa: E402
 
 from neobert_embed.index.tuning import exact_neighbours, recall_at_k  # noqa: E402
 
-NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 def _train_sample(vectors: np.ndarray, size: int) -> np.ndarray:

@@ -24,6 +24,7 @@ from neobert_embed.index.corpus import CorpusFields, read_corpus
 from neobert_embed.index.factory import as_codes, read_faiss_index, write_faiss_index
 from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, read_manifest, write_manifest
 from neobert_embed.index.progress import document_progress
+from neobert_embed.index.rerank import RERANK_NAME, append_rerank_vectors
 from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore
 
@@ -48,8 +49,13 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
     manifest = read_manifest(index_dir)
     encoder = encoder_for(manifest, index_dir, model, device, batch_size)
     spec = spec_of(manifest)
+    if manifest.on_disk:
+        raise UserInputError(f"{index_dir}: an --on-disk index is built once from its shards; rebuild it with "
+                             "`neobert-embed index build --on-disk` over the whole corpus")
+    extra = [RERANK_NAME] if manifest.rerank_k_factor else []
+    added_vectors: list = []
     with atomic_directory(index_dir) as work:
-        for name in (INDEX_NAME, STORE_NAME):
+        for name in (INDEX_NAME, STORE_NAME, *extra):
             shutil.copy2(index_dir / name, work / name)
         index = read_faiss_index(work / INDEX_NAME, manifest.binary)
         with DocumentStore(work / STORE_NAME) as store:
@@ -65,6 +71,8 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
                         [d.encoded_text for d in documents], "document",
                         advance=lambda n: progress.advance(task, n))
                     index.add(as_codes(spec, vectors))
+                    if extra:
+                        added_vectors.append(vectors)
             updated = manifest.model_copy(update={
                 "documents": store.live_count(), "vectors": store.total_rows(),
                 "replaced": manifest.replaced + result.replaced,
@@ -73,5 +81,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
         if index.ntotal != updated.vectors:
             raise RuntimeError(f"index holds {index.ntotal} vectors but the store {updated.vectors}")
         write_faiss_index(index, work / INDEX_NAME)
+        if extra:
+            append_rerank_vectors(work / RERANK_NAME, added_vectors)
         write_manifest(work, updated)
     return updated

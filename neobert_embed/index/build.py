@@ -47,7 +47,15 @@ from neobert_embed.index.manifest import (
     IndexManifest,
     write_manifest,
 )
+from neobert_embed.index.ondisk import build_on_disk, check_on_disk, train_index
 from neobert_embed.index.progress import document_progress
+from neobert_embed.index.rerank import (
+    RERANK_K_FACTOR,
+    RERANK_NAME,
+    needs_rerank,
+    with_rerank,
+    write_rerank_vectors,
+)
 from neobert_embed.index.shards import ShardDirectory
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
@@ -78,6 +86,7 @@ class BuildOptions(BaseModel):
     max_seq_length: int | None = Field(default=None, gt=0)
     device: str | None = None
     revision: str | None = None
+    on_disk: bool = False
 
     @property
     def fields(self) -> CorpusFields:
@@ -194,7 +203,7 @@ def _sample_rows(total: int, size: int, seed: int) -> np.ndarray:
 
 
 def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
-               sample: Callable[[np.ndarray], np.ndarray], total: int) -> Any:
+               sample: Callable[[np.ndarray], np.ndarray], total: int, report: dict | None = None) -> Any:
     """Create ``spec``, train it on a seeded sample of the vectors, and add every block.
 
     Shared with the benchmark so measured indexes are built exactly as ``index build`` builds them.
@@ -202,13 +211,15 @@ def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
     Args:
         blocks: returns a fresh iterator of ``(first_row, vectors)``.
         sample: returns the vectors at sorted rows.
+        report: receives ``train_vectors`` and ``train_seconds``.
 
     Example:
         >>> index = fill_index(spec, 384, lambda: [(0, x)], lambda rows: x[rows], len(x))
     """
-    index = create_index(spec, dimension)
-    if spec.train_size and not index.is_trained:
-        index.train(as_codes(spec, sample(_sample_rows(total, spec.train_size, SAMPLE_SEED))))
+    index, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
+    if report is not None:
+        report.update(train_vectors=min(total, spec.train_size) if spec.train_size else 0,
+                      train_seconds=round(seconds, 3))
     for _, block in blocks():
         index.add(as_codes(spec, np.asarray(block, dtype=np.float32)))
     return index
@@ -247,7 +258,9 @@ def _import_and_check(partial: Path, opts: BuildOptions, dimension: int, show_pr
     """Rank 0: import the corpus into the store and refuse an index type the corpus cannot train."""
     with DocumentStore(partial / STORE_NAME) as store:
         total = _import_corpus(store, opts, show_progress)
-    choose_index_spec(opts.index_type, total, dimension, opts.precision, opts.factory)
+    spec = choose_index_spec(opts.index_type, total, dimension, opts.precision, opts.factory)
+    if opts.on_disk:
+        check_on_disk(spec)
     return total
 
 
@@ -263,7 +276,7 @@ def _encode(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progr
 
 
 def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: int,
-                    n_chunks: int) -> tuple[IndexSpec, dict, Any]:
+                    n_chunks: int) -> tuple[IndexSpec, dict, Any, dict[str, Any]]:
     """Once every shard exists: train on a sample, fill, calibrate and write the FAISS index."""
     shards = ShardDirectory(partial / "shards")
     missing = sorted(set(range(n_chunks)) - shards.finished())
@@ -272,16 +285,28 @@ def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: in
     spec = choose_index_spec(opts.index_type, total, dimension, opts.precision, opts.factory)
     blocks = functools.partial(shards.blocks, n_chunks)
     sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
-    index = fill_index(spec, dimension, blocks, sample, total)
-    params, calibration = calibrate_index(index, spec, blocks, sample, total)
-    write_faiss_index(index, partial / INDEX_NAME)
-    return spec, params, calibration
+    details: dict[str, Any] = {"on_disk": opts.on_disk,
+                               "rerank_k_factor": RERANK_K_FACTOR if needs_rerank(spec.factory) else None}
+    if opts.on_disk:
+        check_on_disk(spec)
+        trained, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
+        details.update(train_vectors=min(total, spec.train_size), train_seconds=round(seconds, 3))
+        index = build_on_disk(trained, spec, blocks(), partial)
+    else:
+        index = fill_index(spec, dimension, blocks, sample, total, report=details)
+    if details["rerank_k_factor"]:
+        write_rerank_vectors(partial / RERANK_NAME, blocks(), total, dimension)
+    searchable = with_rerank(index, partial, details["rerank_k_factor"])
+    params, calibration = calibrate_index(searchable, spec, blocks, sample, total)
+    if not opts.on_disk:
+        write_faiss_index(index, partial / INDEX_NAME)
+    return spec, params, calibration, details
 
 
 def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncoder, total: int,
             n_chunks: int) -> IndexManifest:
     """Rank 0: build the FAISS index from the shards, write the manifest, move ``partial`` to ``output``."""
-    spec, params, calibration = _fill_and_write(partial, opts, encoder.dimension, total, n_chunks)
+    spec, params, calibration, details = _fill_and_write(partial, opts, encoder.dimension, total, n_chunks)
     manifest = IndexManifest(
         model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
         model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
@@ -289,7 +314,7 @@ def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncod
         max_seq_length=int(encoder.model.max_seq_length), prompts=encoder.prompts,
         index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
         search_params=params, calibration=calibration, documents=total, vectors=total,
-        sources=[opts.corpus])
+        sources=[opts.corpus], **details)
     write_manifest(partial, manifest)
     ShardDirectory(partial / "shards").remove()
     (partial / STATE_NAME).unlink()

@@ -72,6 +72,9 @@ def build(
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted build.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index.")] = False,
     devices: Devices = None,
+    on_disk: Annotated[bool, typer.Option(
+        "--on-disk", help="IVF indexes only: merge per-shard indexes into memory-mapped on-disk lists "
+        "(index.ivfdata), so RAM holds the coarse quantizer, not the corpus.")] = False,
 ) -> None:
     """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest.
 
@@ -85,7 +88,7 @@ def build(
     options = dict(resume=resume, overwrite=overwrite, text_field=text_field, id_field=id_field,
                    title_field=title_field, row_ids=row_ids, split=split, index_type=index_type,
                    factory=factory, precision=precision, chunk_size=chunk_size, batch_size=batch_size,
-                   max_seq_length=max_seq_length, revision=revision)
+                   max_seq_length=max_seq_length, revision=revision, on_disk=on_disk)
     try:
         if devices is not None:
             manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
@@ -103,8 +106,13 @@ def build(
         raise SystemExit(130) from None
     calibration = manifest.calibration
     recall = f", recall@10 {calibration.recall_at_10:.3f} vs exact" if calibration else ""
+    trained = (f"; trained on {manifest.train_vectors} sampled vectors in {manifest.train_seconds:.1f} s"
+               if manifest.train_vectors else "")
+    extras = "".join([", lists on disk (mmap)" if manifest.on_disk else "",
+                      f", top-{manifest.rerank_k_factor}x re-ranked exactly" if manifest.rerank_k_factor else ""])
     console.print(f"index of {manifest.documents} documents written to {output} "
-                  f"({manifest.factory}, {manifest.search_params or 'exact'}{recall})", highlight=False)
+                  f"({manifest.factory}, {manifest.search_params or 'exact'}{recall}{extras}{trained})",
+                  highlight=False)
 
 
 @index_app.command("add")

@@ -203,6 +203,7 @@ def _search_parameters(index: Any, params: dict[str, int], excluded: np.ndarray 
     """Build the right ``SearchParameters`` subclass; returns it with the selector it references."""
     import faiss
 
+    index = getattr(index, "reranked_base", index)  # a RerankedIndex takes its base index's parameters
     selector = None
     if excluded is not None and len(excluded):
         selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.asarray(excluded, dtype=np.int64)))

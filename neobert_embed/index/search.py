@@ -22,6 +22,8 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import IndexSpec, read_faiss_index, search_vectors
 from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, read_manifest
+from neobert_embed.index.ondisk import read_on_disk
+from neobert_embed.index.rerank import with_rerank
 from neobert_embed.index.store import DocumentStore
 
 
@@ -75,7 +77,9 @@ class SearchIndex:
         self.manifest = read_manifest(self.directory)
         self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size)
         self.spec = spec_of(self.manifest)
-        self.faiss_index: Any = read_faiss_index(self.directory / INDEX_NAME, self.manifest.binary)
+        index = (read_on_disk(self.directory) if self.manifest.on_disk
+                 else read_faiss_index(self.directory / INDEX_NAME, self.manifest.binary))
+        self.faiss_index: Any = with_rerank(index, self.directory, self.manifest.rerank_k_factor)
         self.store = DocumentStore(self.directory / STORE_NAME, read_only=True)
         self.excluded = self.store.deleted_rows()
 

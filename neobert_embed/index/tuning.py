@@ -84,6 +84,7 @@ def _candidates(index: object, spec: IndexSpec) -> list[int]:
     import faiss
 
     values = list(spec.candidates)
+    index = getattr(index, "reranked_base", index)
     ivf = faiss.try_extract_index_ivf(index) if isinstance(index, faiss.Index) else None
     if spec.tuned_parameter == "nprobe" and ivf is not None:
         values = [v for v in values if v < ivf.nlist] + [int(ivf.nlist)]
