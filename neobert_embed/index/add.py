@@ -21,6 +21,7 @@ from pathlib import Path
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory
 from neobert_embed.index.corpus import CorpusFields, read_corpus
+from neobert_embed.index.distributed import refuse_distributed
 from neobert_embed.index.factory import as_codes, read_faiss_index, write_faiss_index
 from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, read_manifest, write_manifest
 from neobert_embed.index.progress import document_progress
@@ -45,6 +46,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
     Example:
         >>> add_documents("runs/news-index", "late.txt")
     """
+    refuse_distributed("index add")
     index_dir = Path(index_dir)
     manifest = read_manifest(index_dir)
     encoder = encoder_for(manifest, index_dir, model, device, batch_size)

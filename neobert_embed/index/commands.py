@@ -1,6 +1,6 @@
 """CLI commands of `neobert_embed.index` (registered on the main app by `neobert_embed.cli`).
 
-``neobert-embed index build|add|search|eval``: thin wrappers over :mod:`neobert_embed.index`;
+``neobert-embed index build|add|search|eval|plan``: thin wrappers over :mod:`neobert_embed.index`;
 heavy imports happen inside the commands so ``--help`` stays instant.
 """
 
@@ -234,6 +234,46 @@ def evaluate(
     Console(stderr=as_json).print(table)
     if as_json:
         typer.echo(json.dumps(scores, sort_keys=True))
+
+
+@index_app.command("plan")
+def plan(
+    vectors: Annotated[int, typer.Option("--vectors", min=1, help="Number of vectors to index.")],
+    dim: Annotated[int, typer.Option("--dim", min=1, help="Embedding dimension.")],
+    index_type: Annotated[str, typer.Option("--index-type", help="flat | ivf | hnsw | ivfpq | auto | all")] = "all",
+    on_disk: Annotated[bool, typer.Option("--on-disk", help="IVF lists memory-mapped from disk.")] = False,
+    costs: Annotated[Path | None, typer.Option(
+        "--costs", help="Unit costs measured by benchmarks/index_bench.py --save-costs (default: the saved ones).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Estimate RAM, disk, build time and queries/s from per-vector costs measured by the benchmark."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from neobert_embed.index.plan import load_costs, plan_index, plan_json
+
+    measured = load_costs(costs)
+    rows = plan_index(vectors, dim, index_type, on_disk=on_disk, costs=measured)
+    if as_json:
+        typer.echo(plan_json(rows, vectors, dim, measured))
+        return
+    table = Table(title=f"{vectors:,} x {dim} vectors (unit costs measured on: {measured.get('machine')})",
+                  title_justify="left")
+    for column in ("index", "factory", "RAM GB", "disk GB", "index build", "queries/s", "search"):
+        table.add_column(column, justify="left" if column in ("index", "factory", "search") else "right")
+    for row in rows:
+        table.add_row(row.index_type + (" (on disk)" if row.on_disk else ""), row.factory, f"{row.ram_gb:,.2f}",
+                      f"{row.disk_gb:,.2f}", _duration(row.build_s), f"{row.queries_per_s:,.1f}", row.search_param)
+    Console().print(table)
+    typer.echo("Build time is the index's own (train + add), without encoding; queries/s is one process, "
+               "batched queries; RAM for on-disk indexes excludes the OS page cache.")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def register(app: typer.Typer) -> None:

@@ -168,6 +168,21 @@ def on_main(world: World, work: Callable[[], T]) -> T:
     return payload
 
 
+def refuse_distributed(command: str) -> None:
+    """Stop a command that must run in one process when it was started by torchrun with several ranks.
+
+    Why: two ranks appending to the same index would race; failing clearly beats a corrupt index.
+
+    Example:
+        >>> refuse_distributed("index add")   # no-op outside torchrun
+    """
+    world = current_world()
+    if world.distributed:
+        raise UserInputError(f"`{command}` runs in one process (this is rank {world.rank} of {world.size}); "
+                             "start it without torchrun. Data-parallel encoding is `index build` under torchrun "
+                             "or with --devices")
+
+
 def parse_devices(devices: str | None) -> list[str]:
     """Split ``--devices cuda:0,cuda:1`` (or ``cpu,cpu``) into a list, refusing empty entries.
 
