@@ -2,8 +2,8 @@
 
 Why: ``auto`` must reach recall@10 >= 0.95 at >= 10x flat's queries/s on hard data
 (``index_bench.py --noise 2``); this script measures candidate layouts (plain IVF, IVF with an HNSW
-coarse quantizer and more lists, IVF-PQ fast-scan with exact re-ranking) over their whole
-nprobe range so the choice in ``neobert_embed.index.factory`` rests on figures. Prints one JSON object.
+coarse quantizer and more lists, IVF-PQ fast-scan with exact re-ranking, HNSW) over their whole
+nprobe / efSearch range so the choice in ``neobert_embed.index.factory`` rests on figures. Prints one JSON object.
 
 Usage:
     .venv/bin/python benchmarks/index_sweep.py --vectors 1000000 --noise 2 \
@@ -27,6 +27,7 @@ from index_bench import clustered_vectors  # noqa: E402
 from neobert_embed.index.tuning import exact_neighbours, recall_at_k  # noqa: E402
 
 NPROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+EF_SEARCH = (16, 32, 64, 128, 256, 512)
 
 
 def _train_sample(vectors: np.ndarray, size: int) -> np.ndarray:
@@ -46,24 +47,28 @@ def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, truth: np.ndar
     import faiss
 
     index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-    ivf = faiss.extract_index_ivf(index)
-    ivf.cp.seed = 1234
-    train = _train_sample(vectors, max(40 * ivf.nlist, 256 * 39))
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.cp.seed = 1234
+    train = _train_sample(vectors, max(40 * ivf.nlist, 256 * 39) if ivf is not None else 0)
     start = time.perf_counter()
-    index.train(train)
+    if not index.is_trained:
+        index.train(train)
     train_s = time.perf_counter() - start
     start = time.perf_counter()
     for first in range(0, len(vectors), 65_536):
         index.add(vectors[first:first + 65_536])
     add_s = time.perf_counter() - start
     points = []
-    for nprobe in (p for p in NPROBES if p <= ivf.nlist):
-        ivf_params = faiss.SearchParametersIVF(nprobe=nprobe)
-        params = ivf_params
+    values = [("nprobe", p) for p in NPROBES if p <= ivf.nlist] if ivf is not None else [
+        ("efSearch", ef) for ef in EF_SEARCH]
+    for name, value in values:
+        params = (faiss.SearchParametersIVF(nprobe=value) if name == "nprobe"
+                  else faiss.SearchParametersHNSW(efSearch=value))
         if "RFlat" in factory or "Refine" in factory:
-            params = faiss.IndexRefineSearchParameters(k_factor=k_factor, base_index_params=ivf_params)
+            params = faiss.IndexRefineSearchParameters(k_factor=k_factor, base_index_params=params)
         qps, ids = _timed_search(index, queries, params)
-        points.append({"nprobe": nprobe, "queries_per_s": round(qps, 1),
+        points.append({name: value, "queries_per_s": round(qps, 1),
                        "speedup_vs_flat": round(qps / flat_qps, 2), "recall_at_10": round(recall_at_k(ids, truth), 4)})
         print(f"  {factory} {points[-1]}", file=sys.stderr, flush=True)
         if points[-1]["recall_at_10"] >= 0.99:

@@ -179,14 +179,23 @@ def encode_file(
         raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
     if batch_size < 1:
         raise UserInputError(f"--batch-size must be positive, got {batch_size}")
+    from neobert_embed.index.distributed import encode_across_ranks, init_world
     from neobert_embed.sentence import load_sentence_model
 
     texts = read_texts(input_path, field)
-    model = load_sentence_model(model_name, max_seq_length=max_seq_length)
+    world = init_world()  # under torchrun, rank r encodes chunks i = r mod world; rank 0 writes the file
+    model = load_sentence_model(model_name, max_seq_length=max_seq_length, device=world.device(None))
     start = time.perf_counter()
-    embeddings = encode_texts(model, texts, batch_size=batch_size, prompt_name="document",
-                              show_progress=show_progress)
+    embeddings = encode_across_ranks(
+        world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,
+                                                           prompt_name="document",
+                                                           show_progress=show_progress and world.is_main),
+        Path(str(output_path) + ".parts"))
     seconds = time.perf_counter() - start
+    if embeddings is None:
+        return EncodeReport(texts=len(texts), dimension=model.get_sentence_embedding_dimension(),
+                            precision=precision, seconds=round(seconds, 3), texts_per_second=0.0,
+                            output=str(output_path))
     stored = quantize(embeddings, precision)
     import io
 

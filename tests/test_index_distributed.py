@@ -147,3 +147,17 @@ def test_rank_killed_mid_build_then_resume_with_one_process(tiny_bert, corpus, r
                 on_chunk=lambda chunk: resumed.append(chunk.chunk))
     assert sorted(resumed) == sorted(set(range(8)) - set(done))
     assert_same_index(output, reference)
+
+
+def test_torchrun_encode_equals_one_process_encode(tiny_bert, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"note {i} about {TOPICS[i % 6]}\n" for i in range(40)), encoding="utf-8")
+    single = CliRunner().invoke(app, ["encode", "--model", str(tiny_bert), "--input", str(texts),
+                                      "--output", str(tmp_path / "one.npy"), "--json"])
+    assert single.exit_code == 0, single.output
+    result = subprocess.run(_torchrun("-m", "neobert_embed.cli", "encode", "--model", str(tiny_bert), "--input",
+                                      str(texts), "--output", str(tmp_path / "two.npy"), "--json"),
+                            env=_environment(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "two.npy"), np.load(tmp_path / "one.npy"), atol=1e-6, rtol=0)
+    assert not (tmp_path / "two.npy.parts").exists()

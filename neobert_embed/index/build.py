@@ -258,10 +258,17 @@ def _import_and_check(partial: Path, opts: BuildOptions, dimension: int, show_pr
     """Rank 0: import the corpus into the store and refuse an index type the corpus cannot train."""
     with DocumentStore(partial / STORE_NAME) as store:
         total = _import_corpus(store, opts, show_progress)
-    spec = choose_index_spec(opts.index_type, total, dimension, opts.precision, opts.factory)
+    _build_spec(opts, total, dimension)
+    return total
+
+
+def _build_spec(opts: BuildOptions, total: int, dimension: int) -> IndexSpec:
+    """The index to build; with ``--on-disk``, ``auto`` means IVF-PQ (the memory-bounded choice)."""
+    index_type = "ivfpq" if opts.on_disk and opts.index_type == "auto" and opts.factory is None else opts.index_type
+    spec = choose_index_spec(index_type, total, dimension, opts.precision, opts.factory)
     if opts.on_disk:
         check_on_disk(spec)
-    return total
+    return spec
 
 
 def _encode(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progress: bool,
@@ -282,13 +289,12 @@ def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: in
     missing = sorted(set(range(n_chunks)) - shards.finished())
     if missing:
         raise RuntimeError(f"{partial}: chunks {missing[:10]} were not encoded (a rank failed); rerun with --resume")
-    spec = choose_index_spec(opts.index_type, total, dimension, opts.precision, opts.factory)
+    spec = _build_spec(opts, total, dimension)
     blocks = functools.partial(shards.blocks, n_chunks)
     sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
     details: dict[str, Any] = {"on_disk": opts.on_disk,
                                "rerank_k_factor": RERANK_K_FACTOR if needs_rerank(spec.factory) else None}
     if opts.on_disk:
-        check_on_disk(spec)
         trained, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
         details.update(train_vectors=min(total, spec.train_size), train_seconds=round(seconds, 3))
         index = build_on_disk(trained, spec, blocks(), partial)

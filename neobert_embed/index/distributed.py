@@ -17,18 +17,23 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
+
+import numpy as np
 
 from neobert_embed.errors import UserInputError
 
 T = TypeVar("T")
 WAIT_HOURS_ENV = "NEOBERT_EMBED_DIST_TIMEOUT_HOURS"
 DEFAULT_WAIT_HOURS = 24.0
+ENCODE_CHUNK = 8192
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,34 @@ def refuse_distributed(command: str) -> None:
         raise UserInputError(f"`{command}` runs in one process (this is rank {world.rank} of {world.size}); "
                              "start it without torchrun. Data-parallel encoding is `index build` under torchrun "
                              "or with --devices")
+
+
+def encode_across_ranks(world: World, n_texts: int, encode: Callable[[int, int], np.ndarray], scratch: Path,
+                        chunk_size: int = ENCODE_CHUNK) -> np.ndarray | None:
+    """Encode rows ``[0, n_texts)`` data-parallel; rank 0 gets the whole matrix, the others ``None``.
+
+    ``encode(start, stop)`` encodes one slice. Chunk ``i`` goes to rank ``i mod size`` and is written
+    to ``scratch`` as a shard; rank 0 concatenates them in order once every rank is done.
+
+    Example:
+        >>> matrix = encode_across_ranks(world, len(texts), lambda a, b: model.encode(texts[a:b]), Path("out.parts"))
+    """
+    if not world.distributed:
+        return encode(0, n_texts)
+    from neobert_embed.index.shards import ShardDirectory
+
+    size = max(1, min(chunk_size, math.ceil(n_texts / world.size)))
+    n_chunks = math.ceil(n_texts / size)
+    shards = on_main(world, lambda: ShardDirectory(scratch))
+    shards.directory.mkdir(parents=True, exist_ok=True)
+    for chunk in world.my_chunks(n_chunks):
+        shards.write(chunk, encode(chunk * size, min(n_texts, (chunk + 1) * size)))
+    barrier(world)
+    matrix = np.concatenate([np.asarray(shards.load(c)) for c in range(n_chunks)]) if world.is_main else None
+    barrier(world)
+    if world.is_main:
+        shards.remove()
+    return matrix
 
 
 def parse_devices(devices: str | None) -> list[str]:
