@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_models import build_tiny_model
+from index_helpers import tiny_bert_with_prompts
 from typer.testing import CliRunner
 
 from neobert_embed.cli import app
@@ -25,13 +25,7 @@ def _text(i: int) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory) -> Path:
-    from neobert_embed.sentence import load_sentence_model
-
-    directory = tmp_path_factory.mktemp("models")
-    plain = build_tiny_model("bert", directory / "plain", seed=0)
-    load_sentence_model(str(plain), prompts={"query": "query: ", "document": "passage: "}).save(
-        str(directory / "bert"))
-    return directory / "bert"
+    return tiny_bert_with_prompts(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,18 @@
+"""Shared by the index tests: a tiny BERT saved as a SentenceTransformer with query/document prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tiny_models import build_tiny_model
+
+PROMPTS = {"query": "query: ", "document": "passage: "}
+
+
+def tiny_bert_with_prompts(directory: Path) -> Path:
+    """Build the tiny BERT under ``directory`` and save it with ``PROMPTS``; returns its path."""
+    from neobert_embed.sentence import load_sentence_model
+
+    plain = build_tiny_model("bert", directory / "plain", seed=0)
+    load_sentence_model(str(plain), prompts=PROMPTS).save(str(directory / "bert"))
+    return directory / "bert"
