@@ -263,8 +263,8 @@ def plan(
         table.add_column(column, justify="left" if column in ("index", "factory", "search") else "right")
     for row in rows:
         table.add_row(row.index_type + (" (on disk)" if row.on_disk else ""), row.factory, f"{row.ram_gb:,.2f}",
-                      f"{row.disk_gb:,.2f}", _duration(row.build_s), f"{row.queries_per_s:,.1f}", row.search_param)
-    Console().print(table)
+                      f"{row.disk_gb:,.2f}", _duration(row.build_s), f"{row.queries_per_s:,.3g}", row.search_param)
+    Console(width=max(120, Console().width)).print(table)
     typer.echo("Build time is the index's own (train + add), without encoding; queries/s is one process, "
                "batched queries; RAM for on-disk indexes excludes the OS page cache.")
 
