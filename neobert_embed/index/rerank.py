@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,19 @@ def write_rerank_vectors(path: Path, blocks: Iterable[tuple[int, np.ndarray]], t
         >>> write_rerank_vectors(Path("vectors.f16.npy"), [(0, x)], len(x), x.shape[1])
     """
     tmp = path.with_name(path.name + ".tmp")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(total, dimension))
-    for first, block in blocks:
-        out[first:first + len(block)] = np.asarray(block, dtype=np.float32)
-    out.flush()
-    del out
+    written = 0
+    with open(tmp, "wb") as handle:   # plain writes: a writable memmap would keep every page in RSS
+        np.lib.format.write_array_header_1_0(handle, {"descr": np.dtype(np.float16).str, "fortran_order": False,
+                                                      "shape": (total, dimension)})
+        for first, block in blocks:
+            if first != written:
+                raise ValueError(f"blocks must be contiguous: expected row {written}, got {first}")
+            handle.write(np.ascontiguousarray(block, dtype=np.float16).tobytes())
+            written += len(block)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if written != total:
+        raise ValueError(f"wrote {written} vectors, expected {total}")
     tmp.replace(path)
 
 
