@@ -16,3 +16,12 @@ def tiny_bert_with_prompts(directory: Path) -> Path:
     plain = build_tiny_model("bert", directory / "plain", seed=0)
     load_sentence_model(str(plain), prompts=PROMPTS).save(str(directory / "bert"))
     return directory / "bert"
+
+
+def write_corpus(path: Path, texts: list[str]) -> Path:
+    """Write ``texts`` as a JSON-lines corpus with ids ``d0, d1, …``; returns ``path``."""
+    import json
+
+    path.write_text("".join(json.dumps({"_id": f"d{i}", "text": text}) + "\n" for i, text in enumerate(texts)),
+                    encoding="utf-8")
+    return path

@@ -6,7 +6,6 @@ several chunks and a 2-process run takes seconds; the results are compared with 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from index_helpers import tiny_bert_with_prompts
+from index_helpers import tiny_bert_with_prompts, write_corpus
 from typer.testing import CliRunner
 
 from neobert_embed.cli import app
@@ -37,10 +36,8 @@ def tiny_bert(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    rows = [{"_id": f"d{i}", "text": f"note {i} about {TOPICS[i % 6]} with {i * 7 % 13} details"} for i in range(120)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
+    texts = [f"note {i} about {TOPICS[i % 6]} with {i * 7 % 13} details" for i in range(120)]
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", texts)
 
 
 @pytest.fixture(scope="module")

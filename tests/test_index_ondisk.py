@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from index_helpers import tiny_bert_with_prompts
+from index_helpers import tiny_bert_with_prompts, write_corpus
 from typer.testing import CliRunner
 
 from neobert_embed.cli import app
@@ -30,10 +29,7 @@ def tiny_bert(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"_id": f"d{i}", "text": _text(i)}) + "\n" for i in range(N_DOCS)),
-                    encoding="utf-8")
-    return path
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", [_text(i) for i in range(N_DOCS)])
 
 
 def _recall_and_ids(index_dir: Path, queries: np.ndarray, exact: np.ndarray) -> tuple[float, np.ndarray]:
