@@ -98,6 +98,20 @@ def test_torchrun_two_process_build_equals_one_process_build(tiny_bert, corpus, 
     assert_same_index(output, reference)
 
 
+def test_torchrun_build_with_the_lock_held_fails_on_every_rank_without_waiting(tiny_bert, corpus, tmp_path):
+    from neobert_embed.locks import writer_lock
+
+    output = tmp_path / "index"
+    with writer_lock(output, command="test holding the lock"):   # rank 0 alone takes the lock: no deadlock
+        result = subprocess.run(_torchrun("-m", "neobert_embed.cli", "index", "build", "--model", str(tiny_bert),
+                                          "--corpus", str(corpus), "--output", str(output), "--index-type", "flat",
+                                          "--chunk-size", str(CHUNK), "--no-wait"),
+                                env=_environment(), capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert result.stderr.count("test holding the lock") >= 2, result.stderr[-3000:]  # both ranks say why
+    assert not output.with_name("index.partial").exists() and not (output / "manifest.json").exists()
+
+
 def test_devices_cpu_cpu_spawns_two_workers_with_the_same_result(tiny_bert, corpus, reference, tmp_path):
     output = tmp_path / "index"
     result = CliRunner().invoke(app, ["index", "build", "--model", str(tiny_bert), "--corpus", str(corpus),

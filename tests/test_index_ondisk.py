@@ -73,6 +73,28 @@ def test_on_disk_ivfpq_in_four_shards_searches_like_the_in_memory_one(tiny_bert,
     with pytest.raises(UserInputError, match="--on-disk index is built once"):
         add_documents(disk, corpus)
 
+    assert set(manifest.files) == {"index.faiss", "documents.sqlite", "index.ivfdata", "vectors.f16.npy"}
+    verified = CliRunner().invoke(app, ["index", "verify", str(disk)])
+    assert verified.exit_code == 0, verified.output
+    with open(disk / "index.ivfdata", "r+b") as lists:        # a truncated lists file: one line, not a crash
+        lists.truncate(lists.seek(0, 2) // 2)
+    with pytest.raises(UserInputError, match="index.ivfdata: .* bytes but the manifest recorded"):
+        open_index(disk)
+    assert CliRunner().invoke(app, ["index", "verify", str(disk)]).exit_code == 1
+
+
+def test_add_to_a_reranked_index_keeps_checksums_and_float16_vectors(tiny_bert, corpus, tmp_path):
+    index_dir = tmp_path / "pq"
+    build_index(tiny_bert, corpus, index_dir, index_type="ivfpq", chunk_size=250, show_progress=False)
+    extra = tmp_path / "late.jsonl"
+    extra.write_text('{"_id": "late0", "text": "late note about tea"}\n'
+                     '{"_id": "late1", "text": "late note about snow"}\n', encoding="utf-8")
+    manifest = add_documents(index_dir, extra, show_progress=False)
+    assert manifest.rerank_k_factor and "vectors.f16.npy" in manifest.files
+    assert len(np.load(index_dir / "vectors.f16.npy", mmap_mode="r")) == N_DOCS + 2
+    verified = CliRunner().invoke(app, ["index", "verify", str(index_dir)])
+    assert verified.exit_code == 0, verified.output
+
 
 def test_on_disk_refuses_indexes_without_inverted_lists(tiny_bert, corpus, tmp_path):
     with pytest.raises(UserInputError, match="--on-disk needs an IVF index"):
