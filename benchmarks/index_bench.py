@@ -30,7 +30,8 @@ import numpy as np
 import psutil
 
 from neobert_embed.index.build import calibrate_index, calibration_queries, fill_index
-from neobert_embed.index.factory import choose_index_spec, search_vectors, write_faiss_index
+from neobert_embed.index.factory import choose_index_spec, ivf_lists, search_vectors, write_faiss_index
+from neobert_embed.index.rerank import RERANK_K_FACTOR, RerankedIndex, needs_rerank
 from neobert_embed.index.tuning import exact_neighbours, recall_at_k
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,12 +78,16 @@ def bench_index(index_type: str, vectors: np.ndarray, queries: np.ndarray, truth
     gc.collect()
     rss_before = _rss_mb()
     start = time.perf_counter()
-    index = fill_index(spec, vectors.shape[1], _blocks(vectors), lambda rows: vectors[rows], len(vectors))
+    report: dict = {}
+    index = fill_index(spec, vectors.shape[1], _blocks(vectors), lambda rows: vectors[rows], len(vectors), report)
     build_s = time.perf_counter() - start
     index_mb = _rss_mb() - rss_before
     with tempfile.TemporaryDirectory() as tmp:
         write_faiss_index(index, Path(tmp) / "index.faiss")
         file_mb = (Path(tmp) / "index.faiss").stat().st_size / 2**20
+    base = index
+    if needs_rerank(spec.factory):   # as index build does: exact re-ranking against float16 vectors
+        index = RerankedIndex(index, vectors.astype(np.float16), RERANK_K_FACTOR)
     start = time.perf_counter()
     params, calibration = calibrate_index(index, spec, _blocks(vectors), lambda rows: vectors[rows], len(vectors),
                                           calibration_set)
@@ -91,10 +96,16 @@ def bench_index(index_type: str, vectors: np.ndarray, queries: np.ndarray, truth
     start = time.perf_counter()
     _, ids = search_vectors(index, spec, queries, 10, params)
     search_s = time.perf_counter() - start
-    del index
+    start = time.perf_counter()
+    search_vectors(base, spec, queries, 10, params)
+    base_search_s = time.perf_counter() - start
+    del index, base
     gc.collect()
     return {"index_type": index_type, "factory": spec.factory, "search_params": params,
-            "build_s": round(build_s, 2), "calibrate_s": round(calibrate_s, 2),
+            "build_s": round(build_s, 2), "train_vectors": report.get("train_vectors", 0),
+            "train_s": report.get("train_seconds", 0.0), "calibrate_s": round(calibrate_s, 2),
+            "rerank_k_factor": RERANK_K_FACTOR if needs_rerank(spec.factory) else None,
+            "unreranked_queries_per_s": round(len(queries) / base_search_s, 1),
             "index_rss_mb": round(index_mb, 1), "index_file_mb": round(file_mb, 1), "queries_per_s": round(len(queries) / search_s, 1),
             "recall_at_10": round(recall_at_k(ids, truth, 10), 4),
             "calibration_recall_at_10": round(calibration.recall_at_10, 4)}
@@ -133,6 +144,42 @@ def bench_synthetic(n: int, n_queries: int, types: tuple[str, ...], noise: float
         auto = rows["auto"]
         report["auto_meets_target"] = bool(auto["recall_at_10"] >= 0.95 and auto["speedup_vs_flat"] >= 10)
     return report
+
+
+def unit_costs(report: dict) -> dict:
+    """Per-vector unit costs for ``index plan`` from one synthetic run (see neobert_embed.index.plan)."""
+    n, d, rows = report["vectors"], report["dimension"], report["indexes"]
+    flat, ivf, hnsw, pq = rows["flat"], rows["ivf"], rows["hnsw"], rows["ivfpq"]
+    scan = 1.0 / (flat["queries_per_s"] * n * d)
+    nlist = ivf_lists(n)
+    pq_bytes = int(pq["factory"].split("PQ")[-1].split("x")[0]) * int(pq["factory"].split("x")[-1]) / 8
+    nprobe_pq = pq["search_params"]["nprobe"]
+    k_rerank = 10 * RERANK_K_FACTOR
+    rerank_s = max(0.0, 1 / pq["queries_per_s"] - 1 / pq["unreranked_queries_per_s"])
+    pq_scan_s = max(1e-12, 1 / pq["unreranked_queries_per_s"] - nlist * d * scan)
+    return {
+        "machine": f"{os.cpu_count()} CPUs, faiss {report['faiss']}, {report['threads']} threads, "
+                   f"{n} x {d} synthetic vectors (noise {report['noise']}); shared, loaded machine",
+        "measured_vectors": n, "measured_dimension": d,
+        "nprobe": {"ivf": ivf["search_params"]["nprobe"], "ivfpq": nprobe_pq},
+        "ef_search": hnsw["search_params"]["efSearch"], "rerank_k": k_rerank,
+        "unit": {
+            "flat_scan_s_per_dim": scan,
+            "flat_add_s_per_dim": flat["build_s"] / (n * d),
+            "hnsw_link_bytes": max(0.0, flat_bytes_per_vector(hnsw, n) - 4 * d),
+            "hnsw_query_s_per_dim_log": 1 / (hnsw["queries_per_s"] * d * np.log(n)),
+            "hnsw_add_s_per_dim_log": hnsw["build_s"] / (n * d * np.log(n)),
+            "kmeans_s_per_point_centroid_dim": ivf["train_s"] / (ivf["train_vectors"] * nlist * d),
+            "ivf_assign_s_per_centroid_dim": (ivf["build_s"] - ivf["train_s"]) / (n * nlist * d),
+            "pq_scan_s_per_byte": pq_scan_s / (nprobe_pq * n / nlist * pq_bytes),
+            "rerank_s_per_dim": rerank_s / (k_rerank * d),
+        },
+    }
+
+
+def flat_bytes_per_vector(row: dict, n: int) -> float:
+    """Bytes per vector of an index file."""
+    return row["index_file_mb"] * 2**20 / n
 
 
 def _encoding_throughput(model_path: Path, corpus: Path, texts: list[str], batch_size: int,
@@ -199,6 +246,8 @@ def main() -> None:
                         help="cluster noise relative to the centre spread (1: easy, 2: realistic overlap)")
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument("--save-costs", type=Path, default=None,
+                        help="write per-vector unit costs for `neobert-embed index plan` (needs flat,ivf,hnsw,ivfpq)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import faiss
@@ -211,6 +260,11 @@ def main() -> None:
         report["ag_news"] = bench_real(2000 if args.quick else None, args.queries, 1)
     if not args.skip_synthetic:
         report["synthetic"] = bench_synthetic(n, args.queries, tuple(args.types.split(",")), args.noise)
+    if args.save_costs is not None:
+        costs = {**unit_costs({**report["synthetic"], "faiss": faiss.__version__,
+                               "threads": faiss.omp_get_max_threads()}),
+                 "command": "python benchmarks/index_bench.py " + " ".join(sys.argv[1:])}
+        args.save_costs.write_text(json.dumps(costs, indent=2) + "\n", encoding="utf-8")
     report["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     report["total_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(report, indent=2))

@@ -223,27 +223,42 @@ def encode_file(
         raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
     if batch_size < 1:
         raise UserInputError(f"--batch-size must be positive, got {batch_size}")
+    from neobert_embed.index.distributed import encode_across_ranks, init_world, on_main
+
     output_path = Path(output_path)
-    check_output_file(output_path, writer=ENCODE_WRITER, inputs=[input_path, calibration], overwrite=overwrite)
-    saved = load_calibration(calibration) if calibration is not None else None
-    if saved is not None and saved.precision != precision:
-        raise UserInputError(f"--calibration {calibration} is for {saved.precision} vectors but --precision is "
-                             f"{precision}; pass --precision {saved.precision}")
-    check_model_files(model_name)
-    check_length_flag(model_name, max_seq_length, "--max-length")
+    world = init_world()  # under torchrun, rank r encodes chunks i = r mod world; rank 0 writes the file
+
+    def preflight():  # rank 0 checks; its refusal reaches every rank (no rank waits on a barrier)
+        check_output_file(output_path, writer=ENCODE_WRITER, inputs=[input_path, calibration], overwrite=overwrite)
+        loaded = load_calibration(calibration) if calibration is not None else None
+        if loaded is not None and loaded.precision != precision:
+            raise UserInputError(f"--calibration {calibration} is for {loaded.precision} vectors but --precision "
+                                 f"is {precision}; pass --precision {loaded.precision}")
+        check_model_files(model_name)
+        check_length_flag(model_name, max_seq_length, "--max-length")
+        return loaded
+
+    saved = on_main(world, preflight)
     texts = read_texts(input_path, field)
     from neobert_embed.sentence import load_sentence_model
 
-    model = load_sentence_model(model_name, max_seq_length=max_seq_length)
+    model = load_sentence_model(model_name, max_seq_length=max_seq_length, device=world.device(None))
     prompt_name = prompt_name or None
     if prompt_name is not None and prompt_name not in model.prompts and prompt_name != "document":
         known = ", ".join(sorted(model.prompts)) or "none"
         raise UserInputError(f"--prompt-name {prompt_name!r}: the model has no such prompt (saved prompts: {known})")
     prompt = model.prompts.get(prompt_name) if prompt_name else None
     start = time.perf_counter()
-    embeddings = encode_texts(model, texts, batch_size=batch_size, prompt_name=prompt_name,
-                              show_progress=show_progress)
+    embeddings = encode_across_ranks(
+        world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,
+                                                           prompt_name=prompt_name,
+                                                           show_progress=show_progress and world.is_main),
+        Path(str(output_path) + ".parts"))
     seconds = time.perf_counter() - start
+    if embeddings is None:  # not rank 0: rank 0 writes the matrix and reports
+        return EncodeReport(texts=len(texts), dimension=model.get_sentence_embedding_dimension(),
+                            precision=precision, seconds=round(seconds, 3), texts_per_second=0.0,
+                            output=str(output_path), max_seq_length=int(model.max_seq_length))
     fitted = saved
     if fitted is None and precision in ("int8", "binary"):
         fitted = fit_calibration(embeddings, precision, model=model_name)

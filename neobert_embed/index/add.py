@@ -23,6 +23,7 @@ from pathlib import Path
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, remove_debris
 from neobert_embed.index.corpus import CorpusDocument, CorpusFields, corpus_kind, read_corpus
+from neobert_embed.index.distributed import refuse_distributed
 from neobert_embed.index.factory import as_codes, write_faiss_index
 from neobert_embed.index.integrity import open_faiss, open_store, with_checksums
 from neobert_embed.index.manifest import (
@@ -34,6 +35,7 @@ from neobert_embed.index.manifest import (
     write_manifest,
 )
 from neobert_embed.index.progress import document_progress
+from neobert_embed.index.rerank import RERANK_NAME, append_rerank_vectors
 from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.locks import writer_lock
@@ -61,8 +63,11 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
     Example:
         >>> add_documents("runs/news-index", "late.txt")
     """
+    refuse_distributed("index add")
     index_dir = Path(index_dir)
-    read_manifest(index_dir)
+    if read_manifest(index_dir).on_disk:
+        raise UserInputError(f"{index_dir}: an --on-disk index is built once from its shards; rebuild it with "
+                             "`neobert-embed index build --on-disk` over the whole corpus")
     fields = fields or CorpusFields()
     row_ids = fields.row_ids or corpus_kind(corpus) == "txt"
     if row_ids and on_duplicate == "replace":
@@ -88,8 +93,10 @@ def _add_locked(index_dir: Path, corpus: str | Path, fields: CorpusFields, row_i
     manifest = read_manifest(index_dir)
     spec = spec_of(manifest)
     open_store(index_dir, manifest).close()
+    rerank = bool(manifest.rerank_k_factor)
+    added_vectors: list = []
     with atomic_directory(index_dir, record=MANIFEST_NAME) as work:
-        for entry in index_dir.iterdir():  # the index files, and anything the user keeps beside them
+        for entry in index_dir.iterdir():  # the index files (vectors.f16.npy too), and what the user keeps there
             if entry.is_dir():
                 shutil.copytree(entry, work / entry.name)
             elif entry.name != MANIFEST_NAME:
@@ -112,6 +119,8 @@ def _add_locked(index_dir: Path, corpus: str | Path, fields: CorpusFields, row_i
                         [d.encoded_text for d in documents], "document",
                         advance=lambda n: progress.advance(task, n))
                     index.add(as_codes(spec, vectors))
+                    if rerank:
+                        added_vectors.append(vectors)
             updated = manifest.model_copy(update={
                 "documents": store.live_count(), "vectors": store.total_rows(),
                 "replaced": manifest.replaced + result.replaced,
@@ -120,6 +129,8 @@ def _add_locked(index_dir: Path, corpus: str | Path, fields: CorpusFields, row_i
         if index.ntotal != updated.vectors:
             raise RuntimeError(f"index holds {index.ntotal} vectors but the store {updated.vectors}")
         write_faiss_index(index, work / INDEX_NAME)
+        if rerank:
+            append_rerank_vectors(work / RERANK_NAME, added_vectors)
         updated = with_checksums(work, updated)
         write_manifest(work, updated)
     return updated

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json, remove_debris, replace_directory
 from neobert_embed.index.corpus import CorpusFields, corpus_fingerprint, read_corpus
+from neobert_embed.index.distributed import World, barrier, init_world, on_main
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import (
     IndexSpec,
@@ -49,8 +51,16 @@ from neobert_embed.index.manifest import (
     IndexManifest,
     write_manifest,
 )
+from neobert_embed.index.ondisk import build_on_disk, check_on_disk, train_index
 from neobert_embed.index.preflight import check_factory_for_corpus, count_documents
 from neobert_embed.index.progress import document_progress
+from neobert_embed.index.rerank import (
+    RERANK_K_FACTOR,
+    RERANK_NAME,
+    needs_rerank,
+    with_rerank,
+    write_rerank_vectors,
+)
 from neobert_embed.index.shards import ShardDirectory
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
@@ -87,6 +97,7 @@ class BuildOptions(BaseModel):
     max_seq_length: int | None = Field(default=None, gt=0)
     device: str | None = None
     revision: str | None = None
+    on_disk: bool = False
 
     @property
     def fields(self) -> CorpusFields:
@@ -175,19 +186,22 @@ def _import_corpus(store: DocumentStore, options: BuildOptions, show_progress: b
 
 def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexEncoder,
                    options: BuildOptions, total: int, show_progress: bool,
-                   on_chunk: Callable[[ChunkDone], None] | None) -> int:
+                   on_chunk: Callable[[ChunkDone], None] | None, world: World = World()) -> int:
+    """Encode this rank's unfinished chunks (all of them in one process); a chunk is finished once its shard exists."""
     n_chunks = math.ceil(total / options.chunk_size)
-    start = store.finished_chunks()
-    with document_progress(show_progress) as progress:
-        task = progress.add_task("encoding documents", total=total,
-                                 completed=min(total, start * options.chunk_size))
-        for chunk in range(start, n_chunks):
+    finished = shards.finished()
+    todo = world.my_chunks(n_chunks, finished)
+    label = f"encoding documents (rank 0 of {world.size})" if world.distributed else "encoding documents"
+    with document_progress(show_progress and world.is_main) as progress:
+        task = progress.add_task(label, total=total, completed=min(total, len(finished) * options.chunk_size))
+        for chunk in todo:
             first = chunk * options.chunk_size
             documents = store.documents_between(first, first + options.chunk_size)
             vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], "document",
-                                                     advance=lambda n: progress.advance(task, n))
+                                                     advance=lambda n: progress.advance(task, n * world.size))
             shards.write(chunk, vectors)
-            store.mark_chunk_finished(chunk, first, len(documents))
+            if not store.read_only:
+                store.mark_chunk_finished(chunk, first, len(documents))
             if on_chunk is not None:
                 on_chunk(ChunkDone(chunk, n_chunks, first + len(documents), total))
     return n_chunks
@@ -200,7 +214,7 @@ def _sample_rows(total: int, size: int, seed: int) -> np.ndarray:
 
 
 def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
-               sample: Callable[[np.ndarray], np.ndarray], total: int) -> Any:
+               sample: Callable[[np.ndarray], np.ndarray], total: int, report: dict | None = None) -> Any:
     """Create ``spec``, train it on a seeded sample of the vectors, and add every block.
 
     Shared with the benchmark so measured indexes are built exactly as ``index build`` builds them.
@@ -208,13 +222,15 @@ def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
     Args:
         blocks: returns a fresh iterator of ``(first_row, vectors)``.
         sample: returns the vectors at sorted rows.
+        report: receives ``train_vectors`` and ``train_seconds``.
 
     Example:
         >>> index = fill_index(spec, 384, lambda: [(0, x)], lambda rows: x[rows], len(x))
     """
-    index = create_index(spec, dimension)
-    if spec.train_size and not index.is_trained:
-        index.train(as_codes(spec, sample(_sample_rows(total, spec.train_size, SAMPLE_SEED))))
+    index, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
+    if report is not None:
+        report.update(train_vectors=min(total, spec.train_size) if spec.train_size else 0,
+                      train_seconds=round(seconds, 3))
     for _, block in blocks():
         index.add(as_codes(spec, np.asarray(block, dtype=np.float32)))
     return index
@@ -249,22 +265,81 @@ def calibrate_index(index: Any, spec: IndexSpec, blocks: Callable[[], Any],
     return calibrate(index, spec, vectors, rows, exact)
 
 
-def _encode_and_fill(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progress: bool,
-                     on_chunk: Callable[[ChunkDone], None] | None) -> tuple[IndexSpec, dict, Any, int]:
-    """Import, encode the missing chunks, then train, fill, calibrate and write the FAISS index."""
-    shards = ShardDirectory(partial / "shards")
+def _import_and_check(partial: Path, opts: BuildOptions, dimension: int, show_progress: bool) -> int:
+    """Rank 0: import the corpus into the store and refuse an index type the corpus cannot train."""
     with DocumentStore(partial / STORE_NAME) as store:
         total = _import_corpus(store, opts, show_progress)
         if opts.factory is not None:  # before encoding: corpora that could not be counted earlier
-            check_factory_for_corpus(opts.factory, total, encoder.dimension)
-        spec = choose_index_spec(opts.index_type, total, encoder.dimension, opts.precision, opts.factory)
-        n_chunks = _encode_chunks(store, shards, encoder, opts, total, show_progress, on_chunk)
+            check_factory_for_corpus(opts.factory, total, dimension)
+    _build_spec(opts, total, dimension)
+    return total
+
+
+def _build_spec(opts: BuildOptions, total: int, dimension: int) -> IndexSpec:
+    """The index to build; with ``--on-disk``, ``auto`` means IVF-PQ (the memory-bounded choice)."""
+    index_type = "ivfpq" if opts.on_disk and opts.index_type == "auto" and opts.factory is None else opts.index_type
+    spec = choose_index_spec(index_type, total, dimension, opts.precision, opts.factory)
+    if opts.on_disk:
+        check_on_disk(spec)
+    return spec
+
+
+def _encode(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progress: bool,
+            on_chunk: Callable[[ChunkDone], None] | None, world: World) -> tuple[int, int]:
+    """Import (rank 0), then encode the missing chunks (every rank its share); returns (rows, chunks)."""
+    total = on_main(world, lambda: _import_and_check(partial, opts, encoder.dimension, show_progress))
+    with DocumentStore(partial / STORE_NAME, read_only=world.distributed) as store:
+        n_chunks = _encode_chunks(store, ShardDirectory(partial / "shards"), encoder, opts, total, show_progress,
+                                  on_chunk, world)
+    barrier(world)
+    return total, n_chunks
+
+
+def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: int,
+                    n_chunks: int) -> tuple[IndexSpec, dict, Any, dict[str, Any]]:
+    """Once every shard exists: train on a sample, fill, calibrate and write the FAISS index."""
+    shards = ShardDirectory(partial / "shards")
+    missing = sorted(set(range(n_chunks)) - shards.finished())
+    if missing:
+        raise RuntimeError(f"{partial}: chunks {missing[:10]} were not encoded (a rank failed); rerun with --resume")
+    spec = _build_spec(opts, total, dimension)
     blocks = functools.partial(shards.blocks, n_chunks)
     sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
-    index = fill_index(spec, encoder.dimension, blocks, sample, total)
-    params, calibration = calibrate_index(index, spec, blocks, sample, total)
-    write_faiss_index(index, partial / INDEX_NAME)
-    return spec, params, calibration, total
+    details: dict[str, Any] = {"on_disk": opts.on_disk,
+                               "rerank_k_factor": RERANK_K_FACTOR if needs_rerank(spec.factory) else None}
+    if opts.on_disk:
+        trained, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
+        details.update(train_vectors=min(total, spec.train_size), train_seconds=round(seconds, 3))
+        index = build_on_disk(trained, spec, blocks(), partial)
+    else:
+        index = fill_index(spec, dimension, blocks, sample, total, report=details)
+    if details["rerank_k_factor"]:
+        write_rerank_vectors(partial / RERANK_NAME, blocks(), total, dimension)
+    searchable = with_rerank(index, partial, details["rerank_k_factor"])
+    params, calibration = calibrate_index(searchable, spec, blocks, sample, total)
+    if not opts.on_disk:
+        write_faiss_index(index, partial / INDEX_NAME)
+    return spec, params, calibration, details
+
+
+def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncoder, total: int,
+            n_chunks: int) -> IndexManifest:
+    """Rank 0: build the FAISS index from the shards, write the manifest, move ``partial`` to ``output``."""
+    spec, params, calibration, details = _fill_and_write(partial, opts, encoder.dimension, total, n_chunks)
+    manifest = IndexManifest(
+        model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
+        model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
+        similarity=encoder.similarity, normalized=encoder.normalized,
+        max_seq_length=int(encoder.model.max_seq_length), prompts=encoder.prompts,
+        index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
+        search_params=params, calibration=calibration, documents=total, vectors=total,
+        sources=[opts.corpus], **details)
+    manifest = with_checksums(partial, manifest)
+    write_manifest(partial, manifest)
+    ShardDirectory(partial / "shards").remove()
+    (partial / STATE_NAME).unlink()
+    replace_directory(partial, output)
+    return manifest
 
 
 def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, resume: bool = False,
@@ -297,10 +372,15 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
     """
     opts = BuildOptions(model=str(model), corpus=str(corpus), **options)
     output = Path(output)
-    _preflight(opts, output)
-    with writer_lock(output, command="neobert-embed index build", wait=wait,
-                     on_stale=lambda holder: _report_stale(holder, output)):
-        return _build_locked(opts, output, resume, overwrite, show_progress, on_chunk)
+    world = init_world()
+    with contextlib.ExitStack() as held:
+        def checked_and_locked() -> None:  # rank 0 only: the other ranks wait for its verdict, not on the lock
+            _preflight(opts, output)
+            held.enter_context(writer_lock(output, command="neobert-embed index build", wait=wait,
+                                           on_stale=lambda holder: _report_stale(holder, output)))
+
+        on_main(world, checked_and_locked)
+        return _build_locked(opts, output, resume, overwrite, show_progress, on_chunk, world)
 
 
 def _preflight(opts: BuildOptions, output: Path) -> None:
@@ -324,31 +404,19 @@ def _report_stale(holder: LockHolder, output: Path) -> None:
 
 
 def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: bool, show_progress: bool,
-                  on_chunk: Callable[[ChunkDone], None] | None) -> IndexManifest:
-    encoder = load_encoder(opts.model, device=opts.device, batch_size=opts.batch_size,
+                  on_chunk: Callable[[ChunkDone], None] | None, world: World) -> IndexManifest:
+    encoder = load_encoder(opts.model, device=world.device(opts.device), batch_size=opts.batch_size,
                            max_seq_length=opts.max_seq_length, revision=opts.revision)
     check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
     if opts.factory is not None:
         create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)
-    partial = _prepare_partial(output, _saved_state(opts, encoder), resume, overwrite)
+    state = _saved_state(opts, encoder)
+    partial = on_main(world, lambda: _prepare_partial(output, state, resume, overwrite))
     try:
-        spec, params, calibration, total = _encode_and_fill(partial, opts, encoder, show_progress, on_chunk)
+        total, n_chunks = _encode(partial, opts, encoder, show_progress, on_chunk, world)
     except KeyboardInterrupt:
-        with DocumentStore(partial / STORE_NAME) as store:
+        with DocumentStore(partial / STORE_NAME, read_only=True) as store:
             total = store.total_rows()
-            encoded = min(total, store.finished_chunks() * opts.chunk_size)
+        encoded = min(total, len(ShardDirectory(partial / "shards").finished()) * opts.chunk_size)
         raise BuildInterrupted(partial, encoded, total) from None
-    manifest = IndexManifest(
-        model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
-        model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
-        similarity=encoder.similarity, normalized=encoder.normalized,
-        max_seq_length=int(encoder.model.max_seq_length), prompts=encoder.prompts,
-        index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
-        search_params=params, calibration=calibration, documents=total, vectors=total,
-        sources=[opts.corpus])
-    manifest = with_checksums(partial, manifest)
-    write_manifest(partial, manifest)
-    ShardDirectory(partial / "shards").remove()
-    (partial / STATE_NAME).unlink()
-    replace_directory(partial, output)
-    return manifest
+    return on_main(world, lambda: _finish(partial, output, opts, encoder, total, n_chunks))

@@ -1,6 +1,6 @@
 """CLI commands of `neobert_embed.index` (registered on the main app by `neobert_embed.cli`).
 
-``neobert-embed index build|add|search|eval``: thin wrappers over :mod:`neobert_embed.index`;
+``neobert-embed index build|add|search|eval|plan``: thin wrappers over :mod:`neobert_embed.index`;
 heavy imports happen inside the commands so ``--help`` stays instant.
 """
 
@@ -25,6 +25,9 @@ RowIds = Annotated[bool, typer.Option("--row-ids", help="Use line/row numbers as
 Split = Annotated[str, typer.Option("--split", help="Split to read when the corpus is a HF dataset.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
 Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, mps… (default: auto).")]
+Devices = Annotated[str | None, typer.Option(
+    "--devices", help="Encode with one worker per device, e.g. cuda:0,cuda:1 (or cpu,cpu); under torchrun "
+    "every rank already takes its share.")]
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
 NoWait = Annotated[bool, typer.Option("--no-wait", help="Fail at once if another process writes this index.")]
@@ -83,18 +86,31 @@ def build(
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted build.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index.")] = False,
     no_wait: NoWait = False,
+    devices: Devices = None,
+    on_disk: Annotated[bool, typer.Option(
+        "--on-disk", help="IVF indexes only: merge per-shard indexes into memory-mapped on-disk lists "
+        "(index.ivfdata), so RAM holds the coarse quantizer, not the corpus.")] = False,
 ) -> None:
-    """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest."""
+    """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest.
+
+    Runs data-parallel under `torchrun --nproc-per-node N` or with --devices (rank r encodes chunks
+    i = r mod N; rank 0 builds the index).
+    """
     from neobert_embed.index.build import BuildInterrupted, build_index
+    from neobert_embed.index.distributed import launch_on_devices, parse_devices
 
     console = _console()
+    options = dict(resume=resume, overwrite=overwrite, text_field=text_field, id_field=id_field,
+                   title_field=title_field, row_ids=row_ids, split=split, index_type=index_type,
+                   factory=factory, precision=precision, chunk_size=chunk_size, batch_size=batch_size,
+                   max_seq_length=max_seq_length, revision=revision, on_disk=on_disk,
+                   wait=not no_wait)
     try:
-        manifest = build_index(model, corpus, output, resume=resume, overwrite=overwrite,
-                               text_field=text_field, id_field=id_field, title_field=title_field,
-                               row_ids=row_ids, split=split, index_type=index_type, factory=factory,
-                               precision=precision, chunk_size=chunk_size, batch_size=batch_size,
-                               max_seq_length=max_seq_length, device=device, revision=revision,
-                               wait=not no_wait)
+        if devices is not None:
+            manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
+                                         output=output, **options)
+        else:
+            manifest = build_index(model, corpus, output, device=device, **options)
     except BuildInterrupted as stop:
         command = _resume_command(model=model, corpus=corpus, output=output, text_field=text_field,
                                   id_field=id_field, title_field=title_field, row_ids=row_ids,
@@ -110,8 +126,13 @@ def build(
                   highlight=False, soft_wrap=True)
     calibration = manifest.calibration
     recall = f", recall@10 {calibration.recall_at_10:.3f} vs exact" if calibration else ""
+    trained = (f"; trained on {manifest.train_vectors} sampled vectors in {manifest.train_seconds:.1f} s"
+               if manifest.train_vectors else "")
+    extras = "".join([", lists on disk (mmap)" if manifest.on_disk else "",
+                      f", top-{manifest.rerank_k_factor}x re-ranked exactly" if manifest.rerank_k_factor else ""])
     console.print(f"index of {manifest.documents} documents written to {output} "
-                  f"({manifest.factory}, {manifest.search_params or 'exact'}{recall})", highlight=False)
+                  f"({manifest.factory}, {manifest.search_params or 'exact'}{recall}{extras}{trained})",
+                  highlight=False)
 
 
 @index_app.command("add")
@@ -265,6 +286,46 @@ def verify(
             console.print(f"{index_dir}: OK ({', '.join(report.checked)} match the manifest)", highlight=False)
     if not report.ok:
         raise typer.Exit(1)
+
+
+@index_app.command("plan")
+def plan(
+    vectors: Annotated[int, typer.Option("--vectors", min=1, help="Number of vectors to index.")],
+    dim: Annotated[int, typer.Option("--dim", min=1, help="Embedding dimension.")],
+    index_type: Annotated[str, typer.Option("--index-type", help="flat | ivf | hnsw | ivfpq | auto | all")] = "all",
+    on_disk: Annotated[bool, typer.Option("--on-disk", help="IVF lists memory-mapped from disk.")] = False,
+    costs: Annotated[Path | None, typer.Option(
+        "--costs", help="Unit costs measured by benchmarks/index_bench.py --save-costs (default: the saved ones).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Estimate RAM, disk, build time and queries/s from per-vector costs measured by the benchmark."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from neobert_embed.index.plan import load_costs, plan_index, plan_json
+
+    measured = load_costs(costs)
+    rows = plan_index(vectors, dim, index_type, on_disk=on_disk, costs=measured)
+    if as_json:
+        typer.echo(plan_json(rows, vectors, dim, measured))
+        return
+    table = Table(title=f"{vectors:,} x {dim} vectors (unit costs measured on: {measured.get('machine')})",
+                  title_justify="left")
+    for column in ("index", "factory", "RAM GB", "disk GB", "index build", "queries/s", "search"):
+        table.add_column(column, justify="left" if column in ("index", "factory", "search") else "right")
+    for row in rows:
+        table.add_row(row.index_type + (" (on disk)" if row.on_disk else ""), row.factory, f"{row.ram_gb:,.2f}",
+                      f"{row.disk_gb:,.2f}", _duration(row.build_s), f"{row.queries_per_s:,.3g}", row.search_param)
+    Console(width=max(120, Console().width)).print(table)
+    typer.echo("Build time is the index's own (train + add), without encoding; queries/s is one process, "
+               "batched queries; RAM for on-disk indexes excludes the OS page cache.")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def register(app: typer.Typer) -> None:

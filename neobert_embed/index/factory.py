@@ -10,7 +10,7 @@ factory string, refusing combinations FAISS cannot do, and runs every search the
 Example:
     >>> spec = choose_index_spec("auto", n_vectors=1_000_000, dimension=384)
     >>> spec.factory, spec.tuned_parameter
-    ('IVF1024,Flat', 'nprobe')
+    ('HNSW32', 'efSearch')
 """
 
 from __future__ import annotations
@@ -129,8 +129,12 @@ def choose_index_spec(index_type: str, n_vectors: int, dimension: int, precision
                       factory: str | None = None) -> IndexSpec:
     """Resolve the user's options into an :class:`IndexSpec`, refusing impossible combinations.
 
-    ``auto`` is exact below ``EXACT_SEARCH_LIMIT`` vectors and IVF above (HNSW for binary codes);
-    the approximate indexes get their search parameter calibrated after building so recall@10
+    ``auto`` is exact below ``EXACT_SEARCH_LIMIT`` vectors and HNSW above. Why not IVF: on
+    overlapping clusters (``benchmarks/index_bench.py --noise 2``) k-means cells cut through
+    neighbourhoods, and IVF (plain, with an HNSW coarse quantizer and 4x the lists, or IVF-PQ
+    fast-scan with refine) needs nearly every list for recall@10 0.95, while HNSW reaches 0.98 at
+    16x flat's queries/s (``benchmarks/index_sweep.py``; figures in docs/indexing.md). The
+    approximate indexes get their search parameter calibrated after building so recall@10
     against exact search stays >= 0.95 (see :mod:`neobert_embed.index.tuning`).
 
     Example:
@@ -142,7 +146,7 @@ def choose_index_spec(index_type: str, n_vectors: int, dimension: int, precision
         return _custom_spec(factory, n_vectors)
     binary = precision == "binary"
     if index_type == "auto":
-        index_type = "flat" if n_vectors < EXACT_SEARCH_LIMIT else ("hnsw" if binary else "ivf")
+        index_type = "flat" if n_vectors < EXACT_SEARCH_LIMIT else "hnsw"
     nlist = ivf_lists(n_vectors)
     ivf_train = min(n_vectors, KMEANS_POINTS_PER_CENTROID * nlist)
     sq_train = min(n_vectors, 100_000) if precision in ("int8",) else 0
@@ -203,6 +207,7 @@ def _search_parameters(index: Any, params: dict[str, int], excluded: np.ndarray 
     """Build the right ``SearchParameters`` subclass; returns it with the selector it references."""
     import faiss
 
+    index = getattr(index, "reranked_base", index)  # a RerankedIndex takes its base index's parameters
     selector = None
     if excluded is not None and len(excluded):
         selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.asarray(excluded, dtype=np.int64)))

@@ -24,9 +24,11 @@ from typing import Any
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.factory import read_faiss_index
 from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexFile, IndexManifest, read_manifest
+from neobert_embed.index.ondisk import IVFDATA_NAME, read_on_disk
+from neobert_embed.index.rerank import RERANK_NAME
 from neobert_embed.index.store import DocumentStore
 
-CHECKSUMMED = (INDEX_NAME, STORE_NAME)
+CHECKSUMMED = (INDEX_NAME, STORE_NAME, IVFDATA_NAME, RERANK_NAME)  # the last two only exist for some indexes
 READ_BLOCK = 1 << 20
 
 
@@ -74,6 +76,8 @@ def _check_sizes(directory: Path, manifest: IndexManifest) -> None:
 def open_faiss(directory: str | Path, manifest: IndexManifest) -> Any:
     """Load ``index.faiss`` of ``directory`` and check it is this index's (vectors, dimension).
 
+    An ``--on-disk`` index is opened with its inverted lists memory-mapped from ``index.ivfdata``.
+
     Example:
         >>> open_faiss("runs/news-index", read_manifest("runs/news-index")).ntotal
         7600
@@ -82,7 +86,7 @@ def open_faiss(directory: str | Path, manifest: IndexManifest) -> Any:
     _check_sizes(directory, manifest)
     path = directory / INDEX_NAME
     try:
-        index = read_faiss_index(path, manifest.binary)
+        index = read_on_disk(directory) if manifest.on_disk else read_faiss_index(path, manifest.binary)
     except (RuntimeError, AssertionError, MemoryError, EOFError) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:160]
         raise UserInputError(f"{path}: not a readable FAISS index ({reason}); {_advice(directory)}") from None

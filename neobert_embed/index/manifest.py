@@ -74,8 +74,14 @@ class IndexManifest(BaseModel):
     vectors: int = Field(description="vectors in the FAISS index, replaced ones included")
     replaced: int = 0
     sources: list[str] = Field(default_factory=list)
-    files: dict[str, IndexFile] = Field(default_factory=dict, description="checksums of index.faiss and "
-                                        "documents.sqlite (empty for indexes made before checksums)")
+    files: dict[str, IndexFile] = Field(default_factory=dict, description="checksums of index.faiss, "
+                                        "documents.sqlite, and index.ivfdata / vectors.f16.npy where they exist "
+                                        "(empty for indexes made before checksums)")
+    on_disk: bool = Field(default=False, description="inverted lists memory-mapped from index.ivfdata")
+    rerank_k_factor: int | None = Field(
+        default=None, description="k x this many candidates re-scored exactly against vectors.f16.npy")
+    train_vectors: int | None = Field(default=None, description="size of the sample the index was trained on")
+    train_seconds: float | None = Field(default=None, description="time spent training on that sample")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     updated_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 

@@ -23,6 +23,7 @@ from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import IndexSpec, search_vectors
 from neobert_embed.index.integrity import open_faiss, open_store
 from neobert_embed.index.manifest import IndexManifest, read_manifest
+from neobert_embed.index.rerank import with_rerank
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class SearchIndex:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.spec = spec_of(self.manifest)
-        self.faiss_index: Any = open_faiss(self.directory, self.manifest)  # before the model: fail fast
+        index = open_faiss(self.directory, self.manifest)  # before the model: fail fast
+        self.faiss_index: Any = with_rerank(index, self.directory, self.manifest.rerank_k_factor)
         self.store = open_store(self.directory, self.manifest)
         self.excluded = self.store.deleted_rows()
         try:

@@ -42,6 +42,15 @@ class ShardDirectory:
             os.fsync(handle.fileno())
         os.replace(tmp, final)
 
+    def finished(self) -> set[int]:
+        """Chunks whose shard is on disk (written atomically, so present means complete).
+
+        Example:
+            >>> ShardDirectory("runs/index.partial/shards").finished()
+            {0, 1, 3}
+        """
+        return {int(path.stem.split("-")[1]) for path in self.directory.glob("chunk-*.npy")}
+
     def load(self, chunk: int) -> np.ndarray:
         """Memory-map one chunk."""
         return np.load(self.path(chunk), mmap_mode="r")

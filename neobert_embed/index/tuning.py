@@ -25,6 +25,7 @@ RECALL_TARGET = 0.95
 CALIBRATION_MARGIN = 0.02
 CALIBRATION_QUERIES = 512
 PLATEAU = 0.005
+EXACT_SLICE_ROWS = 8192
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def exact_neighbours(queries: np.ndarray, blocks: Iterable[tuple[int, np.ndarray
     n_queries = len(queries)
     best_scores = np.full((n_queries, 0), -np.inf, dtype=np.float32)
     best_rows = np.zeros((n_queries, 0), dtype=np.int64)
-    for first_row, block in blocks:
+    for first_row, block in _slices(blocks):
         scores = queries @ np.asarray(block, dtype=np.float32).T
         if query_rows is not None:
             inside = (query_rows >= first_row) & (query_rows < first_row + len(block))
@@ -60,6 +61,13 @@ def exact_neighbours(queries: np.ndarray, blocks: Iterable[tuple[int, np.ndarray
         best_rows = np.take_along_axis(all_rows, top, axis=1)
     order = np.argsort(-best_scores, axis=1, kind="stable")
     return np.take_along_axis(best_rows, order, axis=1)
+
+
+def _slices(blocks: Iterable[tuple[int, np.ndarray]]) -> Iterable[tuple[int, np.ndarray]]:
+    """Cut blocks into ``EXACT_SLICE_ROWS`` rows so the score matrices stay small (RAM of a build)."""
+    for first_row, block in blocks:
+        for start in range(0, len(block), EXACT_SLICE_ROWS):
+            yield first_row + start, block[start:start + EXACT_SLICE_ROWS]
 
 
 def recall_at_k(found: Sequence[Sequence[int]], exact: np.ndarray, k: int = 10) -> float:
@@ -84,6 +92,7 @@ def _candidates(index: object, spec: IndexSpec) -> list[int]:
     import faiss
 
     values = list(spec.candidates)
+    index = getattr(index, "reranked_base", index)
     ivf = faiss.try_extract_index_ivf(index) if isinstance(index, faiss.Index) else None
     if spec.tuned_parameter == "nprobe" and ivf is not None:
         values = [v for v in values if v < ivf.nlist] + [int(ivf.nlist)]
