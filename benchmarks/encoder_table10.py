@@ -187,7 +187,8 @@ def main() -> None:
                           "mfu": round(rates[best] * flops_per_token / (peak * 1e12), 4),
                           "sweep": {str(b): round(r, 1) for b, r in rates.items()}, "attention": attention,
                           "parameters": sum(p.numel() for p in model.parameters())})
-            mixed.append(mixed_row(model, kind, length, best, device, args))
+            # the padded-vs-un-padded column needs several sequences: the largest batch that fit
+            mixed.append(mixed_row(model, kind, length, max(rates), device, args))
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
