@@ -7,6 +7,11 @@ one-shot import hook: if transformers is already loaded, NeoBERT is registered n
 registered right after ``transformers`` itself finishes importing, before user code can touch an
 Auto class. Importing :mod:`neobert_embed.modeling` directly always registers too.
 
+When one of our own modeling modules is what first imports transformers, registering at that
+moment would be circular (the registering module needs classes still being defined), so the hook
+skips, and each modeling module that imports transformers calls :func:`register_unless_circular`
+as its last statement instead; whichever finishes last with nothing half-imported registers.
+
 Example:
     >>> import neobert_embed                 # light: neither torch nor transformers is imported
     >>> import transformers                  # NeoBERT is registered as this import completes
@@ -43,10 +48,34 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module: ModuleType) -> None:
             load(module)
-            importlib.import_module(REGISTERING_MODULE)
+            register_unless_circular()
 
         spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]
         return spec
+
+
+def _own_modeling_module_is_initializing() -> bool:
+    return any(
+        name.startswith("neobert_embed.modeling.") and getattr(getattr(module, "__spec__", None), "_initializing", False)
+        for name, module in list(sys.modules.items())
+    )
+
+
+def register_unless_circular() -> None:
+    """Import the registering module, unless one of our modeling modules is still mid-import.
+
+    Why: ``neobert_embed.modeling.configuration`` may be the first module to import transformers;
+    the hook then fires while ``NeoBERTConfig`` is not defined yet. That attempt is skipped, and
+    the modeling modules call this again once their classes exist.
+
+    Example:
+        >>> register_unless_circular()   # after transformers is loaded: NeoBERT is registered
+    """
+    try:
+        importlib.import_module(REGISTERING_MODULE)
+    except ImportError:
+        if not _own_modeling_module_is_initializing():
+            raise
 
 
 def register_when_transformers_loads() -> None:
@@ -56,6 +85,6 @@ def register_when_transformers_loads() -> None:
         >>> register_when_transformers_loads()
     """
     if TRIGGER in sys.modules:
-        importlib.import_module(REGISTERING_MODULE)
+        register_unless_circular()
     elif not any(isinstance(finder, _RegisterAfterImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _RegisterAfterImport())

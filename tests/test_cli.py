@@ -69,3 +69,24 @@ def test_importing_the_package_still_registers_neobert():
         out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split() == ["NeoBERTConfig", "NeoBERTModel"]
+
+
+MODELING_MODULES = ("configuration", "model", "rotary", "attention", "conversion", "auto")
+
+
+def test_any_modeling_module_imported_first_registers_neobert():
+    """A modeling module that is the first to import transformers must not hit a circular import.
+
+    ``neobert-embed convert`` once failed with "partially initialized module" because conversion
+    imported ``configuration`` before anything else had loaded transformers. One fresh process per
+    module, run side by side.
+    """
+    check = ("import neobert_embed.modeling.{}, transformers; "
+             "c = transformers.AutoConfig.for_model('neobert', hidden_size=64, num_attention_heads=2); "
+             "print(type(transformers.AutoModel.from_config(c)).__name__)")
+    procs = {first: subprocess.Popen([sys.executable, "-c", check.format(first)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for first in MODELING_MODULES}
+    for first, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"import neobert_embed.modeling.{first} first: {err[-2000:]}"
+        assert out.split() == ["NeoBERTModel"], first

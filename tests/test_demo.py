@@ -28,6 +28,11 @@ def test_stdlib_corpus_has_real_pairs_and_a_consistent_heldout_task(tmp_path):
     assert all(line.split("\t")[1] in corpus_ids for line in qrels)
     pairs = [json.loads(line) for line in paths["pairs"].read_text().splitlines()]
     assert not {p["query"] for p in pairs} & {q["text"] for q in queries}
+    full = write_demo_data(docs, split, tmp_path / "full", corpus_size=1000)["task"]
+    ids = [json.loads(line)["_id"] for line in (full / "corpus.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 1000 and {d.name for d in split.heldout} <= set(ids)
+    modules = {name.split(".")[0] for name in ids if name not in {d.name for d in split.heldout}}
+    assert len(modules) > 50, "distractors should come from across the standard library"
 
 
 def test_quick_demo_runs_every_stage_speaks_with_one_voice_and_rerun_skips_them(tmp_path):

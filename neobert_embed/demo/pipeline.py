@@ -47,7 +47,7 @@ class DemoSettings:
 
     pretrain_steps: int = 300
     contrastive_steps: int = 600
-    minilm_steps: int = 80
+    minilm_steps: int = 60
     max_documents: int | None = None
     baselines: bool = True
 

@@ -26,6 +26,7 @@ from transformers import PretrainedConfig
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.modeling.attention import ATTENTION_BACKENDS
+from neobert_embed.registration import register_unless_circular
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
 
@@ -174,3 +175,6 @@ def _check_rope_scaling(parameters: dict[str, Any] | None) -> None:
             f"NeoBERTConfig: rope_scaling of type {rope_type!r} needs a 'factor' > 1 "
             '(e.g. {"rope_type": "yarn", "factor": 2.0})'
         )
+
+
+register_unless_circular()  # last: the classes above exist now (see neobert_embed.registration)

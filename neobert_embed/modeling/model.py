@@ -45,6 +45,7 @@ from neobert_embed.modeling.attention import (
 )
 from neobert_embed.modeling.configuration import NeoBERTConfig, swiglu_hidden_size
 from neobert_embed.modeling.rotary import RotaryEmbedding, apply_rotary
+from neobert_embed.registration import register_unless_circular
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 logger = logging.get_logger(__name__)
@@ -388,3 +389,6 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
         if self.config.problem_type == "single_label_classification":
             return F.cross_entropy(logits.view(-1, self.num_labels).float(), labels.view(-1))
         return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+register_unless_circular()  # last: the classes above exist now (see neobert_embed.registration)

@@ -31,6 +31,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from neobert_embed.modeling.configuration import NeoBERTConfig
+from neobert_embed.registration import register_unless_circular
 
 
 class RotaryEmbedding(nn.Module):
@@ -107,3 +108,6 @@ def apply_rotary(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     middle = [1] * (x.dim() - rotations.dim())
     rotations = rotations.view(*rotations.shape[:-1], *middle, rotations.shape[-1])
     return torch.view_as_real(pairs * rotations).flatten(-2).type_as(x)
+
+
+register_unless_circular()  # last: the classes above exist now (see neobert_embed.registration)
