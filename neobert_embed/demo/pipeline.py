@@ -46,8 +46,8 @@ class DemoSettings:
     """Sizes of the demo; ``quick()`` shrinks them for tests."""
 
     pretrain_steps: int = 300
-    contrastive_steps: int = 600
-    minilm_steps: int = 60
+    contrastive_steps: int = 450
+    minilm_steps: int = 45
     max_documents: int | None = None
     baselines: bool = True
 
