@@ -145,6 +145,21 @@ def test_existing_run_needs_resume_and_cpu_threads_apply(corpus, tmp_path, monke
         pretrain(_recipe(max_steps=2), corpus, tmp_path / "run", progress=False)
 
 
+def test_resume_with_changed_settings_is_refused_naming_each_key(corpus, tmp_path):
+    run = tmp_path / "run"
+    pretrain(_recipe(max_steps=4), corpus, run, stop_after_steps=2, progress=False)
+    changed = tiny_recipe(max_steps=4, micro_batch_size=2)
+    changed["masking"] = {"rate": 0.3}
+    with pytest.raises(UserInputError, match=r"masking\.rate \(0\.2 → 0\.3\), training\.micro_batch_size \(4 → 2\)"):
+        pretrain(parse_pretrain_recipe(changed), corpus, run, resume=True, progress=False)
+    with pytest.raises(UserInputError, match=r"--resume must continue the same run, but corpus"):
+        pretrain(_recipe(max_steps=4), tmp_path / "another-corpus", run, resume=True, progress=False)
+    # operational keys (logging, checkpoint cadence, threads) may change; the run continues exactly
+    result = pretrain(_recipe(max_steps=4, log_every_steps=2, cpu_threads=1), corpus, run, resume=True,
+                      progress=False)
+    assert result.finished and result.step == 4
+
+
 def test_non_finite_losses_are_skipped_then_stop_the_run(corpus, tmp_path):
     data = tiny_recipe(max_bad_steps=2, max_steps=20)
     data["optimizer"] = {"lr": 1e30, "grad_clip": 0.0}
@@ -178,6 +193,11 @@ def test_cli_prepare_pretrain_export(tmp_path):
                                  "--output", str(tmp_path / "run"), "--max-steps", "2"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "run" / "prepared" / "manifest.json").is_file()
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(recipe | {"optimizer": {"lr": 1e-3}}))
+    result = runner.invoke(app, ["pretrain", "--recipe", str(tmp_path / "changed.yaml"), "--corpus", str(raw),
+                                 "--output", str(tmp_path / "run"), "--max-steps", "4", "--resume"])
+    assert isinstance(result.exception, UserInputError), result.output
+    assert "optimizer.lr (0.003 → 0.001) changed" in str(result.exception)
     result = runner.invoke(app, ["pretrain", "export", str(tmp_path / "run"), "--output", str(tmp_path / "hf")])
     assert result.exit_code == 0, result.output
     assert type(AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf"))).__name__ == "NeoBERTForMaskedLM"

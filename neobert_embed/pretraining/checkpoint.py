@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json
+from neobert_embed.files import atomic_write_json, replace_directory
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -118,9 +118,7 @@ def save_checkpoint(engine, root: Path, step: int, trainer_state: dict[str, Any]
         atomic_write_json(staging / TRAINER_STATE, trainer_state)
         write_model_files(staging / MODEL_FILES)
         _write_manifest(staging)
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
+        replace_directory(staging, final)  # a re-saved step: the old copy is moved aside, not deleted first
         for old in list_checkpoints(root)[keep_last:]:
             shutil.rmtree(old, ignore_errors=True)
     engine.barrier()

@@ -40,6 +40,7 @@ from neobert_embed.pretraining.engine import build_engine, init_distributed, pro
 from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
+from neobert_embed.pretraining.resume_guard import SETTINGS_KEY, refuse_changed_settings, run_settings
 
 
 @dataclass
@@ -113,6 +114,8 @@ def pretrain(
     if existing and not resume:
         raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
                              "to continue it, or choose another --output")
+    if resume:
+        refuse_changed_settings(run_settings(recipe, corpus), existing)
     with process_scope(recipe.training.cpu_threads):
         return _run(recipe, recipe_source, corpus, output, resume, existing, stop_after_steps, progress)
 
@@ -139,7 +142,8 @@ def _run(recipe: PretrainRecipe, recipe_source: PretrainRecipe | str | Path, cor
     elif resume:
         warnings.warn(f"--resume: no checkpoint in {checkpoints} yet; starting from step 0", stacklevel=2)
     recipe_arg = "RECIPE" if isinstance(recipe_source, PretrainRecipe) else str(recipe_source)
-    loop = _Loop(recipe, prepared, engine, output, state, f"--recipe {recipe_arg} --corpus {corpus}")
+    loop = _Loop(recipe, prepared, engine, output, state, f"--recipe {recipe_arg} --corpus {corpus}",
+                 run_settings(recipe, corpus))
     return loop.run(stop_after_steps, progress)
 
 
@@ -190,9 +194,9 @@ class _Loop:
     """One invocation of the training loop over an engine restored to ``state``."""
 
     def __init__(self, recipe: PretrainRecipe, corpus: PreparedCorpus, engine, output: Path,
-                 state: RunState, resume_args: str) -> None:
+                 state: RunState, resume_args: str, settings: dict[str, Any]) -> None:
         self.recipe, self.corpus, self.engine, self.output, self.state = recipe, corpus, engine, output, state
-        self.resume_args = resume_args
+        self.resume_args, self.settings = resume_args, settings
         mixture = recipe.data.length_mixture
         self.stream = DocumentStream(
             corpus.lengths, recipe.training.seed,
@@ -300,7 +304,8 @@ class _Loop:
 
         path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, self.state.to_dict()
                                | {"engine": self.engine.kind, "zero_stage": getattr(self.engine, "zero_stage", 0),
-                                  "max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size},
+                                  "max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size,
+                                  SETTINGS_KEY: self.settings},
                                lambda target: write_model_files(self.engine.module.mlm, self.corpus.tokenizer, target),
                                self.recipe.checkpoint.keep_last)
         self.last_saved = self.state.step
