@@ -294,3 +294,18 @@ def test_mteb_task_copy_of_a_multilingual_task_takes_its_english_subset(tmp_path
     other = make_task(tmp_path, "sts17-de", {"mteb_task": "STS17", "hf_subset": "zz-zz"}, {"test.jsonl": sts_rows()})
     with pytest.raises(UserInputError, match="hf_subset"):
         load_task_dir(other)
+
+
+def test_default_evaluation_recipe_is_found_where_a_wheel_installs_it(tmp_path, monkeypatch):
+    """An installed copy reads recipes/mteb-eval.yaml from <prefix>/share, not the class defaults."""
+    import neobert_embed.paths as paths
+    from neobert_embed.evaluation.recipe import load_evaluation_recipe
+
+    share = tmp_path / "share" / "neobert-embed" / "recipes"
+    share.mkdir(parents=True)
+    (share / "mteb-eval.yaml").write_text("max_length: 77\n")
+    monkeypatch.setattr(paths, "RECIPE_DIRS", (tmp_path / "no-checkout", share))
+    assert load_evaluation_recipe(None).max_length == 77
+    monkeypatch.setattr(paths, "RECIPE_DIRS", (tmp_path / "no-checkout",))
+    with pytest.raises(UserInputError, match="bundled recipe 'mteb-eval.yaml' not found"):
+        load_evaluation_recipe(None)

@@ -12,18 +12,7 @@ from pathlib import Path
 import typer
 
 from neobert_embed.errors import UserInputError
-
-
-def _parse_data(entries: list[str]) -> dict[str, str]:
-    data: dict[str, str] = {}
-    for entry in entries:
-        name, sep, path = entry.partition("=")
-        if not sep or not name or not path:
-            raise UserInputError(f"--data {entry!r}: expected NAME=PATH, e.g. --data snli=triplets.jsonl")
-        if name in data:
-            raise UserInputError(f"--data: dataset name {name!r} is given twice; names must be unique")
-        data[name] = path
-    return data
+from neobert_embed.options import parse_data_option
 
 
 def _parse_range(value: str | None) -> tuple[int, int | None]:
@@ -77,7 +66,7 @@ def train_contrastive_command(
     given = recipe is not None or any(v is not None for v in overrides.values())
     loaded = load_contrastive_recipe(recipe, **overrides) if given else None
     with json_only_stdout(as_json):
-        out = train_contrastive(model=model, data=_parse_data(data or []) or None, output=output,
+        out = train_contrastive(model=model, data=parse_data_option(data or []) or None, output=output,
                                 recipe=loaded, resume=resume, overwrite=overwrite, wait=not no_wait)
     if not (out / "summary.json").is_file():  # a non-zero rank under torchrun: rank 0 reports
         return

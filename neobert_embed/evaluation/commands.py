@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from neobert_embed.contrastive.commands import _parse_data
+from neobert_embed.options import parse_data_option
 
 TASK_DIR_HELP = ("Local task: a directory with task.json, or a folder of them (repeatable). task.json is "
                  '{"mteb_task": "STSBenchmark"} (registered task, data from the directory) or {"name": ..., '
@@ -181,7 +181,7 @@ def compare_command(
 
     check_protocol(protocol)
     evaluation = _evaluation_recipe(eval_recipe, batch_size, max_length, precision, False)
-    result = compare_models(_split(models) or [], output=output, recipe=recipe, data=_parse_data(data or []) or None,
+    result = compare_models(_split(models) or [], output=output, recipe=recipe, data=parse_data_option(data or []) or None,
                             benchmark=benchmark, tasks=_split(tasks), task_types=_split(task_types),
                             task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol)
     if as_json:

@@ -32,8 +32,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.paths import recipe_path
 
-DEFAULT_RECIPE_PATH = Path(__file__).resolve().parents[2] / "recipes" / "mteb-eval.yaml"
+DEFAULT_RECIPE_NAME = "mteb-eval.yaml"
 E5_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
 
 
@@ -127,18 +128,16 @@ def load_evaluation_recipe(path: str | Path | None = None, **overrides: Any) -> 
     """
     import yaml
 
-    data: dict[str, Any] = {}
-    source = Path(path) if path is not None else DEFAULT_RECIPE_PATH
-    if path is not None or source.is_file():
-        if not source.is_file():
-            raise UserInputError(f"{source}: recipe file not found")
-        try:
-            loaded = yaml.safe_load(source.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise UserInputError(f"{source}: invalid YAML ({exc})") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise UserInputError(f"{source}: expected a mapping of recipe keys, got {type(loaded).__name__}")
-        data = loaded or {}
+    source = Path(path) if path is not None else recipe_path(DEFAULT_RECIPE_NAME)
+    if not source.is_file():
+        raise UserInputError(f"{source}: recipe file not found")
+    try:
+        loaded = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise UserInputError(f"{source}: invalid YAML ({exc})") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise UserInputError(f"{source}: expected a mapping of recipe keys, got {type(loaded).__name__}")
+    data: dict[str, Any] = loaded or {}
     data.update({key: value for key, value in overrides.items() if value is not None})
     try:
         return EvaluationRecipe(**data)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from neobert_embed.evaluation.local_tasks import check_task_data, load_task_dirs
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.files import atomic_write_json
+from neobert_embed.hub import hub_offline
 
 logger = logging.getLogger(__name__)
 DEFAULT_BENCHMARK = "MTEB(eng, v2)"
@@ -81,10 +81,6 @@ class EvaluationReport:
     def to_json(self) -> dict[str, Any]:
         """Plain-JSON form (for ``--json``)."""
         return {**asdict(self), "scores": self.scores, "failures": self.failures}
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes", "on"}
 
 
 def list_benchmarks() -> list[tuple[str, int]]:
@@ -242,7 +238,7 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
     if cached is not None:
         outcome.status, outcome.score = "cached", cached
         return outcome
-    if not _is_local(task) and _offline():
+    if not _is_local(task) and hub_offline():
         outcome.error = _offline_error(task)
         return outcome
     if _is_local(task):
