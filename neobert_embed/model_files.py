@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import struct
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -77,6 +78,24 @@ def check_safetensors(path: str | Path) -> None:
         raise UserInputError(f"{path}: {state} ({size} bytes, expected {expected}); {FIX}")
 
 
+def check_torch_bin(path: str | Path) -> None:
+    """Refuse a ``pytorch_model*.bin`` that is neither a ``torch.save`` zip archive nor a legacy pickle.
+
+    Why: random or truncated bytes otherwise reach torch's unpickler, whose error (UnpicklingError,
+    UnicodeDecodeError, EOFError …) depends on the bytes.
+
+    Example:
+        >>> check_torch_bin("model/pytorch_model.bin")
+    """
+    path = Path(path)
+    if zipfile.is_zipfile(path):
+        return
+    with open(path, "rb") as handle:
+        first = handle.read(1)
+    if first != b"\x80":  # a legacy torch.save file starts with a pickle (protocol >= 2) opcode
+        raise UserInputError(f"{path}: corrupt PyTorch weights (neither a torch.save archive nor a pickle); {FIX}")
+
+
 def _transformer_dir(directory: Path) -> Path:
     """Where the encoder's ``config.json`` lives: the directory, or a SentenceTransformer's module."""
     modules_file = directory / "modules.json"
@@ -121,6 +140,8 @@ def check_model_files(name_or_path: str | Path) -> None:
         raise UserInputError(f"{encoder_dir}: no weights (model.safetensors or pytorch_model.bin); {FIX}")
     for weights in sorted({*directory.glob("*.safetensors"), *directory.glob("*/*.safetensors")}):
         check_safetensors(weights)
+    for weights in sorted({*directory.glob("pytorch_model*.bin"), *directory.glob("*/pytorch_model*.bin")}):
+        check_torch_bin(weights)
 
 
 def read_model_config(name_or_path: str | Path) -> dict[str, Any] | None:

@@ -124,11 +124,7 @@ def load_sentence_model(
                 default_length or usable_max_length(transformer.auto_model.config),
                 usable_max_length(transformer.auto_model.config),
             )
-    except (OSError, ValueError) as exc:
-        if Path(name).exists() and not isinstance(exc, OSError):
-            raise
-        raise _explain_missing(name, original, exc) from exc
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+    except (RuntimeError, EOFError, pickle.UnpicklingError, UnicodeDecodeError) as exc:
         if not Path(name).exists():
             raise
         from neobert_embed.model_files import FIX
@@ -136,6 +132,10 @@ def load_sentence_model(
         reason = (str(exc).strip().splitlines() or [""])[0][:200]
         raise UserInputError(f"{name}: the model's files could not be loaded ({type(exc).__name__}: {reason}); "
                              f"{FIX}") from None
+    except (OSError, ValueError) as exc:
+        if Path(name).exists() and not isinstance(exc, OSError):
+            raise
+        raise _explain_missing(name, original, exc) from exc
     if max_seq_length is not None:
         if max_seq_length < 1:
             raise UserInputError(f"max_seq_length must be positive, got {max_seq_length}")

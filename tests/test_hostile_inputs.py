@@ -78,6 +78,9 @@ def _broken_model(kind: str) -> Callable[[dict[str, Path]], None]:
         elif kind == "bin-garbage":
             weights.unlink()
             (target / "pytorch_model.bin").write_bytes(os.urandom(2048))
+        elif kind == "bin-bad-pickle":  # passes the format sniff; torch's unpickler fails on a non-UTF-8 name
+            weights.unlink()
+            (target / "pytorch_model.bin").write_bytes(b"\x80\x02c\xf7\xfe\n" + bytes(2048))
     return make
 
 
@@ -124,7 +127,8 @@ ADD = ("index", "add", "{case}/index", "--corpus", "{corpus}")
 CASES = [
     # corrupt or wrong model files
     *[Case(f"encode model {k}", ("encode", "--model", "{case}/model", "--input", T, "--output", OUT), OUT,
-           _broken_model(k)) for k in ("empty", "truncated", "garbage", "config", "no-weights", "bin-garbage")],
+           _broken_model(k)) for k in ("empty", "truncated", "garbage", "config", "no-weights", "bin-garbage",
+                                             "bin-bad-pickle")],
     Case("encode model is a file", ("encode", "--model", "{file}", "--input", T, "--output", OUT), OUT),
     Case("index build truncated model", ("index", "build", "--model", "{case}/model", "--corpus", "{corpus}",
                                          "--output", "{case}/new-index"), "{case}/new-index",
