@@ -9,7 +9,7 @@ import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.status import Status
+    from rich.live import Live
 
     from neobert_embed.demo.pipeline import Stage
 
@@ -84,15 +84,23 @@ def demo(
 
 
 class StageDisplay:
-    """One spinner line per running stage, replaced by a ✓ line with its time and key figure."""
+    """One spinner line per running stage, replaced by a ✓ line with its time and key figure.
+
+    The spinner never redirects ``sys.stdout``/``sys.stderr`` (rich's ``console.status`` does on a
+    terminal), so third-party output written during a stage stays in the run's log.
+    """
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.status: Status | None = None
+        self.status: Live | None = None
 
     def start(self, name: str) -> None:
+        from rich.live import Live
+        from rich.spinner import Spinner
+
         self.stop()
-        self.status = self.console.status(f"{name}…")
+        self.status = Live(Spinner("dots", text=f"{name}…"), console=self.console, transient=True,
+                           redirect_stdout=False, redirect_stderr=False)
         self.status.start()
 
     def finish(self, stage: Stage) -> None:

@@ -58,3 +58,23 @@ def test_quick_demo_runs_every_stage_speaks_with_one_voice_and_rerun_skips_them(
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and "✓ corpus (" in again.stdout
     assert json.loads((output / "stages.json").read_text()) == stages  # nothing was redone
+
+
+def test_stage_spinner_on_a_terminal_leaves_the_captured_streams_alone(tmp_path):
+    """rich's ``console.status`` swaps sys.stdout/sys.stderr for proxies to the screen on a terminal,
+    which would put third-party output back on screen; the demo's spinner must not."""
+    import io
+
+    from rich.console import Console
+
+    from neobert_embed.commands import StageDisplay
+    from neobert_embed.console import capture_third_party
+
+    screen = io.StringIO()
+    with capture_third_party(tmp_path / "run.log"), StageDisplay(Console(file=screen, force_terminal=True)) as display:
+        captured = sys.stdout, sys.stderr
+        display.start("pretrain")
+        assert (sys.stdout, sys.stderr) == captured
+        print("third-party chatter")
+    assert "third-party chatter" in (tmp_path / "run.log").read_text()
+    assert "third-party chatter" not in screen.getvalue()
