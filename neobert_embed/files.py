@@ -8,6 +8,7 @@ and an atomic ``os.replace``. Reading is strict and located: a bad line names it
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -144,6 +145,20 @@ def remove_debris(target: str | Path) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
     return found
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks (checkpoints and indexes record it).
+
+    Example:
+        >>> len(sha256_file("runs/index/index.faiss"))
+        64
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_json_object(path: str | Path, missing_hint: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,6 +37,8 @@ def lazy_exports(package: str, homes: Mapping[str, str],
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         if before is not None:
             before()
-        return getattr(importlib.import_module(home, package), name)
+        value = getattr(importlib.import_module(home, package), name)
+        setattr(sys.modules[package], name, value)  # later lookups skip this function
+        return value
 
     return __getattr__

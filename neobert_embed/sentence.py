@@ -21,7 +21,6 @@ from typing import Any
 
 from neobert_embed.backbones import BACKBONES, resolve_model_name
 from neobert_embed.errors import UserInputError
-from neobert_embed.hub import hub_offline
 
 PRECISIONS = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
               "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -48,7 +47,9 @@ def usable_max_length(config: Any) -> int:
 
 def _explain_missing(name: str, original: str, exc: Exception) -> UserInputError:
     known = ", ".join(sorted(BACKBONES))
-    hint = " (HF_HUB_OFFLINE is set: only local directories and cached models can load)" if hub_offline() else ""
+    from huggingface_hub import is_offline_mode
+
+    hint = " (HF_HUB_OFFLINE is set: only local directories and cached models can load)" if is_offline_mode() else ""
     return UserInputError(
         f"cannot load model {original!r} (resolved to {name!r}){hint}: {exc.__class__.__name__}: "
         f"{str(exc).splitlines()[0] if str(exc) else ''}. Pass a local model directory, a hub id "

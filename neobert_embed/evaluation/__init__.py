@@ -12,8 +12,7 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from neobert_embed.lazy import lazy_exports
 
 _EXPORTS = {
     "EvaluationRecipe": "recipe", "load_evaluation_recipe": "recipe",
@@ -29,8 +28,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, {name: f".{module}" for name, module in _EXPORTS.items()})

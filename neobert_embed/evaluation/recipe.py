@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import read_yaml_mapping
 from neobert_embed.paths import recipe_path
 
 DEFAULT_RECIPE_NAME = "mteb-eval.yaml"
@@ -126,18 +127,8 @@ def load_evaluation_recipe(path: str | Path | None = None, **overrides: Any) -> 
     Example:
         >>> recipe = load_evaluation_recipe(None, max_length=512, precision="bf16")
     """
-    import yaml
-
     source = Path(path) if path is not None else recipe_path(DEFAULT_RECIPE_NAME)
-    if not source.is_file():
-        raise UserInputError(f"{source}: recipe file not found")
-    try:
-        loaded = yaml.safe_load(source.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise UserInputError(f"{source}: invalid YAML ({exc})") from None
-    if loaded is not None and not isinstance(loaded, dict):
-        raise UserInputError(f"{source}: expected a mapping of recipe keys, got {type(loaded).__name__}")
-    data: dict[str, Any] = loaded or {}
+    data = read_yaml_mapping(source, "recipe")
     data.update({key: value for key, value in overrides.items() if value is not None})
     try:
         return EvaluationRecipe(**data)

@@ -32,7 +32,6 @@ from neobert_embed.evaluation.local_tasks import check_task_data, load_task_dirs
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.files import atomic_write_json
-from neobert_embed.hub import hub_offline
 
 logger = logging.getLogger(__name__)
 DEFAULT_BENCHMARK = "MTEB(eng, v2)"
@@ -238,7 +237,9 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
     if cached is not None:
         outcome.status, outcome.score = "cached", cached
         return outcome
-    if not _is_local(task) and hub_offline():
+    from huggingface_hub import is_offline_mode
+
+    if not _is_local(task) and is_offline_mode():
         outcome.error = _offline_error(task)
         return outcome
     if _is_local(task):

@@ -15,18 +15,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from neobert_embed.lazy import lazy_exports
 
-__all__ = ["GluePreset", "load_glue_preset", "run_glue"]
+_HOMES = {"GluePreset": ".presets", "load_glue_preset": ".presets", "run_glue": ".runner"}
 
+__all__ = sorted(_HOMES)
 
-def __getattr__(name: str) -> Any:
-    if name == "run_glue":
-        from neobert_embed.glue.runner import run_glue
-
-        return run_glue
-    if name in ("GluePreset", "load_glue_preset"):
-        from neobert_embed.glue import presets
-
-        return getattr(presets, name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(__name__, _HOMES)

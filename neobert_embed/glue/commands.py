@@ -6,7 +6,6 @@ table. Heavy imports happen inside the command so ``--help`` is instant.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 import sys
@@ -58,9 +57,9 @@ def glue_command(
                               max_length=max_length, batch_size=[batch_size] if batch_size else None,
                               learning_rate=[learning_rate] if learning_rate else None)
     device_list = _split(devices) or None
-    # with --json, stdout is the JSON only: library banners (DeepSpeed's logger writes to stdout) go to stderr
-    quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
-    with quiet:
+    from neobert_embed.console import json_only_stdout
+
+    with json_only_stdout(as_json):  # library banners (DeepSpeed's logger writes to stdout) go to stderr
         result = run_glue(model, output, tasks=_split(tasks), task_dirs=task_dir or [], preset=loaded,
                           devices=device_list, predict_test=predict_test, progress=not as_json or sys.stderr.isatty(),
                           resume_hint=shlex.join(["neobert-embed", *sys.argv[1:]]), preset_name=Path(preset).stem)

@@ -15,13 +15,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import sha256_file
 from neobert_embed.index.factory import read_faiss_index
 from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexFile, IndexManifest, read_manifest
 from neobert_embed.index.ondisk import IVFDATA_NAME, read_on_disk
@@ -29,7 +29,6 @@ from neobert_embed.index.rerank import RERANK_NAME
 from neobert_embed.index.store import DocumentStore
 
 CHECKSUMMED = (INDEX_NAME, STORE_NAME, IVFDATA_NAME, RERANK_NAME)  # the last two only exist for some indexes
-READ_BLOCK = 1 << 20
 
 
 def _advice(directory: Path) -> str:
@@ -44,11 +43,7 @@ def file_checksum(path: str | Path) -> IndexFile:
         >>> file_checksum("runs/news-index/index.faiss").size
         11534381
     """
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(READ_BLOCK):
-            digest.update(block)
-    return IndexFile(size=Path(path).stat().st_size, sha256=digest.hexdigest())
+    return IndexFile(size=Path(path).stat().st_size, sha256=sha256_file(path))
 
 
 def with_checksums(directory: str | Path, manifest: IndexManifest) -> IndexManifest:

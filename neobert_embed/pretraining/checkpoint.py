@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import shutil
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json, replace_directory
+from neobert_embed.files import atomic_write_json, replace_directory, sha256_file
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -53,18 +52,10 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_manifest(directory: Path) -> None:
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     atomic_write_json(directory / MANIFEST, {
-        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files})
+        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files})
 
 
 def verify_checkpoint(directory: Path) -> None:
@@ -78,7 +69,7 @@ def verify_checkpoint(directory: Path) -> None:
         path = directory / name
         if not path.is_file():
             raise CorruptCheckpoint(f"{path}: missing")
-        if path.stat().st_size != expected["bytes"] or _sha256(path) != expected["sha256"]:
+        if path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
             raise CorruptCheckpoint(f"{path}: contents changed since it was saved (size or checksum)")
 
 

@@ -48,8 +48,8 @@ def serve(
     import signal
 
     import uvicorn
-    from rich.console import Console
 
+    from neobert_embed.console import user_console
     from neobert_embed.serve.app import create_app
     from neobert_embed.serve.settings import ServeSettings
 
@@ -58,8 +58,7 @@ def serve(
                              max_inputs=max_inputs, max_input_tokens=max_input_tokens, max_queue=max_queue,
                              max_request_bytes=max_request_bytes, truncate=truncate, precision=precision,
                              device=device)
-    settings.check()
-    console = Console(stderr=True)
+    console = user_console(stderr=True)
     app = create_app(settings)
     state = app.app.state.server
     engine = state.engine
@@ -67,15 +66,14 @@ def serve(
                   f"max_seq_length {engine.max_seq_length}, prompts {engine.prompts or 'none'} "
                   f"(default {engine.model.default_prompt_name or 'none'}), "
                   f"{'normalized by the model' if engine.normalizes else 'not normalized by the model'}, "
-                  f"{engine.served.method}", highlight=False)
+                  f"{engine.served.method}")
     for name in state.indexes.names:
         entry = state.indexes.get(name)
         how = "served model, batched" if entry.shared else "its own model"
-        console.print(f"  index {name!r}: {entry.index.manifest.documents} documents, queries via {how}",
-                      highlight=False)
+        console.print(f"  index {name!r}: {entry.index.manifest.documents} documents, queries via {how}")
     console.print(f"  batching ≤ {settings.max_batch_tokens} tokens, wait ≤ {settings.max_wait_ms} ms; "
                   f"queue ≤ {settings.max_queue} inputs; API key {'required' if state.api_key else 'off'}; "
-                  f"http://{host}:{port}/docs", highlight=False)
+                  f"http://{host}:{port}/docs")
     # uvicorn re-raises the SIGTERM it handled once it has drained the requests; a handler of our
     # own turns that into a normal return, so a graceful stop exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
