@@ -225,3 +225,14 @@ def check_output_directory(path: str | Path, *, record: str, inputs: Iterable[st
                              "written by neobert-embed; nothing was deleted: choose another path or an "
                              "empty directory")
     return state
+
+
+def model_label(model: str) -> str:
+    """Folder and table name of a model: a path's last part, or the id with ``/`` → ``__``.
+
+    Example:
+        >>> model_label("answerdotai/ModernBERT-base"), model_label("neobert")
+        ('answerdotai__ModernBERT-base', 'neobert')
+    """
+    path = Path(model)
+    return path.name if path.exists() else model.replace("/", "__")

@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,17 +122,15 @@ def load_calibration(path: str | Path) -> Calibration:
         >>> load_calibration("docs.npy.json").precision
         'int8'
     """
+    from neobert_embed.files import read_json_object
+    from neobert_embed.outputs import sidecar_path
+
     path = Path(path)
     if path.suffix == ".npy":
-        path = path.with_name(path.name + ".json")
-    if not path.is_file():
-        raise UserInputError(f"--calibration {path}: file not found; pass the .npy.json written beside an "
-                             "int8/binary `neobert-embed encode` output")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"--calibration {path}: not valid JSON ({exc})") from None
-    if isinstance(data, dict) and "calibration" in data:
+        path = sidecar_path(path)
+    data: Any = read_json_object(path, "--calibration: pass the .npy.json written beside an int8/binary "
+                                 "`neobert-embed encode` output")
+    if "calibration" in data:
         data = data["calibration"]
     if data is None:
         raise UserInputError(f"--calibration {path}: this output was encoded at float precision and has "

@@ -32,6 +32,7 @@ from typing import Any
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.runner import EvaluationReport, TaskOutcome, run_mteb, select_tasks
+from neobert_embed.outputs import model_label
 
 logger = logging.getLogger(__name__)
 COMPARE_PROTOCOL = "uniform"
@@ -48,12 +49,6 @@ class CompareResult:
     models: dict[str, Path]
     reports: list[EvaluationReport]
     failures: dict[str, dict[str, str]] = field(default_factory=dict)
-
-
-def _run_dir_name(model: str) -> str:
-    """Folder under ``models/`` (and the name in the table): the key, or a path's last part."""
-    path = Path(model)
-    return path.name if path.exists() else model.replace("/", "__")
 
 
 def _failed_report(model: str, name: str, tasks: list[Any], error: str, protocol: str) -> EvaluationReport:
@@ -89,7 +84,7 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
 
     if not models:
         raise UserInputError("--models: give at least one model, e.g. bert,roberta,nomicbert,modernbert,neobert")
-    names = [_run_dir_name(m) for m in models]
+    names = [model_label(m) for m in models]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UserInputError(f"--models: {duplicates} appear more than once; each model needs its own name")

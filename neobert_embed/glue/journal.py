@@ -31,17 +31,6 @@ from neobert_embed.glue.presets import GluePreset, Trial
 RUN_FILE = "run.json"
 
 
-def model_label(model: str) -> str:
-    """Folder and table name of a model: a path's last part, or the id with ``/`` → ``__``.
-
-    Example:
-        >>> model_label("answerdotai/ModernBERT-base"), model_label("neobert")
-        ('answerdotai__ModernBERT-base', 'neobert')
-    """
-    path = Path(model)
-    return path.name if path.exists() else model.replace("/", "__")
-
-
 class Journal:
     """Reads and writes one output directory's run file and trial results."""
 

@@ -36,10 +36,11 @@ from typing import Any
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
 from neobert_embed.glue.data import GlueData, load_glue_data
-from neobert_embed.glue.journal import Journal, model_label
+from neobert_embed.glue.journal import Journal
 from neobert_embed.glue.presets import GluePreset, Trial, expand_trials, load_glue_preset
 from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
+from neobert_embed.outputs import model_label
 
 _WORKER: dict[str, Any] = {}
 
