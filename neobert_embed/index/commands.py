@@ -34,9 +34,12 @@ NoWait = Annotated[bool, typer.Option("--no-wait", help="Fail at once if another
 
 
 def _console():
+    """The command's console; silent on torchrun ranks other than 0 (rank 0 reports for all)."""
     from rich.console import Console
 
-    return Console(stderr=True)
+    from neobert_embed.index.distributed import current_world
+
+    return Console(stderr=True, quiet=not current_world().is_main)
 
 
 def _used_line(manifest, fields=None, kind: str = "document") -> str:
