@@ -15,14 +15,16 @@ Example:
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from neobert_embed.errors import UserInputError
-from neobert_embed.files import read_yaml_mapping
+from neobert_embed.paths import recipe_path
+from neobert_embed.recipes import read_spec
 
+DEFAULT_RECIPE_NAME = "contrastive.yaml"
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -137,18 +139,6 @@ class ContrastiveRecipe(BaseModel):
         return max(1, self.text_budget // texts_per_example)
 
 
-def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "recipe"
-        if item["type"] == "extra_forbidden":
-            known = ", ".join(ContrastiveRecipe.model_fields)
-            parts.append(f"unknown key {key!r} (known keys: {known})")
-        else:
-            parts.append(f"key {key!r}: {item['msg']}" if item["loc"] else item["msg"])
-    return "; ".join(parts)
-
-
 def _resolve_data_paths(data: Any, base: Path) -> Any:
     """Paths in a recipe are relative to the recipe file (when such a file exists there)."""
     if not isinstance(data, dict):
@@ -164,35 +154,22 @@ def _resolve_data_paths(data: Any, base: Path) -> Any:
 
 
 def load_contrastive_recipe(path: str | Path | None = None, **overrides: Any) -> ContrastiveRecipe:
-    """Read a YAML recipe, apply overrides (``None`` values are ignored), and validate it.
+    """Read a YAML recipe (default: the bundled ``contrastive.yaml``, the paper's settings), apply
+    overrides (``None`` values are ignored), and validate it; errors name the file, line and key.
 
     Overriding ``batch_size`` clears the file's ``text_budget`` and vice versa, so
     ``--batch-size 64`` on the command line just works with the paper's recipe.
 
     Example:
         >>> load_contrastive_recipe("recipes/contrastive.yaml", max_steps=20, temperature=0.05)
-        >>> load_contrastive_recipe(max_steps=10)          # paper defaults, no file
+        >>> load_contrastive_recipe(max_steps=10)          # paper defaults
     """
-    values: dict[str, Any] = {}
-    where = "recipe"
-    if path is not None:
-        path = Path(path)
-        where = str(path)
-        values = read_yaml_mapping(path, "recipe")
-        values["data"] = _resolve_data_paths(values.get("data"), path.parent)
-        if values["data"] is None:
-            del values["data"]
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    unknown = sorted(set(overrides) - set(ContrastiveRecipe.model_fields))
-    if unknown:
-        raise UserInputError(f"unknown recipe override(s) {unknown}; known keys: "
-                             f"{', '.join(ContrastiveRecipe.model_fields)}")
-    if "batch_size" in overrides:
-        values["text_budget"] = None
-    if "text_budget" in overrides:
-        values["batch_size"] = None
-    values.update(overrides)
-    try:
-        return ContrastiveRecipe(**values)
-    except ValidationError as exc:
-        raise UserInputError(f"{where}: {_describe(exc)}") from None
+    spec = read_spec(Path(path) if path is not None else recipe_path(DEFAULT_RECIPE_NAME))
+    data = {**spec.data, "data": _resolve_data_paths(spec.data.get("data"), Path(spec.source).parent)}
+    if data["data"] is None:
+        del data["data"]
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    for given, cleared in (("batch_size", "text_budget"), ("text_budget", "batch_size")):
+        if given in overrides:
+            data[cleared] = None
+    return replace(spec, data=data).validate(ContrastiveRecipe, overrides)

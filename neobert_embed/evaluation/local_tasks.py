@@ -34,12 +34,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import task_data
 from neobert_embed.evaluation.task_data import LABEL, NUMBER, TEXT
-from neobert_embed.files import read_json_object
+from neobert_embed.recipes import load_spec
 
 TASK_TYPES = ("STS", "PairClassification", "Classification", "Clustering", "Retrieval", "Reranking")
 DEFAULT_MAIN_SCORES = {"STS": "cosine_spearman", "PairClassification": "max_ap",
@@ -82,15 +82,8 @@ class TaskSpec(BaseModel):
 
 
 def read_task_spec(directory: Path) -> TaskSpec:
-    """Parse and validate ``directory/task.json`` (errors name the file and the key)."""
-    path = directory / "task.json"
-    data = read_json_object(path, "a task directory needs task.json")
-    try:
-        return TaskSpec(**data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'task.json'}: {err['msg']}"
-                             for err in exc.errors())
-        raise UserInputError(f"{path}: {problems}") from None
+    """Parse and validate ``directory/task.json`` (errors name the file, the line and the key)."""
+    return load_spec(directory / "task.json", TaskSpec, "task")
 
 
 def data_fingerprint(directory: Path) -> str:

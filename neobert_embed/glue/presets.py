@@ -22,12 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import read_yaml_mapping
+from neobert_embed.errors import UserInputError
 from neobert_embed.glue.tasks import TASKS
+from neobert_embed.recipes import load_spec
 
 BUNDLED = {"quick": "glue-quick.yaml", "paper": "glue-paper.yaml"}
 
@@ -152,29 +151,6 @@ def expand_trials(preset: GluePreset, tasks: list[str], available: set[str] | fr
     return trials
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """1-based line of each top-level key of a YAML mapping."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
-    if not isinstance(node, yaml.MappingNode):
-        return {}
-    return {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
-
-
-def _describe(path: str, error: ValidationError, lines: dict[str, int]) -> UserInputError:
-    item = error.errors()[0]
-    key = str(item["loc"][0]) if item["loc"] else None
-    line = lines.get(key) if key else None
-    if item["type"] == "extra_forbidden":
-        message = f"unknown key {key!r} (known keys: {', '.join(GluePreset.model_fields)})"
-    else:
-        field = ".".join(str(p) for p in item["loc"])
-        message = f"key {field!r}: {item['msg']}" if field else item["msg"]
-    return located(path, line, message)
-
-
 def load_glue_preset(preset: str | Path = "quick", **overrides: Any) -> GluePreset:
     """A bundled preset (``quick``, ``paper``) or a YAML file, with overrides (``None`` ignored).
 
@@ -182,20 +158,8 @@ def load_glue_preset(preset: str | Path = "quick", **overrides: Any) -> GluePres
         >>> load_glue_preset("quick", seeds=[0, 1, 2], epochs=2).seeds
         [0, 1, 2]
     """
-    from neobert_embed.paths import recipe_path
-
-    path = recipe_path(BUNDLED[str(preset)]) if str(preset) in BUNDLED else Path(preset)
-    if not path.is_file():
-        raise UserInputError(f"{path}: preset not found; use quick, paper or a YAML file")
-    values = read_yaml_mapping(path, "preset")
-    text = path.read_text(encoding="utf-8")
-    lines = _key_lines(text)
-    try:
-        GluePreset(**(values or {}))
-    except ValidationError as exc:
-        raise _describe(str(path), exc, lines) from None
-    merged = {**(values or {}), **{k: v for k, v in overrides.items() if v is not None}}
-    try:
-        return GluePreset(**merged)
-    except ValidationError as exc:
-        raise _describe("command line", exc, {}) from None
+    if str(preset) in BUNDLED:
+        return load_spec(None, GluePreset, "preset", default=BUNDLED[str(preset)], overrides=overrides)
+    if not Path(preset).is_file():
+        raise UserInputError(f"{preset}: preset not found; use quick, paper or a YAML file")
+    return load_spec(preset, GluePreset, "preset", overrides=overrides)
