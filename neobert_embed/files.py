@@ -161,26 +161,6 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def read_json_object(path: str | Path, missing_hint: str) -> dict[str, Any]:
-    """Read a JSON file that must hold one object; errors name the file (``missing_hint`` says
-    what the user should provide when it is absent).
-
-    Example:
-        >>> read_json_object("task/task.json", "a task directory needs task.json")["type"]
-        'STS'
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"{path}: file not found; {missing_hint}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file.
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from neobert_embed.paths import recipe_path
 from neobert_embed.recipes import read_spec
@@ -45,6 +45,13 @@ class DataSource(BaseModel):
     split: str = "train"
     query_instruction: str | None = None
     document_instruction: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _relative_to_recipe(cls, value: str, info: ValidationInfo) -> str:
+        """A relative path is read beside the recipe file when such a file exists there."""
+        base = Path((info.context or {}).get("directory", "."))
+        return str(base / value) if not Path(value).is_absolute() and (base / value).exists() else value
 
 
 class ContrastiveRecipe(BaseModel):
@@ -139,20 +146,6 @@ class ContrastiveRecipe(BaseModel):
         return max(1, self.text_budget // texts_per_example)
 
 
-def _resolve_data_paths(data: Any, base: Path) -> Any:
-    """Paths in a recipe are relative to the recipe file (when such a file exists there)."""
-    if not isinstance(data, dict):
-        return data
-    resolved = {}
-    for name, source in data.items():
-        path = source.get("path") if isinstance(source, dict) else source
-        if isinstance(path, str) and not Path(path).is_absolute() and (base / path).exists():
-            path = str(base / path)
-            source = {**source, "path": path} if isinstance(source, dict) else path
-        resolved[name] = source
-    return resolved
-
-
 def load_contrastive_recipe(path: str | Path | None = None, **overrides: Any) -> ContrastiveRecipe:
     """Read a YAML recipe (default: the bundled ``contrastive.yaml``, the paper's settings), apply
     overrides (``None`` values are ignored), and validate it; errors name the file, line and key.
@@ -165,11 +158,6 @@ def load_contrastive_recipe(path: str | Path | None = None, **overrides: Any) ->
         >>> load_contrastive_recipe(max_steps=10)          # paper defaults
     """
     spec = read_spec(Path(path) if path is not None else recipe_path(DEFAULT_RECIPE_NAME))
-    data = {**spec.data, "data": _resolve_data_paths(spec.data.get("data"), Path(spec.source).parent)}
-    if data["data"] is None:
-        del data["data"]
-    overrides = {key: value for key, value in overrides.items() if value is not None}
-    for given, cleared in (("batch_size", "text_budget"), ("text_budget", "batch_size")):
-        if given in overrides:
-            data[cleared] = None
+    cleared = {"batch_size": "text_budget", "text_budget": "batch_size"}
+    data = {**spec.data, **{cleared[key]: None for key, value in overrides.items() if key in cleared and value is not None}}
     return replace(spec, data=data).validate(ContrastiveRecipe, overrides)

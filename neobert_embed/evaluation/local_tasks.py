@@ -81,11 +81,6 @@ class TaskSpec(BaseModel):
         return self
 
 
-def read_task_spec(directory: Path) -> TaskSpec:
-    """Parse and validate ``directory/task.json`` (errors name the file, the line and the key)."""
-    return load_spec(directory / "task.json", TaskSpec, "task")
-
-
 def data_fingerprint(directory: Path) -> str:
     """Hash of the directory's files: the local data's "revision", stored in every result."""
     digest = hashlib.sha256()
@@ -237,7 +232,7 @@ def load_task_dir(directory: str | Path) -> Any:
     if not directory.is_dir():
         raise UserInputError(f"{directory}: not a directory; --task-dir takes a task directory "
                              "(with task.json) or a folder of them")
-    spec = read_task_spec(directory)
+    spec = load_spec(directory / "task.json", TaskSpec, "task")
     return _registered_task(spec, directory) if spec.mteb_task else _new_task(spec, directory)
 
 

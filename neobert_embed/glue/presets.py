@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from neobert_embed.errors import UserInputError
 from neobert_embed.glue.tasks import TASKS
 from neobert_embed.recipes import load_spec
 
@@ -158,8 +157,5 @@ def load_glue_preset(preset: str | Path = "quick", **overrides: Any) -> GluePres
         >>> load_glue_preset("quick", seeds=[0, 1, 2], epochs=2).seeds
         [0, 1, 2]
     """
-    if str(preset) in BUNDLED:
-        return load_spec(None, GluePreset, "preset", default=BUNDLED[str(preset)], overrides=overrides)
-    if not Path(preset).is_file():
-        raise UserInputError(f"{preset}: preset not found; use quick, paper or a YAML file")
-    return load_spec(preset, GluePreset, "preset", overrides=overrides)
+    bundled = BUNDLED.get(str(preset))
+    return load_spec(None if bundled else preset, GluePreset, "preset", default=bundled, overrides=overrides)
