@@ -1,10 +1,8 @@
 """Spec files (YAML or JSON) read into pydantic models, with errors that say file, line and key.
 
 Why: recipes (contrastive, pretraining, evaluation, GLUE), local ``task.json`` files and index
-manifests are all "a mapping checked by a pydantic model". One reader keeps the line of every key
-while parsing, so any mistake — bad syntax, an unknown key, a bad value, in any kind of spec —
-is reported the same way, as ``file:line: key 'a.b': what is wrong``, before any model loads.
-The models themselves refuse unknown keys (``extra="forbid"``); this module only reads and reports.
+manifests are all a mapping checked by a pydantic model (which refuses unknown keys). One reader
+keeps the line of every key, so any mistake in any of them reads ``file:line: key 'a.b': problem``.
 
 Example:
     >>> from neobert_embed.contrastive.recipe import ContrastiveRecipe
@@ -34,6 +32,9 @@ Key = tuple[str | int, ...]
 class Spec:
     """A parsed spec: its mapping, what to call it in errors, and the 1-based line of each key path.
 
+    A mapping that did not come from a file of its own (one embedded in a checkpoint, say) is
+    validated the same way, without lines: ``Spec("stage2", data).validate(PretrainRecipe)``.
+
     Example:
         >>> read_spec("recipes/pretrain-tiny.yaml").lines[("model", "hidden_size")]
         7
@@ -52,7 +53,7 @@ class Spec:
             >>> read_spec("recipes/mteb-eval.yaml").validate(EvaluationRecipe, {"max_length": 512})
         """
         overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
-        data = {**self.data, **overrides}
+        data = {**self.data, **overrides} if overrides else self.data
         try:
             return model.model_validate(data, context={"directory": Path(self.source).parent})
         except ValidationError as exc:
@@ -66,9 +67,8 @@ class Spec:
         if key and key[0] in overridden:
             where = "override"  # the value came from the command line or the caller, not the file
         if item["type"] == "extra_forbidden":
-            fields = _fields_at(model, item["loc"][:-1])
-            return f"{where}: unknown key {'.'.join(map(str, key))!r}" + (f" (known keys: {', '.join(fields)})"
-                                                                        if fields else "")
+            known = ", ".join(_fields_at(model, item["loc"][:-1]))
+            return f"{where}: unknown key {'.'.join(map(str, key))!r}" + (f" (known keys: {known})" if known else "")
         message = re.sub(r"^(Value error|Assertion failed), ", "", item["msg"])
         return f"{where}: key {'.'.join(map(str, key))!r}: {message}" if key else f"{where}: {message}"
 
@@ -96,9 +96,8 @@ def read_spec(path: str | Path, what: str = "recipe", hint: str = "") -> Spec:
     except json.JSONDecodeError as exc:
         raise located(path, exc.lineno, f"invalid JSON ({exc.msg}, column {exc.colno})") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = " ".join(filter(None, (getattr(exc, "problem", None), getattr(exc, "context", None))))
-        raise located(path, mark.line + 1 if mark else None, f"invalid YAML: {problem or exc}") from None
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or exc
+        raise located(path, mark.line + 1 if mark else None, f"invalid YAML: {problem}") from None
     if data is not None and not isinstance(data, dict):
         raise UserInputError(f"{path}: a {what} is a mapping of keys to values, got {type(data).__name__}")
     return Spec(str(path), dict(data or {}), _key_lines(text))
@@ -106,8 +105,7 @@ def read_spec(path: str | Path, what: str = "recipe", hint: str = "") -> Spec:
 
 def load_spec(path: str | Path | None, model: type[M], what: str = "recipe", default: str | None = None,
               overrides: Mapping[str, Any] | None = None) -> M:
-    """Read and validate a spec file; ``path=None`` reads the bundled recipe ``default`` (found by
-    :func:`neobert_embed.paths.recipe_path`) or, without one, takes the model's own defaults.
+    """Read and validate a spec file (``path=None``: the bundled recipe ``default``, via ``paths.recipe_path``).
 
     Example:
         >>> load_spec(None, EvaluationRecipe, default="mteb-eval.yaml").max_length
@@ -115,27 +113,12 @@ def load_spec(path: str | Path | None, model: type[M], what: str = "recipe", def
     """
     from neobert_embed.paths import recipe_path
 
-    if path is None and default is None:
-        return Spec(f"{model.__name__} defaults", {}).validate(model, overrides)
     return read_spec(recipe_path(default) if path is None else path, what).validate(model, overrides)
 
 
-def parse_spec(data: Any, model: type[M], source: str) -> M:
-    """Validate a mapping that did not come from a file of its own (``source`` names it in errors).
-
-    Example:
-        >>> parse_spec({"model": {"init_from": "runs/stage1/final"}}, PretrainRecipe, "stage2").model.init_from
-        'runs/stage1/final'
-    """
-    if not isinstance(data, dict):
-        raise UserInputError(f"{source}: expected a mapping of keys to values, got {type(data).__name__}")
-    return Spec(source, data).validate(model)
-
-
 def _key_lines(text: str) -> dict[Key, int]:
-    """Line of every mapping key and list item, from YAML's node marks. Valid JSON is read the same
-    way: it holds no raw tab inside strings, so tabs can become spaces (YAML refuses tab indents).
-    A node reached again through an alias keeps the line of its first path."""
+    """Line of every mapping key and list item, from YAML's node marks (a node reached again through
+    an alias keeps its first path). Valid JSON holds no raw tab in strings: tabs become spaces for YAML."""
     import yaml
 
     lines: dict[Key, int] = {}
@@ -149,11 +132,9 @@ def _key_lines(text: str) -> dict[Key, int]:
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            children = [(key.value, key, value) for key, value in node.value if isinstance(key, yaml.ScalarNode)]
-        else:
-            children = [(index, item, item) for index, item in enumerate(getattr(node, "value", []))
-                        if isinstance(node, yaml.SequenceNode)]
+        children = ([(key.value, key, value) for key, value in node.value if isinstance(key, yaml.ScalarNode)]
+                    if isinstance(node, yaml.MappingNode) else [(index, item, item) for index, item in
+                    enumerate(node.value)] if isinstance(node, yaml.SequenceNode) else [])
         for part, marked, child in children:
             lines[prefix + (part,)] = marked.start_mark.line + 1
             stack.append((prefix + (part,), child))
@@ -165,20 +146,19 @@ def _data_key(data: Any, loc: tuple[Any, ...], missing: bool) -> Key:
     key: list[str | int] = []
     for number, part in enumerate(loc):
         if isinstance(data, dict) and part in data or isinstance(data, list) and isinstance(part, int):
-            data = data[part] if isinstance(data, dict) or part < len(data) else None
-            key.append(part)
-        elif missing and number == len(loc) - 1:
-            key.append(part)
+            data = data[part]  # pydantic only reports indexes that exist
+        elif not (missing and number == len(loc) - 1):
+            continue
+        key.append(part)
     return tuple(key)
 
 
-def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
     """Field names of the (nested) model at ``loc`` (dict keys and list indexes are stepped over)."""
-    current: Any = model
     for part in loc:
-        found = current.model_fields.get(part) if isinstance(part, str) and current is not None else None
-        current = _model_in(found.annotation) if found is not None else current
-    return list(current.model_fields) if current is not None else []
+        found = model.model_fields.get(part) if isinstance(part, str) and model is not None else None
+        model = _model_in(found.annotation) if found is not None else model
+    return list(model.model_fields) if model is not None else []
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.manifest import IndexManifest, write_manifest
-from neobert_embed.recipes import load_spec, read_spec
+from neobert_embed.recipes import Spec, read_spec
 
 runner = CliRunner()
 
@@ -185,4 +185,4 @@ def test_every_spec_model_refuses_unknown_keys():
 
     for model in (ContrastiveRecipe, PretrainRecipe, EvaluationRecipe, GluePreset, TaskSpec, IndexManifest):
         with pytest.raises(UserInputError, match=r"unknown key 'bogus'"):
-            load_spec(None, model, overrides={"bogus": 1})
+            Spec("test", {}).validate(model, {"bogus": 1})

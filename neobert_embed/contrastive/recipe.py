@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from neobert_embed.paths import recipe_path
 from neobert_embed.recipes import read_spec
 
-DEFAULT_RECIPE_NAME = "contrastive.yaml"
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -157,7 +156,7 @@ def load_contrastive_recipe(path: str | Path | None = None, **overrides: Any) ->
         >>> load_contrastive_recipe("recipes/contrastive.yaml", max_steps=20, temperature=0.05)
         >>> load_contrastive_recipe(max_steps=10)          # paper defaults
     """
-    spec = read_spec(Path(path) if path is not None else recipe_path(DEFAULT_RECIPE_NAME))
+    spec = read_spec(Path(path) if path is not None else recipe_path("contrastive.yaml"))
     cleared = {"batch_size": "text_budget", "text_budget": "batch_size"}
     data = {**spec.data, **{cleared[key]: None for key, value in overrides.items() if key in cleared and value is not None}}
     return replace(spec, data=data).validate(ContrastiveRecipe, overrides)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -49,10 +49,10 @@ class GluePreset(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    batch_size: list[int] = Field(default_factory=lambda: [32])
-    learning_rate: list[float] = Field(default_factory=lambda: [2e-5])
-    weight_decay: list[float] = Field(default_factory=lambda: [0.01])
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    batch_size: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [32])
+    learning_rate: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [2e-5])
+    weight_decay: list[Annotated[float, Field(ge=0)]] = Field(default_factory=lambda: [0.01])
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0])
     epochs: float = Field(3, gt=0)
     eval_steps: int | None = Field(None, ge=1)
     early_stopping_patience: int | None = Field(None, ge=1)
@@ -73,8 +73,6 @@ class GluePreset(BaseModel):
     def _non_empty(cls, value: list) -> list:
         if not value or len(set(value)) != len(value):
             raise ValueError("must be a non-empty list of distinct values")
-        if any(v < 0 for v in value):
-            raise ValueError("values must not be negative")
         return value
 
     @field_validator("transfer")
@@ -92,8 +90,6 @@ class GluePreset(BaseModel):
         if chained:
             raise ValueError(f"transfer sources must be trained from the backbone; {chained} start from a task "
                              "that itself starts from another")
-        if any(b < 1 for b in self.batch_size) or any(lr <= 0 for lr in self.learning_rate):
-            raise ValueError("batch sizes and learning rates must be positive")
         return self
 
 

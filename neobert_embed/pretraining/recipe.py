@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.recipes import load_spec, parse_spec
+from neobert_embed.recipes import Spec, load_spec
 
 
 class _Section(BaseModel):
@@ -202,7 +202,7 @@ def parse_pretrain_recipe(data: dict, source: str = "<recipe>") -> PretrainRecip
         >>> parse_pretrain_recipe({"model": {"init_from": "runs/stage1/final"}}).model.init_from
         'runs/stage1/final'
     """
-    return parse_spec(data, PretrainRecipe, source)
+    return Spec(source, data).validate(PretrainRecipe)
 
 
 def load_pretrain_recipe(path: str | Path) -> PretrainRecipe:
