@@ -47,7 +47,7 @@ class Spec:
     def validate(self, model: type[M], overrides: Mapping[str, Any] | None = None) -> M:
         """``model`` built from the mapping with top-level ``overrides`` applied (``None`` values
         are ignored); every validation error names this spec's file, the key's line and the key.
-        Validators find the spec's folder in ``info.context["directory"]`` (for relative paths).
+        Validators find a spec file's folder in ``info.context["directory"]`` (for relative paths).
 
         Example:
             >>> read_spec("recipes/mteb-eval.yaml").validate(EvaluationRecipe, {"max_length": 512})
@@ -55,7 +55,8 @@ class Spec:
         overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
         data = {**self.data, **overrides} if overrides else self.data
         try:
-            return model.model_validate(data, context={"directory": Path(self.source).parent})
+            folder = Path(self.source).parent if Path(self.source).is_file() else None
+            return model.model_validate(data, context={"directory": folder} if folder else None)
         except ValidationError as exc:
             raise UserInputError("; ".join(self._describe(item, model, data, set(overrides))
                                            for item in exc.errors())) from None

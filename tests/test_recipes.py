@@ -7,7 +7,10 @@ whole file runs in seconds.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,3 +189,20 @@ def test_every_spec_model_refuses_unknown_keys():
     for model in (ContrastiveRecipe, PretrainRecipe, EvaluationRecipe, GluePreset, TaskSpec, IndexManifest):
         with pytest.raises(UserInputError, match=r"unknown key 'bogus'"):
             Spec("test", {}).validate(model, {"bogus": 1})
+
+
+def test_the_installed_command_prints_one_located_line_and_exits_2(tmp_path):
+    recipe = _write(tmp_path / "p.yaml", PRETRAIN_MODEL + "maskng: {rate: 0.2}\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "neobert_embed.cli", "pretrain", "--recipe", str(recipe),
+                           "--corpus", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "r")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    printed = " ".join((done.stdout + done.stderr).split())  # the console may wrap long lines
+    assert f"error: {recipe}:6: unknown key 'maskng'" in printed, printed
+
+
+def test_a_mapping_from_the_command_line_is_checked_by_the_same_reader(tmp_path):
+    message = _error(["train-contrastive", "--model", "bert", "--data", f"bad name={tmp_path / 'x.jsonl'}",
+                      "--output", tmp_path / "run"])
+    assert message == "--data: key 'data': dataset name 'bad name' must be letters, digits, '_', '.' or '-'"

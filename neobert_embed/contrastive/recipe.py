@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -86,7 +86,7 @@ class ContrastiveRecipe(BaseModel):
     symmetric: bool = False
     cached: bool = False
     mini_batch_size: int | None = Field(None, ge=1)
-    matryoshka_dims: list[int] | None = None
+    matryoshka_dims: list[Annotated[int, Field(ge=1)]] | None = None
     gather_across_devices: bool = False
     # batches
     alpha: float = Field(0.5, ge=0, le=1)
@@ -117,11 +117,9 @@ class ContrastiveRecipe(BaseModel):
     @field_validator("matryoshka_dims")
     @classmethod
     def _dims(cls, value: list[int] | None) -> list[int] | None:
-        if value is None:
-            return None
-        if not value or any(d < 1 for d in value) or len(set(value)) != len(value):
+        if value is not None and (not value or len(set(value)) != len(value)):
             raise ValueError("must be a non-empty list of distinct positive dimensions, e.g. [768, 256, 64]")
-        return sorted(value, reverse=True)
+        return sorted(value, reverse=True) if value else value
 
     @model_validator(mode="after")
     def _compatible(self) -> ContrastiveRecipe:
