@@ -45,6 +45,11 @@ class DataSource(BaseModel):
     query_instruction: str | None = None
     document_instruction: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_path(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
     @field_validator("path")
     @classmethod
     def _relative_to_recipe(cls, value: str, info: ValidationInfo) -> str:
@@ -98,13 +103,6 @@ class ContrastiveRecipe(BaseModel):
     save_total_limit: int | None = Field(2, ge=1)
     deepspeed: str | dict[str, Any] | None = None
     data: dict[str, DataSource] = Field(default_factory=dict)
-
-    @field_validator("data", mode="before")
-    @classmethod
-    def _paths_as_sources(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {name: {"path": src} if isinstance(src, str) else src for name, src in value.items()}
-        return value
 
     @field_validator("data")
     @classmethod
