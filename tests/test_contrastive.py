@@ -145,7 +145,7 @@ def test_bad_rows_name_file_line_and_column(kind, message, tmp_path, tiny_bert):
 @pytest.mark.parametrize(("args", "message"), [
     (["--data", "x=missing.jsonl"], r"missing\.jsonl.*file not found"),
     (["--data", "x=TRIPLETS", "--model", "no-such-backbone"], r"cannot load model 'no-such-backbone'.*OFFLINE"),
-    (["--data", "x=TRIPLETS", "--recipe", "TYPO_RECIPE"], r"typo\.yaml: unknown key 'temprature'"),
+    (["--data", "x=TRIPLETS", "--recipe", "TYPO_RECIPE"], r"typo\.yaml:\d+: unknown key 'temprature'"),
     (["--data", "x=TRIPLETS", "--recipe", str(TINY_RECIPE), "--batch-size", "4", "--text-budget", "8"],
      r"incompatible"),
     (["--data", "novalue"], r"expected NAME=PATH"),

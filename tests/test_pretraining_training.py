@@ -208,7 +208,7 @@ def test_cli_prepare_pretrain_export(tmp_path):
     (tmp_path / "bad.yaml").write_text("model: {hidden_size: 32}\nmasking: {rat: 0.2}\n")
     result = runner.invoke(app, ["pretrain", "--recipe", str(tmp_path / "bad.yaml"), "--corpus", str(raw),
                                  "--output", str(tmp_path / "x")])
-    assert isinstance(result.exception, UserInputError) and "masking.rat: unknown key" in str(result.exception)
+    assert isinstance(result.exception, UserInputError) and "bad.yaml:2: unknown key 'masking.rat'" in str(result.exception)
     assert not (tmp_path / "x").exists()
     assert "prepare" in runner.invoke(app, ["pretrain"]).output
 

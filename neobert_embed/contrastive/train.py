@@ -47,6 +47,7 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, atomic_write_json
 from neobert_embed.locks import writer_lock
 from neobert_embed.outputs import DirectoryState, check_output_directory
+from neobert_embed.recipes import Spec
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def _sources(data: dict[str, Any] | None, recipe: ContrastiveRecipe) -> dict[str
     when ``--data`` options are given in another order or read back from run.json on resume.
     Local paths are made absolute so ``--resume`` works from any directory.
     """
-    chosen = ContrastiveRecipe(**{**recipe.model_dump(), "data": data}).data if data else recipe.data
+    chosen = Spec("--data", {**recipe.model_dump(), "data": data}).validate(ContrastiveRecipe).data if data else recipe.data
     return {name: source.model_copy(update={"path": str(Path(source.path).resolve())})
             if Path(source.path).exists() else source for name, source in sorted(chosen.items())}
 
@@ -89,7 +90,7 @@ def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
     run_file = output / RUN_FILE
     if resume and run_file.is_file():
         saved = json.loads(run_file.read_text(encoding="utf-8"))
-        saved_recipe = ContrastiveRecipe(**saved["recipe"])
+        saved_recipe = Spec(f"{run_file} (recipe)", saved["recipe"]).validate(ContrastiveRecipe)
         saved_data = saved_recipe.data
         changed = []
         if model is not None and model != saved["model"]:
