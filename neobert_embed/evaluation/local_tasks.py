@@ -81,6 +81,11 @@ class TaskSpec(BaseModel):
         return self
 
 
+class LocalTask:
+    """Mixin of every task built here: its data come from a directory (never the hub), checked
+    by :func:`check_task_data` before any model work (``isinstance(task, LocalTask)``)."""
+
+
 def read_task_spec(directory: Path) -> TaskSpec:
     """Parse and validate ``directory/task.json`` (errors name the file and the key)."""
     path = directory / "task.json"
@@ -186,7 +191,7 @@ def _registered_task(spec: TaskSpec, directory: Path) -> Any:
     metadata = base.metadata.model_copy(update={
         "dataset": {"path": str(directory.resolve()), "revision": data_fingerprint(directory)},
         "eval_splits": splits})
-    task_class = type(base.__name__, (base,), {
+    task_class = type(base.__name__, (base, LocalTask), {
         "metadata": metadata, "load_data": _make_loader(directory, task_type, splits, subset),
         "__module__": __name__})
     task = task_class()
@@ -228,7 +233,7 @@ def _new_task(spec: TaskSpec, directory: Path) -> Any:
                           max_score=spec.max_score if spec.max_score is not None else 5)
     if clustering:
         attributes["max_fraction_of_documents_to_embed"] = None
-    return type(f"Local{spec.type}Task", (base,), attributes)()
+    return type(f"Local{spec.type}Task", (base, LocalTask), attributes)()
 
 
 def load_task_dir(directory: str | Path) -> Any:

@@ -178,7 +178,7 @@ def training_arguments(preset: GluePreset, trial: Trial, task: GlueTask, train_r
 
 
 def _usable_length(model: Any, preset: GluePreset) -> int:
-    from neobert_embed.sentence import usable_max_length
+    from neobert_embed.backbones import usable_max_length
 
     usable = usable_max_length(model.config)
     return min(preset.max_length, usable) if preset.max_length else usable
