@@ -1,9 +1,11 @@
 """The training engine: DeepSpeed (ZeRO 0-3, any number of processes) or plain PyTorch.
 
-Why one small interface: the training loop must not care whether gradients are sharded. Both
-engines take a micro-batch at a time (``forward`` -> ``backward`` -> ``step``), apply the
-optimizer at accumulation boundaries, clip gradients, and save/load their complete state
-(parameters, optimizer, scheduler) into a directory. DeepSpeed is driven directly through
+Why one small interface (:class:`TrainingEngine`): the training loop must not care whether
+gradients are sharded. Both engines take a micro-batch at a time (``forward`` -> ``backward`` ->
+``step``), apply the optimizer at accumulation boundaries, clip gradients, and own their checkpoint
+format: ``save``/``load`` of their complete state (parameters, optimizer, scheduler) in a
+directory, and ``consolidated_state_dict``, the whole fp32 weights read back from such a directory
+without building an engine (what ``pretrain export`` needs). DeepSpeed is driven directly through
 ``deepspeed.initialize`` (accelerate's DeepSpeed path breaks with several CPU processes); when it
 is not installed the same loop runs in plain PyTorch in one process, with a warning.
 
@@ -26,7 +28,7 @@ import socket
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -35,6 +37,37 @@ from neobert_embed.pretraining.recipe import PretrainRecipe
 from neobert_embed.pretraining.schedule import build_scheduler
 
 EXTENSIONS_CACHE = Path.home() / ".cache" / "neobert-embed" / "torch_extensions"
+
+
+@runtime_checkable
+class CheckpointFormat(Protocol):
+    """Reads the checkpoints of one engine kind without building the engine (export)."""
+
+    kind: str
+
+    def consolidated_state_dict(self, directory: Path) -> dict[str, torch.Tensor]:
+        """The objective module's whole fp32 weights from a directory that ``save`` wrote."""
+
+
+@runtime_checkable
+class TrainingEngine(CheckpointFormat, Protocol):
+    """What the loop and :mod:`checkpoint` use: micro-batch steps, collectives, ``save``/``load``
+    (called by every process into one shared directory) and the checkpoint format."""
+
+    module: torch.nn.Module
+    rank: int
+    world_size: int
+
+    @property
+    def base_optimizer(self) -> torch.optim.Optimizer: ...
+    def forward(self, **batch: Any) -> Any: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def step(self) -> None: ...
+    def grad_norm(self) -> float | None: ...
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def barrier(self) -> None: ...
+    def save(self, directory: Path) -> None: ...
+    def load(self, directory: Path) -> None: ...
 
 
 def deepspeed_available() -> bool:
@@ -131,6 +164,7 @@ class TorchEngine:
     """Single-process PyTorch engine (bf16 through autocast, fp32 master weights)."""
 
     kind = "torch"
+    STATE = "engine.pt"
 
     def __init__(self, recipe: PretrainRecipe, module: torch.nn.Module) -> None:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -173,10 +207,14 @@ class TorchEngine:
 
     def save(self, directory: Path) -> None:
         torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict()}, directory / "engine.pt")
+                    "scheduler": self.scheduler.state_dict()}, directory / self.STATE)
+
+    @classmethod
+    def consolidated_state_dict(cls, directory: Path) -> dict[str, torch.Tensor]:
+        return torch.load(directory / cls.STATE, map_location="cpu", weights_only=False)["module"]
 
     def load(self, directory: Path) -> None:
-        state = torch.load(directory / "engine.pt", map_location="cpu", weights_only=False)
+        state = torch.load(directory / self.STATE, map_location="cpu", weights_only=False)
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -257,6 +295,18 @@ class DeepSpeedEngine:
         if path is None:
             raise FileNotFoundError(f"{directory}: DeepSpeed found no checkpoint to load")
 
+    @classmethod
+    def consolidated_state_dict(cls, directory: Path) -> dict[str, torch.Tensor]:
+        """Through DeepSpeed's own readers: ZeRO 1-3 shards are merged into fp32 by
+        ``get_fp32_state_dict_from_zero_checkpoint``; ZeRO 0 keeps whole weights in its model states."""
+        from deepspeed.utils import zero_to_fp32
+
+        states = torch.load(zero_to_fp32.get_model_state_files(str(directory / cls.TAG))[0], map_location="cpu",
+                            weights_only=False)
+        if states["ds_config"]["zero_optimization"]["stage"] == 0:
+            return {key: value.float() for key, value in states["module"].items()}
+        return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=cls.TAG)
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
@@ -273,7 +323,10 @@ class DeepSpeedEngine:
             dist.barrier()
 
 
-def build_engine(recipe: PretrainRecipe, module: torch.nn.Module) -> TorchEngine | DeepSpeedEngine:
+CHECKPOINT_FORMATS: dict[str, CheckpointFormat] = {engine.kind: engine for engine in (TorchEngine, DeepSpeedEngine)}
+
+
+def build_engine(recipe: PretrainRecipe, module: torch.nn.Module) -> TrainingEngine:
     """The engine the recipe asks for (``training.engine``: auto | deepspeed | torch).
 
     Example:
