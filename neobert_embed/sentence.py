@@ -105,12 +105,8 @@ def load_sentence_model(
             pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
             model = SentenceTransformer(modules=[transformer, pooling], device=device,
                                         prompts=prompts or {})
-            backbone = BACKBONES.get(original)
-            default_length = backbone.max_length if backbone else None
-            model.max_seq_length = min(
-                default_length or usable_max_length(transformer.auto_model.config),
-                usable_max_length(transformer.auto_model.config),
-            )
+            usable, backbone = usable_max_length(transformer.auto_model.config), BACKBONES.get(original)
+            model.max_seq_length = min(backbone.max_length, usable) if backbone else usable
     except (RuntimeError, EOFError, pickle.UnpicklingError, UnicodeDecodeError) as exc:
         if not Path(name).exists():
             raise

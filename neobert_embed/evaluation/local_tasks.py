@@ -82,8 +82,7 @@ class TaskSpec(BaseModel):
 
 
 class LocalTask:
-    """Mixin of every task built here: its data come from a directory (never the hub), checked
-    by :func:`check_task_data` before any model work (``isinstance(task, LocalTask)``)."""
+    """Mixin marking every task built here: its data come from a directory, never the hub."""
 
 
 def read_task_spec(directory: Path) -> TaskSpec:

@@ -3,16 +3,13 @@
 Why: a run that lasts days is interrupted — preemption, Ctrl-C, a node failure — and must
 continue as if nothing happened. A checkpoint directory ``step-NNNNNNNN`` holds the engine state
 (parameters, optimizer, scheduler; sharded by DeepSpeed under ZeRO), each process's RNG states,
-the trainer state (step, data-stream position, counters, the engine kind), the model config and
-tokenizer (so ``pretrain export`` needs nothing else), and a ``manifest.json`` with the size and
-SHA-256 of every file. The engine's files are its own business (:class:`~.engine.TrainingEngine`):
-export asks the format of the engine that wrote them for the consolidated weights.
-
-It is written under a temporary name and put in place by :func:`files.replace_directory`, so a
-crash mid-save leaves the previous checkpoints untouched; a re-saved step killed between that
-function's two renames leaves its old copy moved aside, which is listed in its place (export) and
-put back on resume (:func:`remove_checkpoint_debris`). On resume a newest checkpoint whose files
-do not match its manifest (or fail to load) is skipped with a warning for the one before.
+the trainer state (step, stream position, counters, the engine kind whose format reads its files),
+the model config and tokenizer (so ``pretrain export`` needs nothing else), and a ``manifest.json``
+with the size and SHA-256 of every file. It is written under a temporary name and put in place by
+:func:`files.replace_directory`, so a crash mid-save leaves the previous checkpoints untouched (a
+replaced step's old copy, if left aside, is listed in its place and put back on resume); on resume
+a newest checkpoint whose files do not match its manifest (or fail to load) is skipped with a
+warning for the one before.
 
 Example:
     >>> path = save_checkpoint(engine, run / "checkpoints", 1000, {"step": 1000}, write_model_files, keep_last=3)
@@ -26,7 +23,7 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +38,6 @@ PREFIX = "step-"
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 MODEL_FILES = "model"
-ENGINE_KEY = "engine"
 
 
 class CorruptCheckpoint(Exception):
@@ -61,21 +57,13 @@ def _step_of(path: Path) -> int | None:
 def list_checkpoints(root: Path) -> list[Path]:
     """Checkpoint directories under ``root``, newest first; a step whose directory is missing
     because a killed replacement moved it aside is listed by that copy."""
-    found: dict[int, Path] = {}
-    for path in sorted(root.iterdir(), key=lambda p: p.name.startswith(".")) if root.is_dir() else ():
-        if (step := _step_of(path)) is not None:
-            found.setdefault(step, path)
+    paths = sorted(root.iterdir(), key=lambda p: p.name.startswith("."), reverse=True) if root.is_dir() else []
+    found = {step: path for path in paths if (step := _step_of(path)) is not None}  # plain names come last: win
     return [found[step] for step in sorted(found, reverse=True)]
 
 
-def remove_checkpoint_debris(root: Path) -> list[Path]:
-    """Put back the checkpoints that killed replacements moved aside and delete unfinished saves
-    (only with the run to oneself: no other process saving into ``root``); returns what was removed.
-
-    Example:
-        >>> remove_checkpoint_debris(Path("runs/x/checkpoints"))
-        [PosixPath('runs/x/checkpoints/.step-00001000.saving.tmp')]
-    """
+def _remove_debris(root: Path) -> list[Path]:
+    """Put back the checkpoints that killed replacements moved aside; delete unfinished saves."""
     names = {match[1] for path in root.glob(f".{PREFIX}*") if (match := re.match(rf"\.({PREFIX}\d+)\.", path.name))}
     return [removed for name in sorted(names) for removed in remove_debris(root / name)]
 
@@ -117,11 +105,12 @@ def _restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(engine: TrainingEngine, root: Path, step: int, trainer_state: dict[str, Any],
-                    write_model_files: Callable[[Path], None], keep_last: int) -> Path:
+                    model_files: Sequence[Any], keep_last: int) -> Path:
     """Save a complete checkpoint of ``step`` (collective: every process calls it); return its path.
+    ``model_files``: what export needs besides the weights (the model config and the tokenizer).
 
     Example:
-        >>> save_checkpoint(engine, Path("runs/x/checkpoints"), 1000, state, write_files, keep_last=3)
+        >>> save_checkpoint(engine, Path("runs/x/checkpoints"), 1000, state, (config, tokenizer), keep_last=3)
         PosixPath('runs/x/checkpoints/step-00001000')
     """
     final = root / checkpoint_name(step)
@@ -134,8 +123,9 @@ def save_checkpoint(engine: TrainingEngine, root: Path, step: int, trainer_state
     torch.save(_rng_state(), staging / f"rng-rank{engine.rank}.pt")
     engine.barrier()
     if engine.rank == 0:
-        atomic_write_json(staging / TRAINER_STATE, trainer_state | {ENGINE_KEY: engine.kind})
-        write_model_files(staging / MODEL_FILES)
+        atomic_write_json(staging / TRAINER_STATE, trainer_state | {"engine": engine.kind})
+        for part in model_files:
+            part.save_pretrained(str(staging / MODEL_FILES))
         _write_manifest(staging)
         replace_directory(staging, final)  # a re-saved step: the old copy is moved aside, not deleted first
         for old in list_checkpoints(root)[keep_last:]:
@@ -149,20 +139,30 @@ def _load_one(engine: TrainingEngine, directory: Path) -> dict[str, Any]:
     try:
         engine.load(directory)
         state = json.loads((directory / TRAINER_STATE).read_text(encoding="utf-8"))
-        rng_file = directory / f"rng-rank{engine.rank}.pt"
-        if not rng_file.is_file():
-            rng_file = directory / "rng-rank0.pt"
+        rng_file = next(f for f in (directory / f"rng-rank{engine.rank}.pt", directory / "rng-rank0.pt") if f.is_file())
         _restore_rng(torch.load(rng_file, map_location="cpu", weights_only=False))
     except Exception as exc:  # any failure to load means this checkpoint is unusable; try the previous
         raise CorruptCheckpoint(f"{directory}: failed to load ({type(exc).__name__}: {exc})") from exc
     return state
 
 
+def _first_usable(candidates: list[Path], use: Callable[[Path], Any], failure: str) -> tuple[Any, Path]:
+    """``use`` the newest candidate that is not corrupt, skipping the others with a warning; when
+    none is usable, raise :class:`UserInputError` saying ``failure`` and the last problem."""
+    problem = "there is none"
+    for directory in candidates:
+        try:
+            return use(directory), directory
+        except CorruptCheckpoint as exc:
+            problem = str(exc)
+            warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=3)
+    raise UserInputError(f"{failure} (last problem: {problem})")
+
+
 def load_latest_checkpoint(engine: TrainingEngine, root: Path) -> tuple[dict[str, Any], Path]:
     """Restore the newest usable checkpoint into ``engine`` and the RNGs; return (trainer state, path).
 
-    Debris of killed saves is cleared first; a corrupt checkpoint is reported with a warning and
-    the previous one is tried.
+    Debris of killed saves is cleared first (the run is this job's alone: the CLI holds its lock).
 
     Example:
         >>> state, path = load_latest_checkpoint(engine, Path("runs/x/checkpoints"))
@@ -170,44 +170,28 @@ def load_latest_checkpoint(engine: TrainingEngine, root: Path) -> tuple[dict[str
         1000
     """
     if engine.rank == 0:
-        remove_checkpoint_debris(root)
+        _remove_debris(root)
     engine.barrier()
-    candidates = list_checkpoints(root)
-    if not candidates:
+    if not (candidates := list_checkpoints(root)):
         raise UserInputError(f"--resume: no checkpoint in {root}; start without --resume")
-    for directory in candidates:
-        try:
-            return _load_one(engine, directory), directory
-        except CorruptCheckpoint as exc:
-            warnings.warn(f"skipping corrupt checkpoint: {exc}; falling back to the previous one",
-                          stacklevel=2)
-    raise UserInputError(f"--resume: every checkpoint in {root} is corrupt (see the warnings above); "
-                         "start again without --resume, with a new --output")
+    return _first_usable(candidates, lambda directory: _load_one(engine, directory),
+                         f"--resume: every checkpoint in {root} is corrupt; start again without --resume, "
+                         "with a new --output")
 
 
 def find_checkpoint(source: Path) -> Path:
-    """``source`` itself when it is a checkpoint (verified), else the newest verified checkpoint of
-    the run directory ``source`` (corrupt ones are skipped with a warning).
+    """``source`` itself when it is a checkpoint, else the newest checkpoint of the run directory
+    ``source``; only one whose files match its manifest.
 
     Example:
         >>> find_checkpoint(Path("runs/tiny")).name
         'step-00001000'
     """
-    if _step_of(source) is not None and (source / TRAINER_STATE).is_file():
-        try:
-            verify_checkpoint(source)
-        except CorruptCheckpoint as exc:
-            raise UserInputError(f"cannot export: {exc}; export an earlier checkpoint instead") from None
-        return source
-    if not (source / "checkpoints").is_dir():
+    explicit = _step_of(source) is not None and (source / TRAINER_STATE).is_file()
+    if not explicit and not (source / "checkpoints").is_dir():
         raise UserInputError(f"{source}: neither a pretraining output directory nor a checkpoint (step-NNNNNNNN)")
-    for directory in list_checkpoints(source / "checkpoints"):
-        try:
-            verify_checkpoint(directory)
-            return directory
-        except CorruptCheckpoint as exc:
-            warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
-    raise UserInputError(f"{source / 'checkpoints'}: no usable checkpoint")
+    return _first_usable([source] if explicit else list_checkpoints(source / "checkpoints"), verify_checkpoint,
+                         f"cannot export {source}: no usable checkpoint; export an earlier one")[1]
 
 
 def consolidated_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -218,5 +202,5 @@ def consolidated_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
         >>> sorted(consolidated_state_dict(find_checkpoint(Path("runs/tiny"))))[0]
         'mlm.decoder.bias'
     """
-    kind = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))[ENGINE_KEY]
+    kind = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))["engine"]
     return CHECKPOINT_FORMATS[kind].consolidated_state_dict(checkpoint)

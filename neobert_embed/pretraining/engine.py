@@ -3,9 +3,7 @@
 Why one small interface (:class:`TrainingEngine`): the training loop must not care whether
 gradients are sharded. Both engines take a micro-batch at a time (``forward`` -> ``backward`` ->
 ``step``), apply the optimizer at accumulation boundaries, clip gradients, and own their checkpoint
-format: ``save``/``load`` of their complete state (parameters, optimizer, scheduler) in a
-directory, and ``consolidated_state_dict``, the whole fp32 weights read back from such a directory
-without building an engine (what ``pretrain export`` needs). DeepSpeed is driven directly through
+format (complete state saved and loaded, whole fp32 weights read back). DeepSpeed is driven through
 ``deepspeed.initialize`` (accelerate's DeepSpeed path breaks with several CPU processes); when it
 is not installed the same loop runs in plain PyTorch in one process, with a warning.
 
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.pretraining.recipe import PretrainRecipe
@@ -40,26 +39,16 @@ EXTENSIONS_CACHE = Path.home() / ".cache" / "neobert-embed" / "torch_extensions"
 
 
 @runtime_checkable
-class CheckpointFormat(Protocol):
-    """Reads the checkpoints of one engine kind without building the engine (export)."""
+class TrainingEngine(Protocol):
+    """What the loop and :mod:`checkpoint` use. ``save``/``load``: every process, one directory;
+    ``consolidated_state_dict`` (a classmethod, for export): the whole fp32 weights saved there."""
 
     kind: str
-
-    def consolidated_state_dict(self, directory: Path) -> dict[str, torch.Tensor]:
-        """The objective module's whole fp32 weights from a directory that ``save`` wrote."""
-
-
-@runtime_checkable
-class TrainingEngine(CheckpointFormat, Protocol):
-    """What the loop and :mod:`checkpoint` use: micro-batch steps, collectives, ``save``/``load``
-    (called by every process into one shared directory) and the checkpoint format."""
-
     module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
     rank: int
     world_size: int
 
-    @property
-    def base_optimizer(self) -> torch.optim.Optimizer: ...
     def forward(self, **batch: Any) -> Any: ...
     def backward(self, loss: torch.Tensor) -> None: ...
     def step(self) -> None: ...
@@ -68,6 +57,7 @@ class TrainingEngine(CheckpointFormat, Protocol):
     def barrier(self) -> None: ...
     def save(self, directory: Path) -> None: ...
     def load(self, directory: Path) -> None: ...
+    def consolidated_state_dict(self, directory: Path) -> dict[str, torch.Tensor]: ...
 
 
 def deepspeed_available() -> bool:
@@ -148,8 +138,9 @@ def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> torch.optim.AdamW:
-    """AdamW with the recipe's settings; norms, biases and embeddings get no weight decay."""
+def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> tuple[torch.optim.AdamW, Any]:
+    """AdamW with the recipe's settings (norms, biases and embeddings get no weight decay) and
+    its learning-rate schedule."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -157,7 +148,10 @@ def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> torch.opt
         (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
     opt = recipe.optimizer
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
+    optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
+    schedule = recipe.schedule
+    return optimizer, build_scheduler(optimizer, schedule.warmup_steps, recipe.training.max_steps,
+                                      schedule.decay_fraction, schedule.final_lr_ratio)
 
 
 class TorchEngine:
@@ -169,10 +163,7 @@ class TorchEngine:
     def __init__(self, recipe: PretrainRecipe, module: torch.nn.Module) -> None:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.module = module.to(self.device)
-        self.optimizer = build_optimizer(recipe, module)
-        self.scheduler = build_scheduler(self.optimizer, recipe.schedule.warmup_steps,
-                                         recipe.training.max_steps, recipe.schedule.decay_fraction,
-                                         recipe.schedule.final_lr_ratio)
+        self.optimizer, self.scheduler = build_optimizer(recipe, module)
         self.accumulation = recipe.training.gradient_accumulation_steps
         self.clip = recipe.optimizer.grad_clip
         self.bf16 = recipe.training.precision == "bf16"
@@ -200,10 +191,6 @@ class TorchEngine:
 
     def grad_norm(self) -> float | None:
         return self._grad_norm
-
-    @property
-    def base_optimizer(self) -> torch.optim.Optimizer:
-        return self.optimizer
 
     def save(self, directory: Path) -> None:
         torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -239,9 +226,7 @@ class DeepSpeedEngine:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         _join_process_group()
         training = recipe.training
-        self.optimizer = build_optimizer(recipe, module)
-        scheduler = build_scheduler(self.optimizer, recipe.schedule.warmup_steps, training.max_steps,
-                                    recipe.schedule.decay_fraction, recipe.schedule.final_lr_ratio)
+        self.optimizer, scheduler = build_optimizer(recipe, module)
         config = {
             "train_micro_batch_size_per_gpu": training.micro_batch_size,
             "gradient_accumulation_steps": training.gradient_accumulation_steps,
@@ -267,24 +252,16 @@ class DeepSpeedEngine:
         self.engine.backward(loss)
 
     def step(self) -> None:
-        boundary = self.engine.is_gradient_accumulation_boundary()
-        if boundary and self.zero_stage == 0:
-            self._stage0_norm = self._local_grad_norm()
+        if self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary():
+            grads = [p.grad.float().norm() for p in self.module.parameters() if p.grad is not None]
+            self._stage0_norm = float(torch.linalg.vector_norm(torch.stack(grads))) if grads else None
         self.engine.step()
-
-    def _local_grad_norm(self) -> float | None:
-        grads = [p.grad.float() for p in self.module.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else None
 
     def grad_norm(self) -> float | None:
         norm = self.engine.get_global_grad_norm()
         if norm is None and self.zero_stage == 0:
             return getattr(self, "_stage0_norm", None)
         return None if norm is None else float(norm)
-
-    @property
-    def base_optimizer(self) -> torch.optim.Optimizer:
-        return self.optimizer
 
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory), tag=self.TAG, save_latest=False)
@@ -297,19 +274,17 @@ class DeepSpeedEngine:
 
     @classmethod
     def consolidated_state_dict(cls, directory: Path) -> dict[str, torch.Tensor]:
-        """Through DeepSpeed's own readers: ZeRO 1-3 shards are merged into fp32 by
-        ``get_fp32_state_dict_from_zero_checkpoint``; ZeRO 0 keeps whole weights in its model states."""
+        """Through DeepSpeed's own readers: ZeRO 1-3 shards merged into fp32 by
+        ``get_fp32_state_dict_from_zero_checkpoint``; under ZeRO 0 the model states are whole."""
         from deepspeed.utils import zero_to_fp32
 
-        states = torch.load(zero_to_fp32.get_model_state_files(str(directory / cls.TAG))[0], map_location="cpu",
-                            weights_only=False)
-        if states["ds_config"]["zero_optimization"]["stage"] == 0:
-            return {key: value.float() for key, value in states["module"].items()}
-        return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=cls.TAG)
+        model_states = zero_to_fp32.get_model_state_files(str(directory / cls.TAG))[0]
+        states = torch.load(model_states, map_location="cpu", weights_only=False)
+        if states["ds_config"]["zero_optimization"]["stage"]:
+            return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=cls.TAG)
+        return {key: value.float() for key, value in states["module"].items()}
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
         if self.world_size > 1:
             on_device = tensor.to(self.device)  # NCCL reduces only GPU tensors
             dist.all_reduce(on_device)
@@ -317,13 +292,11 @@ class DeepSpeedEngine:
         return tensor
 
     def barrier(self) -> None:
-        import torch.distributed as dist
-
         if self.world_size > 1:
             dist.barrier()
 
 
-CHECKPOINT_FORMATS: dict[str, CheckpointFormat] = {engine.kind: engine for engine in (TorchEngine, DeepSpeedEngine)}
+CHECKPOINT_FORMATS: dict[str, type[TrainingEngine]] = {engine.kind: engine for engine in (TorchEngine, DeepSpeedEngine)}
 
 
 def build_engine(recipe: PretrainRecipe, module: torch.nn.Module) -> TrainingEngine:

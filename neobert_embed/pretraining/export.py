@@ -25,13 +25,6 @@ OBJECTIVE_PREFIX = "mlm."
 EXPORT_RECORD = "export.json"
 
 
-def write_model_files(model, tokenizer, target: Path) -> None:
-    """Save the model's config and the tokenizer (no weights) into ``target``."""
-    target.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(str(target))
-    tokenizer.save_pretrained(str(target))
-
-
 def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool = True) -> Path:
     """Export ``source`` (a run directory: its newest valid checkpoint; or one checkpoint directory)
     to ``output`` as a Hugging Face ``NeoBERTForMaskedLM`` with its tokenizer.

@@ -237,7 +237,7 @@ class _Loop:
     def _train_step(self) -> _StepStats:
         """One optimizer step over this process's micro-batches (the stream advances past it)."""
         stats = _StepStats()
-        lr = self.engine.base_optimizer.param_groups[0]["lr"]
+        lr = self.engine.optimizer.param_groups[0]["lr"]
         for batch in self.batches.step_batches(self.stream, self.state.step):
             loss, correct, masked = self.engine.forward(**batch)
             finite = torch.tensor(float(torch.isfinite(loss.detach()).all()))
@@ -253,7 +253,7 @@ class _Loop:
             stats.slots += batch["attention_mask"].numel()
             self.engine.backward(loss)
             if stats.bad:
-                for group in self.engine.base_optimizer.param_groups:
+                for group in self.engine.optimizer.param_groups:
                     group["lr"] = 0.0  # the update of a step with a non-finite loss is skipped
             self.engine.step()
         self.stats_lr = lr
@@ -301,12 +301,10 @@ class _Loop:
             self._checkpoint()
 
     def _checkpoint(self) -> Path:
-        from neobert_embed.pretraining.export import write_model_files
-
         path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, self.state.to_dict()
                                | {"max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size,
                                   SETTINGS_KEY: self.settings},
-                               lambda target: write_model_files(self.engine.module.mlm, self.corpus.tokenizer, target),
+                               (self.engine.module.mlm.config, self.corpus.tokenizer),
                                self.recipe.checkpoint.keep_last)
         self.last_saved = self.state.step
         return path
