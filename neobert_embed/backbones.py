@@ -22,9 +22,8 @@ POSITIONS_AFTER_PAD = frozenset({"roberta", "xlm-roberta", "camembert"})
 
 @dataclass(frozen=True)
 class Backbone:
-    """One registered encoder: ``key`` (``--model bert``), the ``hub_id`` its weights come from,
-    and ``max_length``, the longest input it was pretrained on. Every backbone is mean-pooled
-    (the paper); the tokenizer quirks (pad ids, token type ids) are read from each model's files."""
+    """One registered encoder: ``key`` (``--model bert``), the ``hub_id`` of its weights and
+    ``max_length``, the longest input it was pretrained on (all are mean-pooled, as in the paper)."""
 
     key: str
     hub_id: str

@@ -5,14 +5,13 @@ continue as if nothing happened. A checkpoint directory ``step-NNNNNNNN`` holds 
 (parameters, optimizer, scheduler; sharded by DeepSpeed under ZeRO), each process's RNG states,
 the trainer state (step, stream position, counters, the engine kind whose format reads its files),
 the model config and tokenizer (so ``pretrain export`` needs nothing else), and a ``manifest.json``
-with the size and SHA-256 of every file. It is written under a temporary name and put in place by
-:func:`files.replace_directory`, so a crash mid-save leaves the previous checkpoints untouched (a
-replaced step's old copy, if left aside, is listed in its place and put back on resume); on resume
-a newest checkpoint whose files do not match its manifest (or fail to load) is skipped with a
-warning for the one before.
+with the size and SHA-256 of every file. It is put in place by :func:`files.replace_directory`, so
+a crash mid-save leaves the previous checkpoints untouched (a replaced step's old copy left aside
+stands in for it, and is put back on resume); on resume a newest checkpoint whose files do not
+match its manifest (or fail to load) is skipped with a warning for the one before.
 
 Example:
-    >>> path = save_checkpoint(engine, run / "checkpoints", 1000, {"step": 1000}, write_model_files, keep_last=3)
+    >>> path = save_checkpoint(engine, run / "checkpoints", 1000, {"step": 1000}, (config, tokenizer), keep_last=3)
     >>> state, path = load_latest_checkpoint(engine, run / "checkpoints")
 """
 
@@ -23,9 +22,9 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +32,9 @@ import torch
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json, remove_debris, replace_directory, sha256_file
 from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -105,7 +107,7 @@ def _restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(engine: TrainingEngine, root: Path, step: int, trainer_state: dict[str, Any],
-                    model_files: Sequence[Any], keep_last: int) -> Path:
+                    model_files: tuple[PretrainedConfig, PreTrainedTokenizerBase], keep_last: int) -> Path:
     """Save a complete checkpoint of ``step`` (collective: every process calls it); return its path.
     ``model_files``: what export needs besides the weights (the model config and the tokenizer).
 

@@ -1,10 +1,9 @@
 """``pretrain export``: a checkpoint -> a Hugging Face model directory.
 
 Why: DeepSpeed checkpoints are sharded by ZeRO stage and process count, and loading them
-"module only" under ZeRO-3 silently loads nothing. Export asks the checkpoint for its consolidated
-fp32 weights (the engine that wrote it knows its own format: DeepSpeed merges its shards with
-``get_fp32_state_dict_from_zero_checkpoint``), loads them strictly into ``NeoBERTForMaskedLM``
-(every key must match) and saves a directory that
+"module only" under ZeRO-3 silently loads nothing. Export asks the format of the engine that wrote
+the checkpoint for its consolidated fp32 weights (DeepSpeed's own shard merging), loads them
+strictly into ``NeoBERTForMaskedLM`` (every key must match) and saves a directory that
 ``AutoModelForMaskedLM.from_pretrained`` (after ``import neobert_embed``), sentence-transformers
 and ``neobert-embed train-contrastive`` load directly, with the tokenizer beside it.
 
