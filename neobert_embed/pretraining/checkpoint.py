@@ -149,8 +149,7 @@ def _load_one(engine: TrainingEngine, directory: Path) -> dict[str, Any]:
 
 
 def _first_usable(candidates: list[Path], use: Callable[[Path], Any], failure: str) -> tuple[Any, Path]:
-    """``use`` the newest candidate that is not corrupt, skipping the others with a warning; when
-    none is usable, raise :class:`UserInputError` saying ``failure`` and the last problem."""
+    """``use`` the newest candidate that is not corrupt (warn about the others), else fail."""
     problem = "there is none"
     for directory in candidates:
         try:

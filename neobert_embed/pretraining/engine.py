@@ -41,7 +41,7 @@ EXTENSIONS_CACHE = Path.home() / ".cache" / "neobert-embed" / "torch_extensions"
 @runtime_checkable
 class TrainingEngine(Protocol):
     """What the loop and :mod:`checkpoint` use. ``save``/``load``: every process, one directory;
-    ``consolidated_state_dict`` (a classmethod, for export): the whole fp32 weights saved there."""
+    ``consolidated_state_dict`` (for export): the whole fp32 weights saved there."""
 
     kind: str
     module: torch.nn.Module
@@ -57,7 +57,8 @@ class TrainingEngine(Protocol):
     def barrier(self) -> None: ...
     def save(self, directory: Path) -> None: ...
     def load(self, directory: Path) -> None: ...
-    def consolidated_state_dict(self, directory: Path) -> dict[str, torch.Tensor]: ...
+    @classmethod
+    def consolidated_state_dict(cls, directory: Path) -> dict[str, torch.Tensor]: ...
 
 
 def deepspeed_available() -> bool:
