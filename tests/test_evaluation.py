@@ -218,6 +218,26 @@ def test_offline_hub_task_fails_at_once_pointing_to_task_dir(tmp_path, monkeypat
     assert "STSBenchmark" in result.stderr and "--task-dir" in result.stderr
 
 
+
+def test_a_hub_task_whose_revision_starts_with_local_is_still_a_hub_task(tmp_path, monkeypatch):
+    """Local means built from a directory (``LocalTask``), not a revision that looks like ours."""
+    import mteb
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    real_get_tasks = mteb.get_tasks
+
+    def local_looking(*args, **kwargs):
+        tasks = list(real_get_tasks(*args, **kwargs))
+        for task in tasks:
+            task.metadata = task.metadata.model_copy(
+                update={"dataset": {**task.metadata.dataset, "revision": "local-0123456789ab"}})
+        return tasks
+
+    monkeypatch.setattr(mteb, "get_tasks", local_looking)
+    report = run_mteb("bert", tasks=["STSBenchmark"], output=tmp_path, show_progress=False, summary=False)
+    assert "HF_HUB_OFFLINE" in report.failures["STSBenchmark"]
+    assert "--task-dir" in report.failures["STSBenchmark"]
+
 def test_interrupt_keeps_finished_tasks_and_rerun_resumes(tmp_path, tiny_bert, monkeypatch):
     import mteb
 

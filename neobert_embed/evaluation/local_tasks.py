@@ -81,6 +81,10 @@ class TaskSpec(BaseModel):
         return self
 
 
+class LocalTask:
+    """Mixin marking every task built here: its data come from a directory, never the hub."""
+
+
 def data_fingerprint(directory: Path) -> str:
     """Hash of the directory's files: the local data's "revision", stored in every result."""
     digest = hashlib.sha256()
@@ -174,7 +178,7 @@ def _registered_task(spec: TaskSpec, directory: Path) -> Any:
     metadata = base.metadata.model_copy(update={
         "dataset": {"path": str(directory.resolve()), "revision": data_fingerprint(directory)},
         "eval_splits": splits})
-    task_class = type(base.__name__, (base,), {
+    task_class = type(base.__name__, (base, LocalTask), {
         "metadata": metadata, "load_data": _make_loader(directory, task_type, splits, subset),
         "__module__": __name__})
     task = task_class()
@@ -216,7 +220,7 @@ def _new_task(spec: TaskSpec, directory: Path) -> Any:
                           max_score=spec.max_score if spec.max_score is not None else 5)
     if clustering:
         attributes["max_fraction_of_documents_to_embed"] = None
-    return type(f"Local{spec.type}Task", (base,), attributes)()
+    return type(f"Local{spec.type}Task", (base, LocalTask), attributes)()
 
 
 def load_task_dir(directory: str | Path) -> Any:

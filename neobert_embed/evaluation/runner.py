@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.evaluation.local_tasks import check_task_data, load_task_dirs
+from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, load_task_dirs
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.files import atomic_write_json
@@ -149,10 +149,6 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
     return selected
 
 
-def _is_local(task: Any) -> bool:
-    return str(task.metadata.dataset.get("revision", "")).startswith("local-")
-
-
 def _result_file(cache: Any, task: Any, meta: Any) -> Path:
     return cache.get_task_result_path(task.metadata.name, meta)
 
@@ -239,10 +235,10 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
         return outcome
     from huggingface_hub import is_offline_mode
 
-    if not _is_local(task) and is_offline_mode():
+    if not isinstance(task, LocalTask) and is_offline_mode():
         outcome.error = _offline_error(task)
         return outcome
-    if _is_local(task):
+    if isinstance(task, LocalTask):
         try:
             check_task_data(task)
         except UserInputError as exc:

@@ -31,12 +31,13 @@ import torch
 from neobert_embed.errors import UserInputError
 from neobert_embed.pretraining.batches import BatchMaker
 from neobert_embed.pretraining.checkpoint import (
+    checkpoint_name,
     list_checkpoints,
     load_latest_checkpoint,
     save_checkpoint,
 )
 from neobert_embed.pretraining.corpus import PreparedCorpus, is_prepared, load_prepared
-from neobert_embed.pretraining.engine import build_engine, init_distributed, process_scope
+from neobert_embed.pretraining.engine import TrainingEngine, build_engine, init_distributed, process_scope
 from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
@@ -172,7 +173,7 @@ def _resolve_corpus(recipe: PretrainRecipe, corpus: str | Path, output: Path) ->
     return load_prepared(target)
 
 
-def _say(engine, message: str) -> None:
+def _say(engine: TrainingEngine, message: str) -> None:
     if engine.rank == 0:
         from rich.console import Console
 
@@ -193,7 +194,7 @@ class _StepStats:
 class _Loop:
     """One invocation of the training loop over an engine restored to ``state``."""
 
-    def __init__(self, recipe: PretrainRecipe, corpus: PreparedCorpus, engine, output: Path,
+    def __init__(self, recipe: PretrainRecipe, corpus: PreparedCorpus, engine: TrainingEngine, output: Path,
                  state: RunState, resume_args: str, settings: dict[str, Any]) -> None:
         self.recipe, self.corpus, self.engine, self.output, self.state = recipe, corpus, engine, output, state
         self.resume_args, self.settings = resume_args, settings
@@ -236,7 +237,7 @@ class _Loop:
     def _train_step(self) -> _StepStats:
         """One optimizer step over this process's micro-batches (the stream advances past it)."""
         stats = _StepStats()
-        lr = self.engine.base_optimizer.param_groups[0]["lr"]
+        lr = self.engine.optimizer.param_groups[0]["lr"]
         for batch in self.batches.step_batches(self.stream, self.state.step):
             loss, correct, masked = self.engine.forward(**batch)
             finite = torch.tensor(float(torch.isfinite(loss.detach()).all()))
@@ -252,7 +253,7 @@ class _Loop:
             stats.slots += batch["attention_mask"].numel()
             self.engine.backward(loss)
             if stats.bad:
-                for group in self.engine.base_optimizer.param_groups:
+                for group in self.engine.optimizer.param_groups:
                     group["lr"] = 0.0  # the update of a step with a non-finite loss is skipped
             self.engine.step()
         self.stats_lr = lr
@@ -300,13 +301,10 @@ class _Loop:
             self._checkpoint()
 
     def _checkpoint(self) -> Path:
-        from neobert_embed.pretraining.export import write_model_files
-
         path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, self.state.to_dict()
-                               | {"engine": self.engine.kind, "zero_stage": getattr(self.engine, "zero_stage", 0),
-                                  "max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size,
+                               | {"max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size,
                                   SETTINGS_KEY: self.settings},
-                               lambda target: write_model_files(self.engine.module.mlm, self.corpus.tokenizer, target),
+                               (self.engine.module.mlm.config, self.corpus.tokenizer),
                                self.recipe.checkpoint.keep_last)
         self.last_saved = self.state.step
         return path
@@ -315,7 +313,7 @@ class _Loop:
         from neobert_embed.pretraining.export import export_checkpoint
 
         checkpoint = self._checkpoint() if self.last_saved != self.state.step else (
-            self.output / "checkpoints" / f"step-{self.state.step:08d}")
+            self.output / "checkpoints" / checkpoint_name(self.state.step))
         finished = self.state.step >= self.recipe.training.max_steps
         export_dir = None
         if finished and self.engine.rank == 0:
