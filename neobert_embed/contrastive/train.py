@@ -32,11 +32,9 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -44,13 +42,13 @@ from typing import Any
 from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, atomic_write_json
+from neobert_embed.files import atomic_write_json
 from neobert_embed.locks import writer_lock
 from neobert_embed.outputs import DirectoryState, check_output_directory
+from neobert_embed.runs import RUN_FILE, Interrupted, promoted, read_record, refuse_changes, write_record
 
 logger = logging.getLogger(__name__)
 
-RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
 RELOAD_TOLERANCE = 1e-5
 
@@ -82,29 +80,23 @@ def last_checkpoint(output: Path) -> Path | None:
     return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
+def _record(model: str, sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, Any]:
+    """What run.json holds: the model and the recipe with the data it trains on."""
+    return {"model": model, "recipe": {**recipe.model_dump(mode="json"),
+                                       "data": {k: v.model_dump(mode="json") for k, v in sources.items()}}}
+
+
 def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
                  recipe: ContrastiveRecipe | None, resume: bool, overwrite: bool
                  ) -> tuple[str, dict[str, DataSource], ContrastiveRecipe]:
     """Decide model, data and recipe; on resume they come from run.json and must not change."""
-    run_file = output / RUN_FILE
-    if resume and run_file.is_file():
-        saved = json.loads(run_file.read_text(encoding="utf-8"))
+    saved = read_record(output) if resume else None
+    if saved is not None:
         saved_recipe = ContrastiveRecipe(**saved["recipe"])
-        saved_data = saved_recipe.data
-        changed = []
-        if model is not None and model != saved["model"]:
-            changed.append(f"model ({saved['model']!r} → {model!r})")
-        if recipe is not None:
-            differing = [k for k in ContrastiveRecipe.model_fields if k != "data"
-                         and getattr(recipe, k) != getattr(saved_recipe, k)]
-            changed += [f"recipe key {k!r} ({getattr(saved_recipe, k)!r} → {getattr(recipe, k)!r})"
-                        for k in differing]
-        if data and _sources(data, saved_recipe) != saved_data:
-            changed.append("data")
-        if changed:
-            raise UserInputError(f"{run_file}: --resume must continue the same run, but {', '.join(changed)} "
-                                 "changed; drop those options or start a new --output")
-        return saved["model"], saved_data, saved_recipe
+        asked = _record(model or saved["model"], _sources(data, saved_recipe) if data else saved_recipe.data,
+                        recipe or saved_recipe)
+        refuse_changes(output / RUN_FILE, saved, asked, hint="drop those options or start a new --output")
+        return saved["model"], saved_recipe.data, saved_recipe
     if resume:
         logger.warning("%s: nothing to resume (no %s); starting a new run", output, RUN_FILE)
     elif output.exists() and any(output.iterdir()) and not overwrite:
@@ -209,26 +201,14 @@ def _reload_difference(model, directory: Path, texts: list[str]) -> float:
 
 
 def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) -> None:
-    """Write the model next to the run files in a temp dir, check it reloads, swap it in."""
-    with atomic_directory(output, record=RUN_FILE) as tmp:
+    """Write the model in a temp dir beside the run, check it reloads, and promote it with the run's files."""
+    with promoted(output, record=RUN_FILE) as tmp:
         model.save(str(tmp))
         summary["reload_max_abs_diff"] = _reload_difference(model, tmp, texts)
         if summary["reload_max_abs_diff"] > RELOAD_TOLERANCE:
             raise RuntimeError(f"the saved model encodes differently from the trained one "
                                f"(max |Δ| {summary['reload_max_abs_diff']:.2e}); nothing was written")
-        for name in ("metrics.jsonl", RUN_FILE):
-            if (output / name).exists():
-                shutil.copy2(output / name, tmp / name)
         atomic_write_json(tmp / "summary.json", summary)
-        if (output / CHECKPOINTS).exists():
-            os.replace(output / CHECKPOINTS, tmp / CHECKPOINTS)
-        for entry in output.iterdir() if output.is_dir() else []:
-            if not (tmp / entry.name).exists():  # files the user keeps in the run directory
-                os.replace(entry, tmp / entry.name)
-
-
-def _resume_hint(output: Path) -> str:
-    return f"neobert-embed train-contrastive --output {output} --resume"
 
 
 def train_contrastive(model: str | None = None, data: dict[str, Any] | None = None,
@@ -256,7 +236,7 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
 
     Raises:
         UserInputError: bad recipe/data/model or output conflict (before anything is written).
-        KeyboardInterrupt: after Ctrl-C, once a resumable checkpoint has been saved.
+        Interrupted: after Ctrl-C, once a resumable checkpoint has been saved (continue with ``resume=True``).
 
     Example:
         >>> out = train_contrastive(model="bert", data={"snli": "triplets.jsonl"}, output="runs/x",
@@ -295,9 +275,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
             _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
         raise
     if interrupt.requested:
-        print(f"stopped at step {trainer.state.global_step}; checkpoint saved in {output / CHECKPOINTS}. "
-              f"Resume with:\n  {_resume_hint(output)}", file=sys.stderr, flush=True)
-        raise KeyboardInterrupt
+        raise Interrupted(f"stopped at step {trainer.state.global_step}; checkpoint saved in {output / CHECKPOINTS}")
     if not trainer.is_world_process_zero():
         return output
     elapsed = time.perf_counter() - started
@@ -349,9 +327,7 @@ def _prepare_output(output: Path, start_over: bool, model_name: str, sources: di
         shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
         for name in ("metrics.jsonl", "summary.json", RUN_FILE):
             (output / name).unlink(missing_ok=True)
-    output.mkdir(parents=True, exist_ok=True)
-    recipe_record = {**recipe.model_dump(mode="json"), "data": {k: v.model_dump() for k, v in sources.items()}}
-    atomic_write_json(output / RUN_FILE, {"model": model_name, "recipe": recipe_record})
+    write_record(output, _record(model_name, sources, recipe))
 
 
 def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str, DataSource],

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import multiprocessing
 import os
 from collections.abc import Iterator
@@ -34,6 +33,9 @@ from neobert_embed.files import atomic_write_json
 from neobert_embed.pretraining.corpus import MANIFEST, PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.sources import iter_documents, source_fingerprint
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
+from neobert_embed.runs import check_resume, write_record
+
+STATE = "prepare.json"
 
 __all__ = ["prepare_corpus", "load_prepared", "is_prepared", "PreparedCorpus"]
 
@@ -93,18 +95,12 @@ def prepare_corpus(
 
 def _claim_output(output: Path, plan: dict) -> None:
     """Start a preparation in ``output``, or check that the partial one there is the same job."""
-    state = output / "prepare.json"
-    if state.is_file():
-        previous = json.loads(state.read_text(encoding="utf-8"))
-        if previous != plan:
-            changed = sorted(k for k in plan if previous.get(k) != plan[k])
-            raise UserInputError(
-                f"{output} holds an unfinished preparation with different settings ({', '.join(changed)}); "
-                "rerun with the same corpus and options to resume it, or choose another --output")
+    if check_resume(output, plan, name=STATE, verb="rerunning prepare",
+                    hint="rerun with the same corpus and options to resume it, or choose another --output") is not None:
         return
     if output.exists() and any(output.iterdir()):
         raise UserInputError(f"{output} exists and is not a prepared corpus; choose another --output")
-    atomic_write_json(state, plan)
+    write_record(output, plan, name=STATE)
 
 
 def _chunks(documents: Iterator[str], size: int) -> Iterator[tuple[int, list[str]]]:
