@@ -109,7 +109,7 @@ def test_resume_refuses_a_changed_recipe(tmp_path, data_dir, tiny_bert):
     recipe = load_contrastive_recipe(TINY_RECIPE, max_steps=2)
     out = train_contrastive(model=str(tiny_bert), data={"t": str(data_dir / "triplets.jsonl")},
                             output=tmp_path / "run", recipe=recipe)
-    with pytest.raises(UserInputError, match="'temperature'"):
+    with pytest.raises(UserInputError, match=r"recipe\.temperature \(0\.07 → 0\.5\)"):
         train_contrastive(output=out, resume=True, recipe=load_contrastive_recipe(TINY_RECIPE, temperature=0.5))
     with pytest.raises(UserInputError, match="--resume.*--overwrite"):
         train_contrastive(model=str(tiny_bert), data={"t": str(data_dir / "triplets.jsonl")}, output=out,
