@@ -1,21 +1,13 @@
 """Run directories: what a run was asked to do, whether a resume continues it, and how it ends.
 
 Why one module: training, index builds and corpus preparation are long jobs that resume, and each
-had its own copy of the same four mechanisms, each behaving a little differently. Here they are
-once:
-
-* the **run record** (``run.json`` or the caller's name): the settings a run was started with,
-  written atomically when it starts;
-* the **resume check**: a resume whose settings differ is refused *before* any work, with one
-  error listing every changed key as ``key (old → new)``; each area declares the operational keys
-  that may change (log cadence, threads);
-* **metrics.jsonl**: one JSON line per logged step, and on resume the lines past the restored step
-  are dropped, so the file reads as one uninterrupted run;
-* **promotion**: the finished output replaces the run directory in one rename, taking the run's
-  own files (record, metrics, checkpoints) with it;
-* :class:`Interrupted`: raised by library code after Ctrl-C *once its state is saved*. Library
-  code never prints how to resume; the CLI turns the exception into the resume command (the same
-  command line with ``--resume``) and exit status 130.
+had its own copy of these mechanisms, each behaving a little differently. Here they are once: the
+run record (settings written atomically when a run starts); the resume check (a resume with other
+settings is refused before any work, in one error listing every changed key as ``key (old →
+new)``, except the operational keys each area declares); ``metrics.jsonl`` (trimmed on resume to
+the restored step, so it reads as one uninterrupted run); promotion of the finished output; and
+:class:`Interrupted`, raised by library code after Ctrl-C once its state is saved, which only the
+CLI turns into the resume command and exit status 130.
 
 Example:
     >>> check_resume("runs/x", {"model": "bert", "recipe": {"lr": 1e-4}}, operational={"recipe.log_every"})
@@ -34,18 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, atomic_write_json, atomic_write_text
+from neobert_embed.files import atomic_directory, atomic_write_json, atomic_write_text, read_json_object
 
 RUN_FILE = "run.json"
-METRICS_FILE = "metrics.jsonl"
 
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C stopped a run after its state was saved; rerunning with ``resume_args`` continues it.
 
     A ``KeyboardInterrupt``, so code that does not know it still treats it as Ctrl-C. Only the CLI
-    prints the resume command (the user's command line, ``--overwrite`` dropped, plus
-    ``resume_args``); library callers read ``str(exc)`` for what was kept.
+    prints the resume command; library callers read ``str(exc)`` for what was kept.
 
     Example:
         >>> raise Interrupted("checkpoint of step 7 saved in runs/x/checkpoints")
@@ -76,16 +66,7 @@ def read_record(directory: str | Path, name: str = RUN_FILE) -> dict[str, Any] |
         'bert'
     """
     path = Path(directory) / name
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"{path}: the run record is not valid JSON ({exc}); start a new run in "
-                             "another directory") from None
-    if not isinstance(record, dict):
-        raise UserInputError(f"{path}: the run record is not a JSON object; start a new run in another directory")
-    return record
+    return read_json_object(path, "") if path.is_file() else None
 
 
 def write_record(directory: str | Path, settings: Mapping[str, Any], name: str = RUN_FILE) -> Path:
@@ -100,19 +81,11 @@ def write_record(directory: str | Path, settings: Mapping[str, Any], name: str =
     return path
 
 
-def flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested settings as dotted keys: ``{"a": {"b": 1}}`` → ``{"a.b": 1}``.
-
-    Example:
-        >>> flatten({"optimizer": {"lr": 1e-3}, "model": "bert"})
-        {'optimizer.lr': 0.001, 'model': 'bert'}
-    """
+def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted keys: ``{"a": {"b": 1}}`` → ``{"a.b": 1}``."""
     flat: dict[str, Any] = {}
     for key, value in settings.items():
-        if isinstance(value, Mapping):
-            flat |= flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
+        flat |= _flatten(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {f"{prefix}{key}": value}
     return flat
 
 
@@ -121,50 +94,28 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:28]}…{text[-28:]}"
 
 
-def changed_keys(saved: Mapping[str, Any], current: Mapping[str, Any],
-                 operational: Collection[str] = ()) -> list[str]:
-    """Every dotted key whose value differs, as ``key (old → new)``; ``operational`` keys are ignored.
-
-    Values are compared as JSON would store them (tuples equal lists).
-
-    Example:
-        >>> changed_keys({"recipe": {"lr": 1, "seed": 0}}, {"recipe": {"lr": 2, "seed": 1}})
-        ['recipe.lr (1 → 2)', 'recipe.seed (0 → 1)']
-    """
-    old, new = (json.loads(json.dumps(flatten(d), default=str)) for d in (saved, current))
-    return [f"{key} ({_show(old.get(key))} → {_show(new.get(key))})" for key in sorted(set(old) | set(new))
-            if key not in operational and old.get(key) != new.get(key)]
-
-
-def refuse_changes(where: str | Path, saved: Mapping[str, Any], current: Mapping[str, Any], *,
-                   operational: Collection[str] = (), verb: str = "--resume",
-                   hint: str = "resume with the run's settings, or start a new --output") -> None:
-    """Raise one :class:`UserInputError` naming every changed key (see :func:`changed_keys`).
-
-    Example:
-        >>> refuse_changes("runs/x/run.json", {"lr": 1}, {"lr": 2})
-        Traceback (most recent call last):
-        UserInputError: runs/x/run.json: --resume must continue the same run, but lr (1 → 2) changed; ...
-    """
-    changed = changed_keys(saved, current, operational)
-    if changed:
-        raise UserInputError(f"{where}: {verb} must continue the same run, but {', '.join(changed)} changed; {hint}")
-
-
 def check_resume(directory: str | Path, current: Mapping[str, Any], *, name: str = RUN_FILE,
                  operational: Collection[str] = (), verb: str = "--resume",
                  hint: str = "resume with the run's settings, or start a new --output") -> dict[str, Any] | None:
-    """Compare ``current`` with the run record in ``directory`` (see :func:`refuse_changes`).
+    """Compare ``current`` with the run record in ``directory``; return the record (None: there is none).
 
-    Returns the record, or None when the directory holds none (nothing to continue).
+    One :class:`UserInputError` names every dotted key whose value differs, as ``key (old → new)``;
+    ``operational`` keys may change. Values compare as JSON stores them (tuples equal lists).
 
     Example:
-        >>> check_resume("runs/x", {"model": "bert", "recipe": {"lr": 1e-4}})
-        {'model': 'bert', 'recipe': {'lr': 0.0001}}
+        >>> check_resume("runs/x", {"model": "bert", "recipe": {"lr": 1e-3}})
+        Traceback (most recent call last):
+        UserInputError: runs/x/run.json: --resume must continue the same run, but recipe.lr (0.0001 → 0.001) changed; ...
     """
     saved = read_record(directory, name)
-    if saved is not None:
-        refuse_changes(Path(directory) / name, saved, current, operational=operational, verb=verb, hint=hint)
+    if saved is None:
+        return None
+    old, new = (json.loads(json.dumps(_flatten(d), default=str)) for d in (saved, current))
+    changed = [f"{key} ({_show(old.get(key))} → {_show(new.get(key))})" for key in sorted(set(old) | set(new))
+               if key not in operational and old.get(key) != new.get(key)]
+    if changed:
+        raise UserInputError(f"{Path(directory) / name}: {verb} must continue the same run, but "
+                             f"{', '.join(changed)} changed; {hint}")
     return saved
 
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
-from neobert_embed.runs import Interrupted, MetricsFile, changed_keys, check_resume, promoted, write_record
+from neobert_embed.runs import Interrupted, MetricsFile, check_resume, promoted, write_record
 
 runner = CliRunner()
 
@@ -51,8 +51,10 @@ def test_resume_check_lists_every_changed_key_and_allows_operational_ones(tmp_pa
                        r"\('bert' → 'roberta'\), recipe.lr \(0.0001 → 0.001\), recipe.seed \(0 → None\) changed"):
         check_resume(tmp_path, {"model": "roberta", "recipe": {"lr": 1e-3, "log_every": 10, "betas": [0.9, 0.98]}})
     assert check_resume(tmp_path / "empty", same) is None  # nothing recorded: nothing to continue
-    long = changed_keys({"fingerprint": "a" * 64}, {"fingerprint": "b" * 64})[0]
-    assert long.startswith("fingerprint ('aaaa") and len(long) < 150
+    write_record(tmp_path, {"fingerprint": "a" * 64}, name="state.json")
+    with pytest.raises(UserInputError, match=r"fingerprint \('aaaa[a…]+'? → 'bbbb") as refused:
+        check_resume(tmp_path, {"fingerprint": "b" * 64}, name="state.json")
+    assert len(str(refused.value)) < 250  # long values (hashes) are shortened
 
 
 def test_metrics_file_drops_lines_past_the_resumed_step(tmp_path):

@@ -45,7 +45,7 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
 from neobert_embed.locks import writer_lock
 from neobert_embed.outputs import DirectoryState, check_output_directory
-from neobert_embed.runs import RUN_FILE, Interrupted, promoted, read_record, refuse_changes, write_record
+from neobert_embed.runs import RUN_FILE, Interrupted, check_resume, promoted, read_record, write_record
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
         saved_recipe = ContrastiveRecipe(**saved["recipe"])
         asked = _record(model or saved["model"], _sources(data, saved_recipe) if data else saved_recipe.data,
                         recipe or saved_recipe)
-        refuse_changes(output / RUN_FILE, saved, asked, hint="drop those options or start a new --output")
+        check_resume(output, asked, hint="drop those options or start a new --output")
         return saved["model"], saved_recipe.data, saved_recipe
     if resume:
         logger.warning("%s: nothing to resume (no %s); starting a new run", output, RUN_FILE)
