@@ -7,7 +7,6 @@ them here. Heavy libraries (torch, transformers, faiss) are imported inside the 
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 
@@ -23,13 +22,12 @@ from neobert_embed.glue import commands as glue_commands
 from neobert_embed.index import commands as index_commands
 from neobert_embed.modeling import commands as modeling_commands
 from neobert_embed.pretraining import commands as pretraining_commands
-from neobert_embed.runs import Interrupted
+from neobert_embed.runs import Interrupted, is_main_process
 from neobert_embed.serve import commands as serve_commands
 
 
 class _Root(TyperGroup):
-    """The root command: remembers its command line so that a run stopped by Ctrl-C
-    (:class:`~neobert_embed.runs.Interrupted`) is answered with the command that resumes it and exit 130."""
+    """Answers :class:`~neobert_embed.runs.Interrupted` with the command that resumes the run (exit 130)."""
 
     def parse_args(self, ctx, args):
         ctx.meta["argv"] = list(args)
@@ -39,9 +37,10 @@ class _Root(TyperGroup):
         try:
             return super().invoke(ctx)
         except Interrupted as stop:
-            if os.environ.get("RANK", "0") == "0":  # one message per torchrun job
-                command = shlex.join(stop.resume_command(ctx.meta.get("argv", [])))
-                Console(stderr=True).print(f"[yellow]interrupted[/]: {stop.kept}\nResume with:\n  {command}",
+            if is_main_process():  # one message per torchrun job; the same command, never --overwrite
+                words = [word for word in ctx.meta["argv"] if word != "--overwrite"]
+                command = shlex.join(["neobert-embed", *words, *(a for a in stop.resume_args if a not in words)])
+                Console(stderr=True).print(f"[yellow]interrupted[/]: {stop}\nResume with:\n  {command}",
                                            highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
 

@@ -8,12 +8,6 @@ new)``, except the operational keys each area declares); ``metrics.jsonl`` (trim
 the restored step, so it reads as one uninterrupted run); promotion of the finished output; and
 :class:`Interrupted`, raised by library code after Ctrl-C once its state is saved, which only the
 CLI turns into the resume command and exit status 130.
-
-Example:
-    >>> check_resume("runs/x", {"model": "bert", "recipe": {"lr": 1e-4}}, operational={"recipe.log_every"})
-    >>> write_record("runs/x", {"model": "bert", "recipe": {"lr": 1e-4}})
-    >>> metrics = MetricsFile("runs/x/metrics.jsonl", resume_step=0)
-    >>> metrics.write({"step": 1, "loss": 2.3})
 """
 
 from __future__ import annotations
@@ -31,11 +25,22 @@ from neobert_embed.files import atomic_directory, atomic_write_json, atomic_writ
 RUN_FILE = "run.json"
 
 
+def is_main_process() -> bool:
+    """True in rank 0 under torchrun, the one process that writes the run's files (or a plain process).
+
+    Example:
+        >>> is_main_process()
+        True
+    """
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C stopped a run after its state was saved; rerunning with ``resume_args`` continues it.
 
     A ``KeyboardInterrupt``, so code that does not know it still treats it as Ctrl-C. Only the CLI
-    prints the resume command; library callers read ``str(exc)`` for what was kept.
+    prints the resume command (its own command line, ``--overwrite`` dropped, plus ``resume_args``);
+    library callers read ``str(exc)`` for what was kept.
 
     Example:
         >>> raise Interrupted("checkpoint of step 7 saved in runs/x/checkpoints")
@@ -44,18 +49,7 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, kept: str, resume_args: Sequence[str] = ("--resume",)) -> None:
         super().__init__(kept)
-        self.kept = kept
         self.resume_args = tuple(resume_args)
-
-    def resume_command(self, argv: Sequence[str], program: str = "neobert-embed") -> list[str]:
-        """The command line that continues the run started by ``argv`` (the words after the program).
-
-        Example:
-            >>> Interrupted("kept").resume_command(["index", "build", "--overwrite", "--output", "x"])
-            ['neobert-embed', 'index', 'build', '--output', 'x', '--resume']
-        """
-        words = [word for word in argv if word != "--overwrite"]
-        return [program, *words, *(arg for arg in self.resume_args if arg not in words)]
 
 
 def read_record(directory: str | Path, name: str = RUN_FILE) -> dict[str, Any] | None:
@@ -69,16 +63,13 @@ def read_record(directory: str | Path, name: str = RUN_FILE) -> dict[str, Any] |
     return read_json_object(path, "") if path.is_file() else None
 
 
-def write_record(directory: str | Path, settings: Mapping[str, Any], name: str = RUN_FILE) -> Path:
+def write_record(directory: str | Path, settings: Mapping[str, Any], name: str = RUN_FILE) -> None:
     """Record what the run was asked to do (atomically; JSON values, nested mappings allowed).
 
     Example:
         >>> write_record("runs/x", {"model": "bert", "recipe": {"lr": 1e-4}})
-        PosixPath('runs/x/run.json')
     """
-    path = Path(directory) / name
-    atomic_write_json(path, dict(settings))
-    return path
+    atomic_write_json(Path(directory) / name, dict(settings))
 
 
 def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -120,19 +111,17 @@ def check_resume(directory: str | Path, current: Mapping[str, Any], *, name: str
 
 
 class MetricsFile:
-    """A run's ``metrics.jsonl``: one JSON object per line, each with its ``step``.
-
-    Opening it with ``resume_step`` drops the lines logged after that step (by a run that died
-    after its last checkpoint), so a resumed run logs those steps again without duplicates.
+    """A run's ``metrics.jsonl``: one JSON object per line, each with its ``step``. Opening it for a
+    run at ``resume_step`` drops the lines logged after that step (by a run that died after its
+    last checkpoint), so the resumed run logs those steps again without duplicates.
 
     Example:
         >>> metrics = MetricsFile("runs/x/metrics.jsonl", resume_step=500)
         >>> metrics.write({"step": 501, "loss": 1.9})
     """
 
-    def __init__(self, path: str | Path, resume_step: int = 0) -> None:
+    def __init__(self, path: str | Path, resume_step: int) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_file():
             kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step]
@@ -148,10 +137,9 @@ class MetricsFile:
 def promoted(output: str | Path, record: str = RUN_FILE) -> Iterator[Path]:
     """Write the finished output in a temporary sibling that then replaces the run directory.
 
-    When the block succeeds, every entry of ``output`` the block did not write (the run record,
-    metrics, checkpoints, files the user keeps there) is moved into it, and it replaces ``output``
-    in one rename (:func:`~neobert_embed.files.atomic_directory`); on failure ``output`` is left as
-    it was. A non-empty ``output`` without ``record`` is never replaced.
+    When the block succeeds, the entries of ``output`` it did not write (record, metrics,
+    checkpoints, the user's files) move into it, and it replaces ``output`` in one rename
+    (:func:`~neobert_embed.files.atomic_directory`); on failure ``output`` is left as it was.
 
     Example:
         >>> with promoted("runs/x") as tmp:

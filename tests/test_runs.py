@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
-from neobert_embed.runs import Interrupted, MetricsFile, check_resume, promoted, write_record
+from neobert_embed.runs import MetricsFile, check_resume, promoted, write_record
 
 runner = CliRunner()
 
@@ -59,7 +59,7 @@ def test_resume_check_lists_every_changed_key_and_allows_operational_ones(tmp_pa
 
 def test_metrics_file_drops_lines_past_the_resumed_step(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    metrics = MetricsFile(path)
+    metrics = MetricsFile(path, resume_step=0)
     for step in range(1, 6):
         metrics.write({"step": step, "loss": 1.0 / step})
     MetricsFile(path, resume_step=3).write({"step": 4, "loss": 0.0})
@@ -80,14 +80,6 @@ def test_promotion_carries_the_run_files_and_leaves_the_run_intact_on_failure(tm
         (tmp / "model.safetensors").write_text("weights")
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl", "model.safetensors", "run.json"]
     assert (run / "checkpoints" / "checkpoint-2").is_dir()
-
-
-def test_resume_command_is_the_command_line_with_resume_and_without_overwrite():
-    stop = Interrupted("kept")
-    assert stop.resume_command(["index", "build", "--overwrite", "--output", "x"]) == [
-        "neobert-embed", "index", "build", "--output", "x", "--resume"]
-    assert stop.resume_command(["pretrain", "--resume"]) == ["neobert-embed", "pretrain", "--resume"]
-    assert Interrupted("kept", resume_args=()).resume_command(["glue", "--output", "g"])[-1] == "g"
 
 
 # train-contrastive ----------------------------------------------------------------------------------

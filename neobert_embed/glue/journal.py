@@ -25,7 +25,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.runs import check_resume, write_record
@@ -49,19 +48,15 @@ class Journal:
                      hint="finished trials would not be comparable. Use the same preset and options, "
                           "or another --output")
         for label, model in models.items():
-            model_file = self.output / "trials" / label / "model.json"
-            if model_file.is_file():
-                saved_model = json.loads(model_file.read_text(encoding="utf-8"))["model"]
-                if saved_model != model:
-                    raise UserInputError(f"{model_file}: the results named {label!r} belong to model "
-                                         f"{saved_model!r}, not {model!r}; rename the model directory or use "
-                                         "another --output")
+            check_resume(self.output / "trials" / label, {"model": model}, name="model.json", verb="a rerun",
+                         hint=f"the results named {label!r} belong to another model; rename the model "
+                              "directory or use another --output")
 
     def start(self, preset: GluePreset, models: dict[str, str]) -> None:
         """Record the run (called after every input was checked, before the first trial)."""
         write_record(self.output, {"preset": preset.model_dump(mode="json")})
         for label, model in models.items():
-            atomic_write_json(self.output / "trials" / label / "model.json", {"model": model})
+            write_record(self.output / "trials" / label, {"model": model}, name="model.json")
 
     def is_finished(self, label: str, trial: Trial) -> bool:
         return self.trial_path(label, trial).is_file()

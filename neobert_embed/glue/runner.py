@@ -40,14 +40,9 @@ from neobert_embed.glue.presets import GluePreset, Trial, expand_trials, load_gl
 from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
 from neobert_embed.outputs import model_label
-from neobert_embed.runs import Interrupted
+from neobert_embed.runs import Interrupted, is_main_process
 
 _WORKER: dict[str, Any] = {}
-
-
-def is_main_process() -> bool:
-    """Rank 0 under torchrun (the only one that writes files), or a plain single process."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 @dataclass

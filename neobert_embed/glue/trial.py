@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 from neobert_embed.glue.data import GlueData
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from_logits
+from neobert_embed.runs import is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
             "device": device, "torch_threads": torch.get_num_threads(),
             "test_predictions": tests,
         }
-        if keep_model is not None and int(os.environ.get("RANK", "0")) == 0:
+        if keep_model is not None and is_main_process():
             _keep_if_best(trainer.model, tokenizer, Path(keep_model), result)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)

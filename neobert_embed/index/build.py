@@ -129,19 +129,14 @@ def _saved_state(options: BuildOptions, encoder: IndexEncoder) -> dict[str, Any]
 def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrite: bool) -> Path:
     """Create, reuse (``resume``) or refuse the work directory; refuse to clobber a finished index."""
     partial = partial_directory(output)
-    if (output / "manifest.json").exists() and not overwrite:
+    if (output / MANIFEST_NAME).exists() and not overwrite:
         raise UserInputError(f"{output} already holds an index; add documents with `neobert-embed index "
                              "add`, choose another --output, or pass --overwrite to rebuild it")
-    if output.exists() and not (output / "manifest.json").exists() and any(output.iterdir()):
-        raise UserInputError(f"{output} exists and is not an index; choose another --output (nothing "
-                             "there is ever deleted)")
     if partial.exists():
-        resumable = (partial / STATE_NAME).is_file()
-        if resume and resumable and not overwrite:
-            check_resume(partial, state, name=STATE_NAME,
-                         hint="rerun with the same inputs, or use --overwrite to start over")
+        if resume and not overwrite and check_resume(
+                partial, state, name=STATE_NAME, hint="rerun with the same inputs, or use --overwrite to start over"):
             return partial
-        encoded = any((partial / "shards").glob("chunk-*.npy")) if resumable else False
+        encoded = (partial / STATE_NAME).is_file() and any((partial / "shards").glob("chunk-*.npy"))
         if encoded and not overwrite:
             raise UserInputError(f"{partial} holds an interrupted build with encoded chunks; pass --resume "
                                  "to continue it or --overwrite to discard it")
@@ -398,5 +393,6 @@ def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: boo
         with DocumentStore(partial / STORE_NAME, read_only=True) as store:
             total = store.total_rows()
         encoded = min(total, len(ShardDirectory(partial / "shards").finished()) * opts.chunk_size)
-        raise Interrupted(f"{encoded} of {total} documents encoded; finished chunks are kept in {partial}") from None
+        raise Interrupted(f"{encoded} of {total} documents encoded; finished chunks are kept in "
+                          f"{partial}") from None
     return on_main(world, lambda: _finish(partial, output, opts, encoder, total, n_chunks))

@@ -19,18 +19,17 @@ from typing import Any
 from neobert_embed.runs import MetricsFile
 
 
-class MetricsLog:
-    """Append-only metrics of one run (process 0 only)."""
+class MetricsLog(MetricsFile):
+    """Append-only metrics of one run (process 0 only), mirrored to tensorboard / wandb when asked."""
 
     def __init__(self, path: Path, resume_step: int, tensorboard: bool = False, wandb: bool = False,
                  run_name: str = "neobert-pretrain") -> None:
-        self.path = path
-        self._file = MetricsFile(path, resume_step)
+        super().__init__(path, resume_step)
         self._tensorboard = _tensorboard_writer(path.parent) if tensorboard else None
         self._wandb = _wandb_run(run_name) if wandb else None
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(record)
+        super().write(record)
         numbers = {k: v for k, v in record.items() if isinstance(v, int | float) and k != "step"}
         if self._tensorboard is not None:
             for key, value in numbers.items():

@@ -102,7 +102,7 @@ def prepare_corpus(
 def _claim_output(output: Path, plan: dict) -> None:
     """Start a preparation in ``output``, or check that the partial one there is the same job."""
     if check_resume(output, plan, name=STATE, verb="rerunning prepare",
-                    hint="rerun with the same corpus and options to resume it, or choose another --output") is not None:
+                    hint="rerun with the same corpus and options to resume it, or choose another --output"):
         return
     if output.exists() and any(output.iterdir()):
         raise UserInputError(f"{output} exists and is not a prepared corpus; choose another --output")

@@ -9,8 +9,8 @@ checkpoint of the last finished step and raises :class:`~neobert_embed.runs.Inte
 whose recipe or corpus differs from the run's record (``run.json``) is refused, naming every key,
 except the operational keys in :data:`OPERATIONAL_KEYS`.
 
-Outputs in ``output``: ``run.json``, ``metrics.jsonl``, ``checkpoints/step-NNNNNNNN`` (last K), ``final/`` (the
-exported Hugging Face model, when training ends), ``prepared/`` (when given a raw corpus).
+Outputs in ``output``: ``run.json``, ``metrics.jsonl``, ``checkpoints/step-NNNNNNNN`` (last K),
+``final/`` (the exported Hugging Face model, when training ends), ``prepared/`` (when given a raw corpus).
 
 Example:
     >>> result = pretrain("recipes/pretrain-tiny.yaml", "docstrings.jsonl", "runs/tiny")
@@ -42,7 +42,7 @@ from neobert_embed.pretraining.engine import build_engine, init_distributed, pro
 from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
-from neobert_embed.runs import Interrupted, check_resume, write_record
+from neobert_embed.runs import Interrupted, check_resume, is_main_process, write_record
 
 # Recipe keys that may change on --resume: they do not shape the training trajectory (with
 # training.max_steps the run stops at the new count; the schedule keeps its original length).
@@ -127,14 +127,14 @@ def pretrain(
     if existing:  # a resume must continue the run the checkpoints belong to
         check_resume(output, settings, operational=OPERATIONAL_KEYS,
                      hint="resume with the run's recipe and corpus, or start a new --output")
-    elif int(os.environ.get("RANK", "0")) == 0:
+    elif is_main_process():
         write_record(output, settings)
     with process_scope(recipe.training.cpu_threads):
         return _run(recipe, corpus, output, resume, existing, stop_after_steps, progress)
 
 
-def _run(recipe: PretrainRecipe, corpus: str | Path, output: Path,
-         resume: bool, existing: list[Path], stop_after_steps: int | None, progress: bool) -> PretrainResult:
+def _run(recipe: PretrainRecipe, corpus: str | Path, output: Path, resume: bool, existing: list[Path],
+         stop_after_steps: int | None, progress: bool) -> PretrainResult:
     """The body of :func:`pretrain`, inside its :func:`process_scope`."""
     checkpoints = output / "checkpoints"
     init_distributed()
@@ -173,8 +173,7 @@ def _resolve_corpus(recipe: PretrainRecipe, corpus: str | Path, output: Path) ->
     from neobert_embed.pretraining.prepare import prepare_corpus
 
     target = output / "prepared"
-    rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
+    if is_main_process():
         source = recipe.model.init_from or recipe.tokenizer.source
         prepare_corpus(corpus, target, tokenizer=source, vocab_size=recipe.tokenizer.vocab_size,
                        text_field=recipe.data.text_field, num_proc=recipe.data.num_proc)
