@@ -197,7 +197,7 @@ def test_interrupted_grid_resumes_and_runs_only_missing_trials(tmp_path, models,
     calls.clear()  # a third run has nothing left to do
     assert run_glue([str(models["neobert"])], out, task_dirs=[tasks["stsb"]], preset=grid,
                     progress=False).trials_run == 0 and not calls
-    with pytest.raises(UserInputError, match=r"preset\.epochs \(1 → 2\)"):
+    with pytest.raises(UserInputError, match=r"preset\.epochs \(1\.0 → 2\.0\)"):
         run_glue([str(models["neobert"])], out, task_dirs=[tasks["stsb"]],
                  preset=load_glue_preset(grid, epochs=2), progress=False)
 

@@ -54,7 +54,7 @@ def test_resume_check_lists_every_changed_key_and_allows_operational_ones(tmp_pa
     write_record(tmp_path, {"fingerprint": "a" * 64}, name="state.json")
     with pytest.raises(UserInputError, match=r"fingerprint \('aaaa[a…]+'? → 'bbbb") as refused:
         check_resume(tmp_path, {"fingerprint": "b" * 64}, name="state.json")
-    assert len(str(refused.value)) < 250  # long values (hashes) are shortened
+    assert "a" * 64 not in str(refused.value)  # long values (hashes) are shortened
 
 
 def test_metrics_file_drops_lines_past_the_resumed_step(tmp_path):
