@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import yaml
-from pretraining_helpers import losses, single_thread, tiny_recipe, write_docstring_corpus
+from pretraining_helpers import ctrl_c_at_step, losses, single_thread, tiny_recipe, write_docstring_corpus
 from typer.testing import CliRunner
 
 from neobert_embed.errors import UserInputError
@@ -92,22 +92,13 @@ def test_zero3_export_consolidates_the_sharded_weights(corpus, tmp_path):
 
 
 def test_ctrl_c_saves_a_resumable_checkpoint(corpus, tmp_path, monkeypatch):
-    from neobert_embed.pretraining.batches import BatchMaker
-
     recipe = parse_pretrain_recipe(tiny_recipe() | {"checkpoint": {"every_steps": 100, "keep_last": 2}})
     reference = pretrain(recipe, corpus, tmp_path / "reference", progress=False)
-    original = BatchMaker.step_batches
-
-    def interrupt_at_step_3(self, stream, step):
-        if step == 3:
-            raise KeyboardInterrupt
-        return original(self, stream, step)
-
-    monkeypatch.setattr(BatchMaker, "step_batches", interrupt_at_step_3)
+    undo = ctrl_c_at_step(monkeypatch, 3)
     with pytest.raises(Interrupted, match="checkpoint of step 3 saved"):
         pretrain(recipe, corpus, tmp_path / "run", progress=False)
     assert (tmp_path / "run" / "checkpoints" / "step-00000003").is_dir()
-    monkeypatch.setattr(BatchMaker, "step_batches", original)
+    undo()
     resumed = pretrain(recipe, corpus, tmp_path / "run", resume=True, progress=False)
     expected, got = losses(reference.metrics_path), losses(resumed.metrics_path)
     assert all(abs(got[s] - expected[s]) <= 1e-6 for s in range(1, 7))

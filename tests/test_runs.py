@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from contrastive_helpers import TINY_RECIPE, one_torch_thread, paraphrase_rows, write_jsonl
-from pretraining_helpers import tiny_recipe, write_docstring_corpus
+from pretraining_helpers import ctrl_c_at_step, tiny_recipe, write_docstring_corpus
 from tiny_models import build_tiny_model
 from typer.testing import CliRunner
 
@@ -235,16 +235,7 @@ def _write_recipe(path: Path, **changes) -> Path:
 
 def test_pretrain_ctrl_c_prints_the_resume_command_and_metrics_have_no_duplicate_steps(prepared, tmp_path,
                                                                                         monkeypatch):
-    from neobert_embed.pretraining.batches import BatchMaker
-
-    original = BatchMaker.step_batches
-
-    def ctrl_c_at_step_3(self, stream, step):
-        if step == 3:
-            raise KeyboardInterrupt
-        return original(self, stream, step)
-
-    monkeypatch.setattr(BatchMaker, "step_batches", ctrl_c_at_step_3)
+    undo = ctrl_c_at_step(monkeypatch, 3)
     run = tmp_path / "run"
     command = ["pretrain", "--recipe", str(_write_recipe(tmp_path / "r.yaml")), "--corpus", str(prepared),
                "--output", str(run)]
@@ -252,7 +243,7 @@ def test_pretrain_ctrl_c_prints_the_resume_command_and_metrics_have_no_duplicate
     assert result.exit_code == 130, result.output
     assert "interrupted: checkpoint of step 3 saved" in result.output
     assert _resume_words(result.output) == ["neobert-embed", *command, "--resume"]
-    monkeypatch.setattr(BatchMaker, "step_batches", original)
+    undo()
     shutil.rmtree(run / "checkpoints" / "step-00000003")  # as if killed after step 3: metrics are ahead
     assert _steps(run / "metrics.jsonl") == [1, 2, 3]
 
