@@ -113,7 +113,7 @@ def check_resume(directory: str | Path, current: Mapping[str, Any], *, name: str
 class MetricsFile:
     """A run's ``metrics.jsonl``: one JSON object per line, each with its ``step``. Opening it for a
     run at ``resume_step`` drops the lines logged after that step (by a run that died after its
-    last checkpoint), so the resumed run logs those steps again without duplicates.
+    last checkpoint) and a line cut short by a crash, so the resumed run logs those steps again.
 
     Example:
         >>> metrics = MetricsFile("runs/x/metrics.jsonl", resume_step=500)
@@ -124,7 +124,7 @@ class MetricsFile:
         self.path = Path(path)
         if self.path.is_file():
             kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+                    if line.endswith("}") and json.loads(line).get("step", 0) <= resume_step]
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def write(self, record: Mapping[str, Any]) -> None:

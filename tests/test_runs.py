@@ -62,6 +62,8 @@ def test_metrics_file_drops_lines_past_the_resumed_step(tmp_path):
     metrics = MetricsFile(path, resume_step=0)
     for step in range(1, 6):
         metrics.write({"step": step, "loss": 1.0 / step})
+    with open(path, "a") as handle:
+        handle.write('{"step": 6, "lo')  # killed while writing a line
     MetricsFile(path, resume_step=3).write({"step": 4, "loss": 0.0})
     assert _steps(path) == [1, 2, 3, 4]
 
