@@ -13,6 +13,7 @@ from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import EvaluationRecipe, load_task_dir, load_task_dirs, run_mteb, write_summary
 from neobert_embed.evaluation.local_tasks import check_task_data
+from neobert_embed.runs import Interrupted
 
 ANIMALS = ("cat", "dog", "horse", "bird", "fish", "cow")
 COLORS = ("red", "blue", "green", "black")
@@ -252,8 +253,9 @@ def test_interrupt_keeps_finished_tasks_and_rerun_resumes(tmp_path, tiny_bert, m
         return real_evaluate(model, task, **kwargs)
 
     monkeypatch.setattr(mteb, "evaluate", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match="1 of 2 tasks are finished") as stopped:
         run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM, show_progress=False)
+    assert stopped.value.resume_args == ()  # resumed by rerunning the same command
     monkeypatch.setattr(mteb, "evaluate", real_evaluate)
     assert "FirstSTS" in (tmp_path / "out" / "summary.md").read_text()
     resumed = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM,

@@ -212,8 +212,9 @@ def test_prepare_trains_vocab_writes_datasets_shards_and_resumes(tmp_path):
     assert (out / "shards" / "000000.arrow").stat().st_mtime_ns == before
     assert np.array_equal(again.lengths, prepared.lengths)
     (out / "manifest.json").unlink()
-    with pytest.raises(UserInputError, match="different settings"):
-        prepare_corpus(corpus, out, tokenizer="train", vocab_size=400, shard_documents=50, progress=False)
+    with pytest.raises(UserInputError, match=r"rerunning prepare must continue the same run, but "
+                       r"shard_documents \(50 → 60\), vocab_size \(300 → 400\) changed"):
+        prepare_corpus(corpus, out, tokenizer="train", vocab_size=400, shard_documents=60, progress=False)
 
 
 def test_prepare_txt_and_parquet_with_existing_tokenizer(tmp_path, minilm_path):

@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 import yaml
-from pretraining_helpers import losses, single_thread, tiny_recipe, write_docstring_corpus
+from pretraining_helpers import ctrl_c_at_step, losses, single_thread, tiny_recipe, write_docstring_corpus
 from typer.testing import CliRunner
 
 from neobert_embed.errors import UserInputError
@@ -23,6 +23,7 @@ from neobert_embed.pretraining import export_checkpoint, prepare_corpus, pretrai
 from neobert_embed.pretraining.checkpoint import consolidated_state_dict, find_checkpoint
 from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
 from neobert_embed.pretraining.recipe import parse_pretrain_recipe
+from neobert_embed.runs import Interrupted
 
 STEP2 = "step-00000002"
 
@@ -98,24 +99,14 @@ def test_zero3_export_consolidates_the_sharded_weights(corpus, tmp_path):
     assert not torch.allclose(exported.decoder.bias, torch.zeros_like(exported.decoder.bias))
 
 
-def test_ctrl_c_saves_a_resumable_checkpoint(corpus, tmp_path, monkeypatch, capsys):
-    from neobert_embed.pretraining.batches import BatchMaker
-
+def test_ctrl_c_saves_a_resumable_checkpoint(corpus, tmp_path, monkeypatch):
     recipe = parse_pretrain_recipe(tiny_recipe() | {"checkpoint": {"every_steps": 100, "keep_last": 2}})
     reference = pretrain(recipe, corpus, tmp_path / "reference", progress=False)
-    original = BatchMaker.step_batches
-
-    def interrupt_at_step_3(self, stream, step):
-        if step == 3:
-            raise KeyboardInterrupt
-        return original(self, stream, step)
-
-    monkeypatch.setattr(BatchMaker, "step_batches", interrupt_at_step_3)
-    with pytest.raises(KeyboardInterrupt):
+    undo = ctrl_c_at_step(monkeypatch, 3)
+    with pytest.raises(Interrupted, match="checkpoint of step 3 saved"):
         pretrain(recipe, corpus, tmp_path / "run", progress=False)
-    assert "--resume" in capsys.readouterr().err
     assert (tmp_path / "run" / "checkpoints" / "step-00000003").is_dir()
-    monkeypatch.setattr(BatchMaker, "step_batches", original)
+    undo()
     resumed = pretrain(recipe, corpus, tmp_path / "run", resume=True, progress=False)
     expected, got = losses(reference.metrics_path), losses(resumed.metrics_path)
     assert all(abs(got[s] - expected[s]) <= 1e-6 for s in range(1, 7))

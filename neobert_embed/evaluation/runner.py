@@ -32,6 +32,7 @@ from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, loa
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.files import atomic_write_json
+from neobert_embed.runs import Interrupted
 
 logger = logging.getLogger(__name__)
 DEFAULT_BENCHMARK = "MTEB(eng, v2)"
@@ -327,10 +328,8 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
                 logger.info("%s %s: %s", identity.name, outcome.task, outcome.status)
                 progress.advance(bar)
     except KeyboardInterrupt:
-        logger.warning("interrupted after %d of %d tasks; finished results are kept in %s; rerun the same "
-                       "command to resume (finished tasks are skipped)", len(report.outcomes), len(selected),
-                       report.results_dir)
-        raise
+        raise Interrupted(f"{len(report.outcomes)} of {len(selected)} tasks are finished and kept in "
+                          f"{report.results_dir}; rerunning skips them", resume_args=()) from None
     finally:
         report.settings = _settings(lazy, report.outcomes)
         for notice in report.notices:

@@ -7,7 +7,6 @@ table. Heavy imports happen inside the command so ``--help`` is instant.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -62,7 +61,7 @@ def glue_command(
     with json_only_stdout(as_json):  # library banners (DeepSpeed's logger writes to stdout) go to stderr
         result = run_glue(model, output, tasks=_split(tasks), task_dirs=task_dir or [], preset=loaded,
                           devices=device_list, predict_test=predict_test, progress=not as_json or sys.stderr.isatty(),
-                          resume_hint=shlex.join(["neobert-embed", *sys.argv[1:]]), preset_name=Path(preset).stem)
+                          preset_name=Path(preset).stem)
     first = next(iter(result.scores.values()), {})
     if as_json:
         typer.echo(json.dumps({"scores": first, "models": result.scores, "summary": str(result.summary_md),

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.glue.data import GlueData
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from_logits
+from neobert_embed.runs import is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
             "device": device, "torch_threads": torch.get_num_threads(),
             "test_predictions": tests,
         }
-        if keep_model is not None and int(os.environ.get("RANK", "0")) == 0:
+        if keep_model is not None and is_main_process():
             _keep_if_best(trainer.model, tokenizer, Path(keep_model), result)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)

@@ -7,7 +7,6 @@ heavy imports happen inside the commands so ``--help`` stays instant.
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -54,17 +53,6 @@ def _used_line(manifest, fields=None, kind: str = "document") -> str:
     return "used: " + "; ".join(parts)
 
 
-def _resume_command(**values: object) -> str:
-    words = ["neobert-embed", "index", "build"]
-    for key, value in values.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            words.append(flag)
-        elif value not in (None, False):
-            words += [flag, str(value)]
-    return shlex.join([*words, "--resume"])
-
-
 @index_app.command("build")
 def build(
     model: Annotated[str, typer.Option("--model", help="Model name, hub id or local directory.")],
@@ -99,7 +87,7 @@ def build(
     Runs data-parallel under `torchrun --nproc-per-node N` or with --devices (rank r encodes chunks
     i = r mod N; rank 0 builds the index).
     """
-    from neobert_embed.index.build import BuildInterrupted, build_index
+    from neobert_embed.index.build import build_index
     from neobert_embed.index.distributed import launch_on_devices, parse_devices
 
     console = _console()
@@ -108,21 +96,11 @@ def build(
                    factory=factory, precision=precision, chunk_size=chunk_size, batch_size=batch_size,
                    max_seq_length=max_seq_length, revision=revision, on_disk=on_disk,
                    wait=not no_wait)
-    try:
-        if devices is not None:
-            manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
-                                         output=output, **options)
-        else:
-            manifest = build_index(model, corpus, output, device=device, **options)
-    except BuildInterrupted as stop:
-        command = _resume_command(model=model, corpus=corpus, output=output, text_field=text_field,
-                                  id_field=id_field, title_field=title_field, row_ids=row_ids,
-                                  split=split, index_type=index_type, factory=factory, precision=precision,
-                                  chunk_size=chunk_size, batch_size=batch_size,
-                                  max_seq_length=max_seq_length, device=device, revision=revision)
-        console.print(f"[yellow]interrupted[/]: {stop.encoded} of {stop.total} documents encoded; finished "
-                      f"chunks are kept in {stop.partial}.\nResume with:\n  {command}", highlight=False)
-        raise SystemExit(130) from None
+    if devices is not None:
+        manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
+                                     output=output, **options)
+    else:
+        manifest = build_index(model, corpus, output, device=device, **options)
     from neobert_embed.index.corpus import CorpusFields
 
     console.print(_used_line(manifest, CorpusFields(text_field, id_field, title_field, row_ids, split)),

@@ -45,16 +45,15 @@ def pretrain_command(
 
         raise UserInputError(f"pretrain needs {', '.join(missing)} (see `neobert-embed pretrain --help`)")
     import contextlib
-    import os
 
     from neobert_embed.locks import writer_lock
     from neobert_embed.outputs import check_directory_path
     from neobert_embed.pretraining.trainer import pretrain
+    from neobert_embed.runs import is_main_process
 
     check_directory_path(output, what="pretraining run")
-    rank_zero = int(os.environ.get("RANK", "0")) == 0  # one lock per torchrun job, held by rank 0
-    with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if rank_zero
-          else contextlib.nullcontext()):
+    with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if is_main_process()
+          else contextlib.nullcontext()):  # one lock per torchrun job, held by rank 0
         pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
 
 
