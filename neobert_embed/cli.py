@@ -11,6 +11,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from neobert_embed import commands as general_commands
 from neobert_embed.contrastive import commands as contrastive_commands
@@ -52,7 +53,7 @@ def main() -> None:
     try:
         status = app(standalone_mode=False)
     except UserInputError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
         console.print("[yellow]interrupted[/]: finished work was kept (see above for how to resume)")
