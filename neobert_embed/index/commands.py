@@ -16,6 +16,8 @@ import typer
 index_app = typer.Typer(help="Encode corpora into FAISS indexes, search them, and evaluate them.",
                         no_args_is_help=True)
 
+Corpus = Annotated[str, typer.Option(
+    "--corpus", help=".jsonl, .ndjson, .json, .csv, .parquet, .txt, a directory of them, or a HF dataset.")]
 TextField = Annotated[str, typer.Option("--text-field", help="Field holding the document text.")]
 IdField = Annotated[str, typer.Option("--id-field", help="Field holding the unique document id.")]
 TitleField = Annotated[str, typer.Option(
@@ -65,7 +67,7 @@ def _resume_command(**values: object) -> str:
 @index_app.command("build")
 def build(
     model: Annotated[str, typer.Option("--model", help="Model name, hub id or local directory.")],
-    corpus: Annotated[str, typer.Option("--corpus", help=".jsonl, .parquet, .txt or HF dataset.")],
+    corpus: Corpus,
     output: Annotated[Path, typer.Option("--output", help="Index directory to create.")],
     text_field: TextField = "text",
     id_field: IdField = "_id",
@@ -138,7 +140,7 @@ def build(
 @index_app.command("add")
 def add(
     index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
-    corpus: Annotated[str, typer.Option("--corpus", help=".jsonl, .parquet, .txt or HF dataset.")],
+    corpus: Corpus,
     text_field: TextField = "text",
     id_field: IdField = "_id",
     title_field: TitleField = "title",
