@@ -68,8 +68,9 @@ class Location:
 
 
 def source_format(source: str | Path) -> str:
-    """The format of ``source``: a key of :data:`FORMATS`' values, ``dataset`` (a save_to_disk
-    folder), ``directory`` (of files) or ``hub``; a missing file or unknown suffix is an error.
+    """The format of ``source``: a file format (``jsonl``, ``json``, ``csv``, ``parquet``, ``txt``),
+    ``dataset`` (a save_to_disk folder), ``directory`` (of files) or ``hub``; a missing file or an
+    unknown suffix is an error naming what is accepted.
 
     Example:
         >>> source_format("docs.ndjson")
@@ -83,7 +84,7 @@ def source_format(source: str | Path) -> str:
             raise UserInputError(f"{path}: unknown format {path.suffix!r}; use {ACCEPTED}, a directory "
                                  "of such files, a dataset saved with save_to_disk, or a hub dataset id")
         return FORMATS[path.suffix.lower()]
-    if path.suffix.lower() in FORMATS and path.suffix or not HUB_ID.match(str(source)):
+    if (path.suffix and path.suffix.lower() in FORMATS) or not HUB_ID.match(str(source)):
         raise UserInputError(f"{source}: file not found; pass an existing {ACCEPTED} file, a directory, "
                              "or a hub dataset id like 'org/name'")
     return "hub"
