@@ -78,7 +78,8 @@ def source_format(source: str | Path) -> str:
     """
     path = Path(source)
     if path.is_dir():
-        return "dataset" if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file() else "directory"
+        saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+        return "dataset" if saved else "directory"
     if path.is_file():
         if path.suffix.lower() not in FORMATS:
             raise UserInputError(f"{path}: unknown format {path.suffix!r}; use {ACCEPTED}, a directory "
@@ -91,7 +92,8 @@ def source_format(source: str | Path) -> str:
 
 
 def iter_records(source: str | Path, *, split: str = "train", subset: str | None = None,
-                 streaming: bool = False, keep_blank: bool = False) -> Iterator[tuple[Location, dict[str, Any]]]:
+                 streaming: bool = False, keep_blank: bool = False
+                 ) -> Iterator[tuple[Location, dict[str, Any]]]:
     """Yield ``(location, record)`` for every record of ``source``, in a fixed order.
 
     Args:
@@ -149,7 +151,8 @@ def fingerprint(source: str | Path, split: str = "train") -> str:
 def _file_records(path: Path, kind: str, keep_blank: bool) -> Iterator[tuple[int, dict[str, Any]]]:
     if kind == "txt":
         return ((line, {"text": text}) for line, text in iter_text_lines(path, keep_blank=keep_blank))
-    return {"jsonl": iter_jsonl, "json": _json_records, "csv": _csv_records, "parquet": _parquet_records}[kind](path)
+    readers = {"jsonl": iter_jsonl, "json": _json_records, "csv": _csv_records, "parquet": _parquet_records}
+    return readers[kind](path)
 
 
 def _json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -158,7 +161,8 @@ def _json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise located(path, raw[:exc.start].count(b"\n") + 1, "not valid UTF-8; re-encode the file as UTF-8") from None
+        line = raw[:exc.start].count(b"\n") + 1
+        raise located(path, line, "not valid UTF-8; re-encode the file as UTF-8") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
