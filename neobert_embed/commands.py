@@ -16,9 +16,10 @@ if TYPE_CHECKING:
 
 def encode(
     model: str = typer.Option(..., "--model", "-m", help="Registry key, hub id, HF or SentenceTransformer directory."),
-    input_path: Path = typer.Option(..., "--input", "-i", help="Texts: .txt (one per line) or .jsonl."),
+    input_path: Path = typer.Option(..., "--input", "-i", help="Texts: .txt (one per line), .jsonl, .json, .csv, "
+                                    ".parquet, a directory of them, or a dataset."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the embedding matrix (.npy)."),
-    field: str = typer.Option("text", "--field", help="JSON field holding the text (jsonl input)."),
+    field: str = typer.Option("text", "--field", help="Field holding the text (not for .txt)."),
     precision: str = typer.Option("float32", "--precision",
                                   help="Stored precision: float32, float16, int8 or binary (packed bits)."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass."),
