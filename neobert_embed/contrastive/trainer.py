@@ -24,8 +24,8 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformerTrainer
 from transformers import TrainerCallback
-from transformers.trainer_callback import ProgressCallback
 
+from neobert_embed.console import progress_bar
 from neobert_embed.contrastive.recipe import ContrastiveRecipe
 from neobert_embed.contrastive.sampler import AlphaBatchSampler, no_duplicates_sampler
 from neobert_embed.files import atomic_write_text
@@ -110,12 +110,28 @@ class MetricsFileCallback(TrainerCallback):
             handle.write(json.dumps(record) + "\n")
 
 
-class QuietProgressCallback(ProgressCallback):
-    """The trainer's progress bar, showing the latest loss instead of printing every log dict."""
+class QuietProgressCallback(TrainerCallback):
+    """The training bar on the user console (not tqdm's, which capturing hides), with the latest loss."""
+
+    bar = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+
+        self.bar = progress_bar(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                TextColumn("{task.fields[loss]}"), show=state.is_world_process_zero)
+        self.bar.add_task("", total=state.max_steps, completed=state.global_step, loss="")
+        self.bar.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.bar.update(self.bar.task_ids[0], completed=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:
-            self.training_bar.set_postfix(loss=f"{logs['loss']:.4f}", refresh=False)
+        if logs and "loss" in logs:
+            self.bar.update(self.bar.task_ids[0], loss=f"loss {logs['loss']:.4f}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.bar.stop()
 
 
 class KeepSpecialTokenIds(TrainerCallback):

@@ -24,15 +24,16 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
 from neobert_embed.glue.data import GlueData, load_glue_data
@@ -41,6 +42,8 @@ from neobert_embed.glue.presets import GluePreset, Trial, expand_trials, load_gl
 from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
 from neobert_embed.outputs import model_label
+
+logger = logging.getLogger(__name__)
 
 _WORKER: dict[str, Any] = {}
 
@@ -160,17 +163,15 @@ def execute_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Progress:
-    """Rich progress on stderr: trial i/N, the task, the best score so far per task."""
+    """Progress on the user console: trial i/N, the task, the best score so far per task."""
 
     def __init__(self, total: int, enabled: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
         self.best: dict[str, float] = {}
         self.done = 0
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console, disable=not enabled)
+        self.progress = progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), show=enabled)
         self.bar = self.progress.add_task("GLUE", total=total)
         self.enabled = enabled
 
@@ -186,8 +187,8 @@ class _Progress:
         key = f"{label}/{task.name}"
         self.best[key] = max(value, self.best.get(key, float("-inf")))
         if self.enabled:
-            self.console.print(f"{label} {task.title} {outcome['key']}: {task.selection_metric} {100 * value:.2f} "
-                               f"(best {100 * self.best[key]:.2f})", highlight=False)
+            logger.info("%s %s %s: %s %.2f (best %.2f)", label, task.title, outcome["key"], task.selection_metric,
+                        100 * value, 100 * self.best[key])
         self.done += 1
         self.progress.advance(self.bar)
 
@@ -333,9 +334,8 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
                     ran += _run_jobs(jobs, devices, tracker, ran, pending_total)
     except KeyboardInterrupt:
         hint = resume_hint or f"rerun the same command with --output {journal.output}"
-        print(f"\ninterrupted: {skipped + tracker.done} of {total} trials are finished and kept in "
-              f"{journal.output / 'trials'}; the trial in flight was discarded. Continue with:\n  {hint}",
-              file=sys.stderr, flush=True)
+        logger.warning("interrupted: %d of %d trials are finished and kept in %s; the trial in flight was "
+                       "discarded. Continue with:\n  %s", skipped + tracker.done, total, journal.output / "trials", hint)
         raise
 
     shutil.rmtree(journal.output / ".work", ignore_errors=True)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+from neobert_embed.console import document_progress
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, remove_debris
 from neobert_embed.index.corpus import CorpusDocument, CorpusFields, corpus_kind, read_corpus
@@ -34,7 +35,6 @@ from neobert_embed.index.manifest import (
     read_manifest,
     write_manifest,
 )
-from neobert_embed.index.progress import document_progress
 from neobert_embed.index.rerank import RERANK_NAME, append_rerank_vectors
 from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore
