@@ -3,22 +3,20 @@
 Why: a long job drives transformers, sentence-transformers, mteb, datasets and DeepSpeed, each of
 which prints its own warnings (``FutureWarning``, ``UserWarning``), "Loading weights" bars and
 dataset-formatting bars. Left alone they bury the one line a user needs (what finished, where it
-went). The toolkit itself never prints: library code logs through ``logging`` (a module logger),
-and the command line renders those records on one user console (:func:`show_records`, installed
-once by ``neobert_embed.cli``; rank 0 only under torchrun/DeepSpeed). :func:`third_party_log`
-routes everything written through ``sys.stdout``/``sys.stderr``, Python warnings and third-party
-log records into the run's log for the duration of a job and ends with one summary line;
-``verbose=True`` leaves everything on screen. :func:`progress_bar` draws on the user console
-without redirecting the streams, so bars and capture coexist. :func:`json_only_stdout` keeps
-stdout pure JSON for ``--json`` (stray prints, DeepSpeed's op-builder warnings, even C code
-writing to descriptor 1, land on stderr).
+went). The toolkit itself never prints: library code logs through a module logger, and the command
+line renders those records on one user console (:func:`show_records`; process 0 only under
+torchrun/DeepSpeed). :func:`third_party_log` sends everything else written during a command
+(``sys.stdout``/``sys.stderr``, warnings, third-party log records) to ``OUTPUT.log`` and ends with
+one summary line; ``verbose=True`` leaves it on screen. :func:`progress_bar` draws on the user
+console without touching the streams. :func:`json_only_stdout` keeps stdout pure JSON for
+``--json`` (even C code writing to descriptor 1 lands on stderr).
 
 Example:
     >>> show_records()                                  # what neobert_embed.cli does once
-    >>> with third_party_log("runs/x.log"):
-    ...     logging.getLogger("neobert_embed.demo").info("training…")   # on screen
-    ...     warnings.warn("noise", FutureWarning)                        # in runs/x.log
-    third-party output: 2 lines in runs/x.log
+    >>> with third_party_log("runs/index"):
+    ...     logging.getLogger("neobert_embed.index").info("encoding…")   # on screen
+    ...     warnings.warn("noise", FutureWarning)                         # in runs/index.log
+    third-party output: 2 lines in runs/index.log
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from rich.console import Console
 
 if TYPE_CHECKING:
     from rich.progress import Progress, ProgressColumn, Task
-    from rich.text import Text
 
 PACKAGE = "neobert_embed"
 PROGRESS_SWITCHES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
@@ -51,12 +48,7 @@ def is_rank_zero() -> bool:
 
 
 class ConsoleHandler(logging.Handler):
-    """Renders the toolkit's log records on the user console: warnings in yellow, errors in red.
-
-    Records below ERROR are shown by process 0 only, so an N-process job says each thing once.
-    """
-
-    STYLES = {logging.WARNING: "yellow", logging.ERROR: "bold red"}
+    """Renders the toolkit's log records on the user console (below ERROR: process 0 only)."""
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__(logging.INFO)
@@ -65,20 +57,15 @@ class ConsoleHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno < logging.ERROR and not is_rank_zero():
             return
-        style = next((s for level, s in sorted(self.STYLES.items(), reverse=True) if record.levelno >= level), None)
+        style = "bold red" if record.levelno >= logging.ERROR else "yellow" if record.levelno >= logging.WARNING \
+            else None
         try:
             self.console.print(self.format(record), style=style, markup=False)
         except Exception:  # noqa: BLE001 - logging's contract: a broken stream must not break the job
             self.handleError(record)
 
     def detach(self) -> None:
-        """Stop rendering: the package's records go back to the root logger's handlers only."""
         logging.getLogger(PACKAGE).removeHandler(self)
-
-
-def _shown_on_console(record: logging.LogRecord) -> bool:
-    """True for the toolkit's records while a :class:`ConsoleHandler` renders them (kept out of the log)."""
-    return record.name.split(".")[0] == PACKAGE and _console_handler() is not None
 
 
 def _console_handler() -> ConsoleHandler | None:
@@ -86,18 +73,15 @@ def _console_handler() -> ConsoleHandler | None:
 
 
 def show_records(stream: TextIO | None = None) -> ConsoleHandler:
-    """Render ``neobert_embed`` log records on ``stream`` (default: the current stderr), once.
-
-    Called by the command line before a command runs; a second call replaces the first handler.
-    While it renders them, the records stay out of the run's log, which holds third-party output only.
+    """Render ``neobert_embed`` log records on ``stream`` (default: the current stderr), replacing
+    an earlier handler; while rendered, they stay out of the run's log (third-party output only).
 
     Example:
-        >>> show_records()
-        >>> logging.getLogger("neobert_embed.index").info("index written")   # on stderr
+        >>> show_records().detach()
     """
     package = logging.getLogger(PACKAGE)
-    for handler in [h for h in package.handlers if isinstance(h, ConsoleHandler)]:
-        package.removeHandler(handler)
+    if (previous := _console_handler()) is not None:
+        previous.detach()
     handler = ConsoleHandler(stream or sys.stderr)
     package.addHandler(handler)
     package.setLevel(logging.INFO)
@@ -105,26 +89,21 @@ def show_records(stream: TextIO | None = None) -> ConsoleHandler:
 
 
 def user_console(stderr: bool = False) -> Console:
-    """The console the toolkit's own lines go to, unaffected by capturing.
-
-    On stderr it is the one :func:`show_records` renders log records on (the real stderr when no
-    command line set one up); on stdout it is the real stdout.
+    """The console for the toolkit's own lines, unaffected by capturing: on stderr the one
+    :func:`show_records` renders on (else the real stderr), on stdout the real stdout.
 
     Example:
         >>> user_console().print("[green]✓[/] done")
     """
-    handler = _console_handler() if stderr else None
-    if handler is not None:
+    if stderr and (handler := _console_handler()) is not None:
         return handler.console
     stream: TextIO = sys.__stderr__ if stderr else sys.__stdout__  # type: ignore[assignment]
     return Console(file=stream, highlight=False)
 
 
 def progress_bar(*columns: str | ProgressColumn, show: bool = True, transient: bool = False) -> Progress:
-    """A rich progress display on the user console (process 0 only) that leaves the streams alone.
-
-    rich's default swaps ``sys.stdout``/``sys.stderr`` for proxies to the screen while a bar is
-    live, which would put third-party output captured by :func:`third_party_log` back on screen.
+    """A rich progress display on the user console (process 0 only) that leaves the streams alone
+    (rich's default proxies would put captured third-party output back on screen).
 
     Example:
         >>> with progress_bar(show=True) as bar:
@@ -137,19 +116,16 @@ def progress_bar(*columns: str | ProgressColumn, show: bool = True, transient: b
 
 
 def document_progress(show: bool = True) -> Progress:
-    """A progress display for long document jobs: description, bar, done/total, docs/s, elapsed, remaining.
+    """Progress of a document job: description, bar, done/total, docs/s, elapsed, remaining.
 
     Example:
-        >>> with document_progress(show=True) as progress:
-        ...     task = progress.add_task("encoding", total=1000)
-        ...     progress.advance(task, 100)
+        >>> with document_progress() as progress:
+        ...     progress.advance(progress.add_task("encoding", total=1000), 100)
     """
     from rich import progress as bars
     from rich.text import Text
 
     class DocsPerSecond(bars.ProgressColumn):
-        """Throughput in documents per second (the figure users compare between models)."""
-
         def render(self, task: Task) -> Text:
             speed = task.finished_speed or task.speed
             return Text(f"{speed:,.0f} docs/s" if speed else "… docs/s")
@@ -158,47 +134,35 @@ def document_progress(show: bool = True) -> Progress:
                         DocsPerSecond(), bars.TimeElapsedColumn(), bars.TimeRemainingColumn(), show=show)
 
 
-def log_path_for(output: str | Path) -> Path:
-    """Where a command writing ``output`` (a file or a run directory) keeps its log: ``OUTPUT.log``.
-
-    Beside the output rather than inside it, so the log never makes a run directory look foreign
-    or non-empty to the output checks, and survives the atomic replacement of the output.
-
-    Example:
-        >>> log_path_for("runs/index")
-        PosixPath('runs/index.log')
-    """
-    output = Path(output)
-    return output.with_name(output.name + ".log")
-
-
 @contextlib.contextmanager
-def third_party_log(log_path: str | Path, verbose: bool = False) -> Iterator[Path]:
-    """:func:`capture_third_party` for a command, ending with one line on the user console:
-    ``third-party output: N lines in LOG`` (nothing with ``verbose``, where it stayed on screen;
-    nothing when the command failed before anything was written, so its error stays one line).
+def third_party_log(output: str | Path, verbose: bool = False) -> Iterator[Path]:
+    """:func:`capture_third_party` into ``OUTPUT.log`` (beside the output file or run directory, so
+    it never makes a run look foreign and survives its atomic replacement), then one line on the
+    user console: ``third-party output: N lines in LOG``. Nothing with ``verbose`` (it stayed on
+    screen), nor when the command refuses its input (that error stays one line).
 
     Example:
-        >>> with third_party_log(log_path_for("runs/index")):
+        >>> with third_party_log("runs/index"):
         ...     build_index(...)
     """
-    log_path = Path(log_path)
-    before, failed = _line_count(log_path), True
+    from neobert_embed.errors import UserInputError
+
+    log_path = Path(output).with_name(Path(output).name + ".log")
+    before, refused = _line_count(log_path), False
     try:
         with capture_third_party(log_path, verbose=verbose):
             yield log_path
-        failed = False
+    except UserInputError:
+        refused = True
+        raise
     finally:
         lines = _line_count(log_path) - before
-        if not verbose and (lines or not failed):
+        if not verbose and not refused:
             logger.info("third-party output: %s", f"{lines} lines in {log_path}" if lines else "none")
 
 
 def _line_count(path: Path) -> int:
-    if not path.is_file():
-        return 0
-    with open(path, "rb") as handle:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
+    return path.read_bytes().count(b"\n") if path.is_file() else 0
 
 
 class _LazyLog(io.TextIOBase):
@@ -236,8 +200,8 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
     """Send stdout, stderr, warnings and log records written inside the block to ``log_path``.
 
     Child processes started inside the block inherit the log as their stdout and stderr when they
-    are given ``stdout=sys.stdout, stderr=sys.stderr``. With ``verbose`` nothing is redirected (the
-    log still receives log records). Progress bars of the Hugging Face libraries and tqdm are
+    are given ``stdout=sys.stdout, stderr=sys.stderr``. With ``verbose`` nothing is touched: it all
+    stays on screen, as without this block. Progress bars of the Hugging Face libraries and tqdm are
     switched off inside the block, since a bar in a file is noise; the environment is restored.
 
     Example:
@@ -245,14 +209,14 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
         ...     print("goes to run.log")
     """
     log_path = Path(log_path)
-    with contextlib.closing(_LazyLog(log_path)) as log, _log_records_to(log):
-        if verbose:
-            yield log_path
-            return
-        with _environment(PROGRESS_SWITCHES), warnings.catch_warnings(), _terminal_handlers_to(log), \
-                contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            warnings.simplefilter("default")  # each distinct warning once per location
-            yield log_path
+    if verbose:
+        yield log_path
+        return
+    with contextlib.closing(_LazyLog(log_path)) as log, _log_records_to(log), _environment(PROGRESS_SWITCHES), \
+            warnings.catch_warnings(), _terminal_handlers_to(log), contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
+        warnings.simplefilter("default")  # each distinct warning once per location
+        yield log_path
 
 
 @contextlib.contextmanager
@@ -273,7 +237,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 def _log_records_to(stream: TextIO) -> Iterator[None]:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(lambda record: not _shown_on_console(record))
+    handler.addFilter(lambda record: record.name.split(".")[0] != PACKAGE or _console_handler() is None)
     root = logging.getLogger()
     previous_level = root.level
     root.addHandler(handler)

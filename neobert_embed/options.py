@@ -55,6 +55,16 @@ def renamed(new_flag: str, new: T | None, old_flag: str, old: T | None) -> T | N
     return old
 
 
+def comma_list(value: str | None) -> list[str] | None:
+    """``--tasks a, b,c`` as ``['a', 'b', 'c']``; None when nothing is given.
+
+    Example:
+        >>> comma_list("cola, sst2,")
+        ['cola', 'sst2']
+    """
+    return [item.strip() for item in value.split(",") if item.strip()] or None if value else None
+
+
 def parse_data_option(entries: list[str]) -> dict[str, str]:
     """``--data NAME=PATH`` entries as a name → path mapping; a malformed or repeated name is refused.
 

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.console import is_rank_zero
 from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.errors import UserInputError
@@ -263,7 +264,7 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         ...                         recipe=load_contrastive_recipe(max_steps=20))
     """
     output = Path(output)
-    if not _is_main_process():  # rank 0 checks and locks the run directory for the whole job
+    if not is_rank_zero():  # rank 0 checks and locks the run directory for the whole job
         return _train_in(output, model, data, recipe, resume, overwrite, callbacks, DirectoryState.OWNED)
     inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
     state = check_output_directory(output, record=RUN_FILE, inputs=inputs, what="training run")
@@ -283,7 +284,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     loss = build_contrastive_loss(sentence_model, recipe)
     checkpoint = last_checkpoint(output) if resume else None
     fresh = checkpoint is None and (state is not DirectoryState.OWNED or overwrite)
-    if _is_main_process():
+    if is_rank_zero():
         _prepare_output(output, overwrite and not resume, model_name, sources, recipe)
     try:
         trainer, interrupt = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
@@ -291,7 +292,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         with interrupt:
             result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except UserInputError:
-        if fresh and _is_main_process() and last_checkpoint(output) is None:
+        if fresh and is_rank_zero() and last_checkpoint(output) is None:
             _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
         raise
     if interrupt.requested:
@@ -312,11 +313,6 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     _save_final(sentence_model, output, summary, first["anchor"][:4] + first["positive"][:4])
     logger.info("saved the model, metrics.jsonl and summary.json in %s", output)
     return output
-
-
-def _is_main_process() -> bool:
-    """Rank 0 under torchrun (files are written once), or a plain single process."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, Any]:

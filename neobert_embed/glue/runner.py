@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.console import is_rank_zero as is_main_process
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
@@ -46,11 +47,6 @@ from neobert_embed.outputs import model_label
 logger = logging.getLogger(__name__)
 
 _WORKER: dict[str, Any] = {}
-
-
-def is_main_process() -> bool:
-    """Rank 0 under torchrun (the only one that writes files), or a plain single process."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 @dataclass

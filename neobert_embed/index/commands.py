@@ -93,7 +93,7 @@ def build(
     Runs data-parallel under `torchrun --nproc-per-node N` or with --devices (rank r encodes chunks
     i = r mod N; rank 0 builds the index).
     """
-    from neobert_embed.console import log_path_for, third_party_log
+    from neobert_embed.console import third_party_log
     from neobert_embed.index.build import BuildInterrupted, build_index
     from neobert_embed.index.distributed import launch_on_devices, parse_devices
 
@@ -105,7 +105,7 @@ def build(
                    max_seq_length=max_seq_length, revision=revision, on_disk=on_disk,
                    wait=not no_wait)
     try:
-        with third_party_log(log_path_for(output), verbose):
+        with third_party_log(output, verbose):
             if devices is not None:
                 manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
                                              output=output, **options)
@@ -151,7 +151,7 @@ def add(
     verbose: opt.Verbose = False,
 ) -> None:
     """Append documents to an index (all or nothing); duplicate ids are refused or replaced."""
-    from neobert_embed.console import log_path_for, third_party_log
+    from neobert_embed.console import third_party_log
     from neobert_embed.errors import UserInputError
     from neobert_embed.index.add import add_documents
     from neobert_embed.index.corpus import CorpusFields
@@ -159,7 +159,7 @@ def add(
     if on_duplicate not in ("error", "replace"):
         raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
     fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
-    with third_party_log(log_path_for(index_dir), verbose):
+    with third_party_log(index_dir, verbose):
         manifest = add_documents(index_dir, corpus, fields=fields, on_duplicate=on_duplicate, model=model,
                                  batch_size=batch_size, device=device, wait=not no_wait)
     logger.info(_used_line(manifest, fields))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 import torch
 
-from neobert_embed.console import progress_bar
+from neobert_embed.console import is_rank_zero, progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.pretraining.batches import BatchMaker
 from neobert_embed.pretraining.checkpoint import (
@@ -165,8 +164,7 @@ def _resolve_corpus(recipe: PretrainRecipe, corpus: str | Path, output: Path) ->
     from neobert_embed.pretraining.prepare import prepare_corpus
 
     target = output / "prepared"
-    rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
+    if is_rank_zero():
         source = recipe.model.init_from or recipe.tokenizer.source
         prepare_corpus(corpus, target, tokenizer=source, vocab_size=recipe.tokenizer.vocab_size,
                        text_field=recipe.data.text_field, num_proc=recipe.data.num_proc)
