@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from safety_helpers import small_inputs, write_jsonl
 from typer.testing import CliRunner
 
@@ -31,7 +32,17 @@ def world(tmp_path_factory) -> dict[str, Path]:
     (task / "task.json").write_text(json.dumps(TASK), encoding="utf-8")
     write_jsonl(task / "test.jsonl", [{"sentence1": f"a {i}", "sentence2": f"b {i % 3}", "score": float(i % 5)}
                                       for i in range(12)])
-    return inputs | {"task": task}
+    from glue_helpers import tiny_task_dir
+    from pretraining_helpers import tiny_recipe
+
+    from neobert_embed.pretraining import prepare_corpus
+
+    recipe = inputs["root"] / "pretrain.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(max_steps=2)), encoding="utf-8")
+    prepared = prepare_corpus(inputs["corpus"], inputs["root"] / "prepared", tokenizer=str(inputs["model"]),
+                              progress=False).path
+    glue = tiny_task_dir(inputs["root"], "stsb", train=16, validation=8)
+    return inputs | {"task": task, "pretrain_recipe": recipe, "prepared": prepared, "glue": glue}
 
 
 # (command, output) with {placeholders}; each loads a tokenizer through transformers inside the run.
@@ -47,6 +58,9 @@ COMMANDS = {
     "pretrain prepare": ("pretrain prepare --corpus {corpus} --output {out}/prepared --tokenizer {model}",
                          "{out}/prepared"),
     "mteb": ("mteb --model {model} --task-dir {task} --output {out}/mteb", "{out}/mteb"),
+    "pretrain": ("pretrain --recipe {pretrain_recipe} --corpus {prepared} --output {out}/pretrain", "{out}/pretrain"),
+    "glue": ("glue --model {model} --task-dir {glue} --output {out}/glue --seeds 1 --epochs 1 --batch-size 8 "
+             "--lr 1e-3", "{out}/glue"),
 }
 
 
