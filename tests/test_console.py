@@ -146,3 +146,22 @@ def test_index_build_max_length_and_its_old_spelling(world, tmp_path):
     assert first.max_seq_length == second.max_seq_length == 16 and first.precision == second.precision == "float16"
     help_text = CliRunner().invoke(app, ["index", "build", "--help"]).output
     assert "--max-length" in help_text and "--max-seq-length" not in help_text
+
+
+@pytest.mark.parametrize(("rank", "shown"), [("0", {"status", "careful", "broken"}), ("1", {"broken"})])
+def test_status_lines_come_from_process_zero_only_and_errors_from_every_process(rank, shown, monkeypatch):
+    import io
+
+    from neobert_embed.console import show_records
+
+    monkeypatch.setenv("RANK", rank)
+    screen = io.StringIO()
+    handler = show_records(screen)
+    try:
+        log = logging.getLogger("neobert_embed.pretraining.trainer")
+        log.info("status")
+        log.warning("careful")
+        log.error("broken")
+    finally:
+        handler.detach()
+    assert {word for word in ("status", "careful", "broken") if word in screen.getvalue()} == shown
