@@ -215,9 +215,9 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
     with contextlib.closing(_LazyLog(log_path)) as log, _log_records_to(log), _environment(PROGRESS_SWITCHES), \
             warnings.catch_warnings(), _terminal_handlers_to(log), contextlib.redirect_stdout(log), \
             contextlib.redirect_stderr(log):
-        warnings.simplefilter("default")  # each distinct warning once per location, written to the log even
+        warnings.simplefilter("default")  # each distinct warning once per location
         warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
-            warnings.formatwarning(message, category, filename, lineno, line))  # where a recorder was set up
+            warnings.formatwarning(message, category, filename, lineno, line))  # even under a warnings recorder
         yield log_path
 
 
