@@ -22,6 +22,7 @@ infinity-emb pins transformers<5 and sentence-transformers<4, so it lives in its
 Usage:
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/serve_load.py --infinity-python /work/venv-infinity/bin/python
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/serve_load.py --quick          # seconds, no peer
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/serve_load.py --device cuda --skip-minilm   # batching on a GPU
 """
 
 from __future__ import annotations
@@ -117,10 +118,13 @@ class Server:
                 self.proc.wait()
 
 
+DEVICE = {"device": "cpu"}  # set by --device, for every server alike
+
+
 def ours(name: str, model: str, *extra: str) -> Server:
     port = _free_port()
     command = [sys.executable, "-m", "neobert_embed.cli", "serve", "--model", model, "--served-model-name", "m",
-               "--port", str(port), *extra]
+               "--port", str(port), "--device", DEVICE["device"], *extra]
     env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     return Server(name, command, port, "/v1/embeddings", "m", env)
 
@@ -128,7 +132,7 @@ def ours(name: str, model: str, *extra: str) -> Server:
 def infinity(python: str, model: str) -> Server:
     port = _free_port()
     command = [python, "-m", "infinity_emb.cli", "v2", "--model-id", model, "--served-model-name", "m",
-               "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", "cpu"]
+               "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", DEVICE["device"].split(":")[0]]
     executable = Path(python).parent / "infinity_emb"
     if executable.exists():
         command = [str(executable), *command[3:]]
@@ -232,30 +236,10 @@ def _ratio(a: dict, b: dict) -> float | None:
     return round(a["throughput_rps"] / b["throughput_rps"], 2) if b["throughput_rps"] else None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--infinity-python", help="python of a virtualenv with infinity-emb (peer skipped if absent)")
-    parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--seconds", type=float, default=15.0, help="per scenario and concurrency")
-    parser.add_argument("--max-requests", type=int, default=5000, help="per scenario and concurrency")
-    parser.add_argument("--quick", action="store_true", help="2 s per scenario, no peer, no STS-B")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of every server (OMP_NUM_THREADS); 1 avoids OpenMP spin-waits on "
-                        "an oversubscribed shared machine")
-    parser.add_argument("--skip-neobert", action="store_true")
-    parser.add_argument("--skip-stsb", action="store_true")
-    args = parser.parse_args()
-    seconds = 2.0 if args.quick else args.seconds
-    THREADS.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    levels = [int(c) for c in args.concurrency.split(",")]
-    texts = mixed_texts(4000)
+def bench_minilm(args: argparse.Namespace, levels: list[int], texts: list[str], seconds: float) -> dict:
+    """MiniLM: ours at fp32 and int8 against infinity-emb, and the STS-B cost of int8."""
     model = _minilm()
-    report: dict = {"conditions": {
-        "cpus": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "note": "shared 2-core machine (other jobs running); load generator on the same cores; scenarios "
-                "alternate at each concurrency", "seconds_per_point": seconds, "torch_threads_per_server": args.threads, "texts": "STS-B dev sentences, "
-                "1 in 5 a 4-10 sentence paragraph", "model": "all-MiniLM-L6-v2"}}
-
+    report: dict = {}
     servers = [ours("ours_fp32", model), ours("ours_int8", model, "--precision", "int8")]
     if args.infinity_python and not args.quick:
         servers.append(infinity(args.infinity_python, model))
@@ -279,7 +263,37 @@ def main() -> None:
             ratios[clients]["fp32_over_infinity"] = _ratio(minilm["ours_fp32"][clients], peer)
             ratios[clients]["int8_over_infinity"] = _ratio(minilm["ours_int8"][clients], peer)
     report["minilm_ratios"] = ratios
+    return report
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--infinity-python", help="python of a virtualenv with infinity-emb (peer skipped if absent)")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--seconds", type=float, default=15.0, help="per scenario and concurrency")
+    parser.add_argument("--max-requests", type=int, default=5000, help="per scenario and concurrency")
+    parser.add_argument("--quick", action="store_true", help="2 s per scenario, no peer, no STS-B")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of every server (OMP_NUM_THREADS); 1 avoids OpenMP spin-waits on "
+                        "an oversubscribed shared machine")
+    parser.add_argument("--device", default="cpu", help="device of every server (cuda on a GPU machine)")
+    parser.add_argument("--skip-minilm", action="store_true", help="only the NeoBERT batching comparison")
+    parser.add_argument("--skip-neobert", action="store_true")
+    parser.add_argument("--skip-stsb", action="store_true")
+    args = parser.parse_args()
+    seconds = 2.0 if args.quick else args.seconds
+    THREADS.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    DEVICE["device"] = args.device
+    levels = [int(c) for c in args.concurrency.split(",")]
+    texts = mixed_texts(4000)
+    report: dict = {"conditions": {
+        "cpus": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "device": args.device, "note": "load generator on the same machine as the servers; scenarios "
+                "alternate at each concurrency", "seconds_per_point": seconds, "torch_threads_per_server": args.threads, "texts": "STS-B dev sentences, "
+                "1 in 5 a 4-10 sentence paragraph", "model": "all-MiniLM-L6-v2"}}
+
+    if not args.skip_minilm:
+        report.update(bench_minilm(args, levels, texts, seconds))
     if not args.skip_neobert:
         workdir = Path(tempfile.mkdtemp(prefix="serve-load-neobert-"))
         try:

@@ -7,10 +7,12 @@ them here. Heavy libraries (torch, transformers, faiss) are imported inside the 
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from neobert_embed import commands as general_commands
 from neobert_embed.contrastive import commands as contrastive_commands
@@ -20,7 +22,27 @@ from neobert_embed.glue import commands as glue_commands
 from neobert_embed.index import commands as index_commands
 from neobert_embed.modeling import commands as modeling_commands
 from neobert_embed.pretraining import commands as pretraining_commands
+from neobert_embed.runs import Interrupted, is_main_process
 from neobert_embed.serve import commands as serve_commands
+
+
+class _Root(TyperGroup):
+    """Answers :class:`~neobert_embed.runs.Interrupted` with the command that resumes the run (exit 130)."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Interrupted as stop:
+            if is_main_process():  # one message per torchrun job; the same command, never --overwrite
+                words = [word for word in ctx.meta["argv"] if word != "--overwrite"]
+                command = shlex.join(["neobert-embed", *words, *(a for a in stop.resume_args if a not in words)])
+                Console(stderr=True).print(f"[yellow]interrupted[/]: {stop}\nResume with:\n  {command}",
+                                           highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
 
 app = typer.Typer(
     name="neobert-embed",
@@ -29,6 +51,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=_Root,
 )
 
 for _area in (general_commands, modeling_commands, contrastive_commands, evaluation_commands, index_commands,

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 
+from neobert_embed.runs import is_main_process
+
 if TYPE_CHECKING:
     from rich.progress import Progress, ProgressColumn, Task
 
@@ -40,11 +42,6 @@ PACKAGE = "neobert_embed"
 PROGRESS_SWITCHES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
                      "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 logger = logging.getLogger(__name__)
-
-
-def is_rank_zero() -> bool:
-    """True in a single process and in process 0 of a torchrun/DeepSpeed job (``RANK`` unset or 0)."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 class ConsoleHandler(logging.Handler):
@@ -55,7 +52,7 @@ class ConsoleHandler(logging.Handler):
         self.console = Console(file=stream, highlight=False, soft_wrap=True)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno < logging.ERROR and not is_rank_zero():
+        if record.levelno < logging.ERROR and not is_main_process():
             return
         style = "bold red" if record.levelno >= logging.ERROR else "yellow" if record.levelno >= logging.WARNING \
             else None
@@ -111,7 +108,7 @@ def progress_bar(*columns: str | ProgressColumn, show: bool = True, transient: b
     """
     from rich.progress import Progress
 
-    return Progress(*columns, console=user_console(stderr=True), disable=not show or not is_rank_zero(),
+    return Progress(*columns, console=user_console(stderr=True), disable=not show or not is_main_process(),
                     transient=transient, redirect_stdout=False, redirect_stderr=False)
 
 

@@ -161,51 +161,6 @@ def sha256_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def read_json_object(path: str | Path, missing_hint: str) -> dict[str, Any]:
-    """Read a JSON file that must hold one object; errors name the file (``missing_hint`` says
-    what the user should provide when it is absent).
-
-    Example:
-        >>> read_json_object("task/task.json", "a task directory needs task.json")["type"]
-        'STS'
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"{path}: file not found; {missing_hint}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def read_yaml_mapping(path: str | Path, what: str = "recipe") -> dict[str, Any]:
-    """Read a YAML file that must hold one mapping (empty file → ``{}``); errors name the file
-    and, for bad YAML, the line. ``what`` names the file's role in messages.
-
-    Example:
-        >>> read_yaml_mapping("recipes/glue-quick.yaml", "preset")["epochs"]
-        3
-    """
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"{path}: {what} file not found")
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise located(path, mark.line + 1 if mark else None, f"invalid YAML: {exc}") from None
-    except UnicodeDecodeError:
-        raise UserInputError(f"{path}: not valid UTF-8; re-encode the {what} as UTF-8") from None
-    if loaded is not None and not isinstance(loaded, dict):
-        raise UserInputError(f"{path}: a {what} is a mapping of keys to values, got {type(loaded).__name__}")
-    return dict(loaded or {})
-
-
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from neobert_embed.backbones import BACKBONES, resolve_model_name
+from neobert_embed.backbones import BACKBONES, resolve_model_name, usable_max_length
 from neobert_embed.errors import UserInputError
 
 WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -158,8 +158,6 @@ def position_limit(name_or_path: str | Path) -> int | None:
         >>> position_limit("bert")   # from the registry: 512
         512
     """
-    from neobert_embed.sentence import usable_max_length
-
     config = read_model_config(name_or_path)
     if config is not None and ("max_position_embeddings" in config or "max_length" in config):
         positions = config.get("max_position_embeddings") or config.get("max_length")

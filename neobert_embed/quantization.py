@@ -122,14 +122,14 @@ def load_calibration(path: str | Path) -> Calibration:
         >>> load_calibration("docs.npy.json").precision
         'int8'
     """
-    from neobert_embed.files import read_json_object
     from neobert_embed.outputs import sidecar_path
+    from neobert_embed.recipes import read_spec
 
     path = Path(path)
     if path.suffix == ".npy":
         path = sidecar_path(path)
-    data: Any = read_json_object(path, "--calibration: pass the .npy.json written beside an int8/binary "
-                                 "`neobert-embed encode` output")
+    data: Any = read_spec(path, "calibration", "--calibration: pass the .npy.json written beside an int8/binary "
+                          "`neobert-embed encode` output").data
     if "calibration" in data:
         data = data["calibration"]
     if data is None:

@@ -19,7 +19,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from neobert_embed.backbones import BACKBONES, resolve_model_name
+from neobert_embed.backbones import BACKBONES, resolve_model_name, usable_max_length
 from neobert_embed.errors import UserInputError
 
 PRECISIONS = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
@@ -29,20 +29,6 @@ PRECISIONS = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float
 def is_sentence_transformer_dir(path: str | Path) -> bool:
     """True when ``path`` is a saved SentenceTransformer (it has ``modules.json``)."""
     return (Path(path) / "modules.json").is_file()
-
-
-def usable_max_length(config: Any) -> int:
-    """Longest input an encoder can take, from its config (positions, minus RoBERTa's pad offset).
-
-    Example:
-        >>> from transformers import RobertaConfig
-        >>> usable_max_length(RobertaConfig())
-        512
-    """
-    positions = getattr(config, "max_position_embeddings", None) or 512
-    if getattr(config, "model_type", "") in {"roberta", "xlm-roberta", "camembert"}:
-        positions -= (getattr(config, "pad_token_id", 1) or 0) + 1
-    return int(positions)
 
 
 def _explain_missing(name: str, original: str, exc: Exception) -> UserInputError:
@@ -119,12 +105,8 @@ def load_sentence_model(
             pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
             model = SentenceTransformer(modules=[transformer, pooling], device=device,
                                         prompts=prompts or {})
-            backbone = BACKBONES.get(original)
-            default_length = backbone.max_length if backbone else None
-            model.max_seq_length = min(
-                default_length or usable_max_length(transformer.auto_model.config),
-                usable_max_length(transformer.auto_model.config),
-            )
+            usable, backbone = usable_max_length(transformer.auto_model.config), BACKBONES.get(original)
+            model.max_seq_length = min(backbone.max_length, usable) if backbone else usable
     except (RuntimeError, EOFError, pickle.UnpicklingError, UnicodeDecodeError) as exc:
         if not Path(name).exists():
             raise

@@ -52,3 +52,19 @@ def losses(metrics_path: Path) -> dict[int, float]:
 def single_thread():
     """Context manager: torch on one thread (2 shared cores thrash badly with OpenMP spinning)."""
     return contextlib.contextmanager(one_torch_thread)()
+
+
+def ctrl_c_at_step(monkeypatch, step: int):
+    """Make the training loop raise KeyboardInterrupt (as Ctrl-C does) when it reaches ``step``;
+    returns a function that removes the interruption."""
+    from neobert_embed.pretraining.batches import BatchMaker
+
+    original = BatchMaker.step_batches
+
+    def interrupted(self, stream, at):
+        if at == step:
+            raise KeyboardInterrupt
+        return original(self, stream, at)
+
+    monkeypatch.setattr(BatchMaker, "step_batches", interrupted)
+    return lambda: monkeypatch.setattr(BatchMaker, "step_batches", original)

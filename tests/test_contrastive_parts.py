@@ -138,7 +138,7 @@ def test_paper_recipe_file_matches_the_paper():
     ("mini_batch_size: 8\n", {}, r"'mini_batch_size' only applies"),
     ("temperature: -1\n", {}, r"key 'temperature'"),
     ("data: {bad name: x.jsonl}\n", {}, r"dataset name 'bad name'"),
-    ("", {"tempreature": 0.1}, r"unknown recipe override"),
+    ("", {"tempreature": 0.1}, r"override: unknown key 'tempreature'"),
     ("max_steps: [\n", {}, r"recipe\.yaml:\d+: invalid YAML"),
 ])
 def test_recipe_errors_name_the_key(tmp_path, text, overrides, message):

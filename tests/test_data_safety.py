@@ -280,8 +280,8 @@ def test_manifest_checksums_and_index_verify(model, tmp_path, capsys):
 
 
 def test_encoded_chunks_are_reused_when_only_the_index_type_changes(model, tmp_path, monkeypatch):
-    from neobert_embed.index import BuildInterrupted
     from neobert_embed.index.encoder import IndexEncoder
+    from neobert_embed.runs import Interrupted
 
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": f"d{i}", "text": t} for i, t in enumerate(_texts(40))])
     output = tmp_path / "index"
@@ -290,7 +290,7 @@ def test_encoded_chunks_are_reused_when_only_the_index_type_changes(model, tmp_p
         if done.chunk == done.n_chunks - 1:
             raise KeyboardInterrupt
 
-    with pytest.raises(BuildInterrupted):
+    with pytest.raises(Interrupted):
         build_index(model, corpus, output, index_type="flat", chunk_size=16, show_progress=False,
                     on_chunk=stop_after_last_chunk)
 

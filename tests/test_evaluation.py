@@ -13,6 +13,7 @@ from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import EvaluationRecipe, load_task_dir, load_task_dirs, run_mteb, write_summary
 from neobert_embed.evaluation.local_tasks import check_task_data
+from neobert_embed.runs import Interrupted
 
 ANIMALS = ("cat", "dog", "horse", "bird", "fish", "cow")
 COLORS = ("red", "blue", "green", "black")
@@ -218,6 +219,26 @@ def test_offline_hub_task_fails_at_once_pointing_to_task_dir(tmp_path, monkeypat
     assert "STSBenchmark" in result.stderr and "--task-dir" in result.stderr
 
 
+
+def test_a_hub_task_whose_revision_starts_with_local_is_still_a_hub_task(tmp_path, monkeypatch):
+    """Local means built from a directory (``LocalTask``), not a revision that looks like ours."""
+    import mteb
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    real_get_tasks = mteb.get_tasks
+
+    def local_looking(*args, **kwargs):
+        tasks = list(real_get_tasks(*args, **kwargs))
+        for task in tasks:
+            task.metadata = task.metadata.model_copy(
+                update={"dataset": {**task.metadata.dataset, "revision": "local-0123456789ab"}})
+        return tasks
+
+    monkeypatch.setattr(mteb, "get_tasks", local_looking)
+    report = run_mteb("bert", tasks=["STSBenchmark"], output=tmp_path, show_progress=False, summary=False)
+    assert "HF_HUB_OFFLINE" in report.failures["STSBenchmark"]
+    assert "--task-dir" in report.failures["STSBenchmark"]
+
 def test_interrupt_keeps_finished_tasks_and_rerun_resumes(tmp_path, tiny_bert, monkeypatch):
     import mteb
 
@@ -232,8 +253,9 @@ def test_interrupt_keeps_finished_tasks_and_rerun_resumes(tmp_path, tiny_bert, m
         return real_evaluate(model, task, **kwargs)
 
     monkeypatch.setattr(mteb, "evaluate", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match="1 of 2 tasks are finished") as stopped:
         run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM, show_progress=False)
+    assert stopped.value.resume_args == ()  # resumed by rerunning the same command
     monkeypatch.setattr(mteb, "evaluate", real_evaluate)
     assert "FirstSTS" in (tmp_path / "out" / "summary.md").read_text()
     resumed = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM,

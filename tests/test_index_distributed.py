@@ -93,7 +93,7 @@ def test_torchrun_two_process_build_equals_one_process_build(tiny_bert, corpus, 
                                       "--chunk-size", str(CHUNK)),
                             env=_environment(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "index of 120 documents" in result.stderr
+    assert result.stderr.count("index of 120 documents") == 1   # rank 0 alone reports
     assert not output.with_name("index.partial").exists()
     assert_same_index(output, reference)
 
@@ -166,3 +166,26 @@ def test_torchrun_encode_equals_one_process_encode(tiny_bert, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "two.npy"), np.load(tmp_path / "one.npy"), atol=1e-6, rtol=0)
     assert not (tmp_path / "two.npy.parts").exists()
+
+
+def test_torchrun_index_add_equals_one_process_add(tiny_bert, corpus, tmp_path):
+    """Rank 0 imports and writes, both ranks encode: the same rows, vectors and hits as one process."""
+    import json
+    import shutil
+
+    lines = corpus.read_text(encoding="utf-8").splitlines()
+    base, extra = tmp_path / "base.jsonl", tmp_path / "extra.jsonl"
+    base.write_text("\n".join(lines[:60]) + "\n", encoding="utf-8")
+    extra.write_text("".join(json.dumps({**json.loads(line), "_id": f"new{i}"}) + "\n"
+                             for i, line in enumerate(lines[60:])), encoding="utf-8")
+    build_index(tiny_bert, base, tmp_path / "one", index_type="flat", chunk_size=CHUNK, show_progress=False)
+    shutil.copytree(tmp_path / "one", tmp_path / "two")
+    single = CliRunner().invoke(app, ["index", "add", str(tmp_path / "one"), "--corpus", str(extra)])
+    assert single.exit_code == 0, single.output
+    result = subprocess.run(_torchrun("-m", "neobert_embed.cli", "index", "add", str(tmp_path / "two"),
+                                      "--corpus", str(extra)),
+                            env=_environment(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("now holds") == 1, result.stderr[-3000:]   # rank 0 alone reports
+    assert not list(tmp_path.glob(".two.*.tmp")) and not (tmp_path / "two" / ".add-shards").exists()
+    assert_same_index(tmp_path / "two", tmp_path / "one")

@@ -32,6 +32,18 @@ def test_max_seq_length_comes_from_the_model_not_the_tokenizer(tiny_dirs):
     assert load_sentence_model(str(tiny_dirs["bert"]), max_seq_length=16).max_seq_length == 16
 
 
+
+def test_roberta_position_offset_comes_from_the_backbone_table(tiny_dirs, monkeypatch):
+    import neobert_embed.backbones as backbones
+
+    roberta = load_sentence_model(str(tiny_dirs["roberta"]))
+    long_text = " ".join(["word"] * 400)
+    assert roberta.tokenize([long_text])["input_ids"].shape[1] == 128
+    assert roberta.encode([long_text]).shape == (1, 32)  # 128 tokens fit positions 2..129 of 130
+    monkeypatch.setattr(backbones, "POSITIONS_AFTER_PAD", frozenset())  # the table is the one source
+    assert load_sentence_model(str(tiny_dirs["roberta"])).max_seq_length == 130
+    assert load_sentence_model(str(tiny_dirs["bert"])).max_seq_length == 128
+
 def test_neobert_uses_its_full_context(tmp_path):
     path = build_tiny_model("neobert", tmp_path / "neo")
     config = json.loads((path / "config.json").read_text())

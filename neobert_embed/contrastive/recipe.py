@@ -15,13 +15,14 @@ Example:
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from neobert_embed.errors import UserInputError
-from neobert_embed.files import read_yaml_mapping
+from neobert_embed.paths import recipe_path
+from neobert_embed.recipes import read_spec
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -43,6 +44,18 @@ class DataSource(BaseModel):
     split: str = "train"
     query_instruction: str | None = None
     document_instruction: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_path(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
+    @field_validator("path")
+    @classmethod
+    def _relative_to_recipe(cls, value: str, info: ValidationInfo) -> str:
+        """A relative path is read beside the recipe file when such a file exists there."""
+        base = Path((info.context or {}).get("directory", "."))
+        return str(base / value) if not Path(value).is_absolute() and (base / value).exists() else value
 
 
 class ContrastiveRecipe(BaseModel):
@@ -78,7 +91,7 @@ class ContrastiveRecipe(BaseModel):
     symmetric: bool = False
     cached: bool = False
     mini_batch_size: int | None = Field(None, ge=1)
-    matryoshka_dims: list[int] | None = None
+    matryoshka_dims: list[Annotated[int, Field(ge=1)]] | None = None
     gather_across_devices: bool = False
     # batches
     alpha: float = Field(0.5, ge=0, le=1)
@@ -91,13 +104,6 @@ class ContrastiveRecipe(BaseModel):
     deepspeed: str | dict[str, Any] | None = None
     data: dict[str, DataSource] = Field(default_factory=dict)
 
-    @field_validator("data", mode="before")
-    @classmethod
-    def _paths_as_sources(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {name: {"path": src} if isinstance(src, str) else src for name, src in value.items()}
-        return value
-
     @field_validator("data")
     @classmethod
     def _dataset_names(cls, value: dict[str, DataSource]) -> dict[str, DataSource]:
@@ -109,11 +115,9 @@ class ContrastiveRecipe(BaseModel):
     @field_validator("matryoshka_dims")
     @classmethod
     def _dims(cls, value: list[int] | None) -> list[int] | None:
-        if value is None:
-            return None
-        if not value or any(d < 1 for d in value) or len(set(value)) != len(value):
+        if value is not None and (not value or len(set(value)) != len(value)):
             raise ValueError("must be a non-empty list of distinct positive dimensions, e.g. [768, 256, 64]")
-        return sorted(value, reverse=True)
+        return sorted(value, reverse=True) if value else value
 
     @model_validator(mode="after")
     def _compatible(self) -> ContrastiveRecipe:
@@ -137,62 +141,18 @@ class ContrastiveRecipe(BaseModel):
         return max(1, self.text_budget // texts_per_example)
 
 
-def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "recipe"
-        if item["type"] == "extra_forbidden":
-            known = ", ".join(ContrastiveRecipe.model_fields)
-            parts.append(f"unknown key {key!r} (known keys: {known})")
-        else:
-            parts.append(f"key {key!r}: {item['msg']}" if item["loc"] else item["msg"])
-    return "; ".join(parts)
-
-
-def _resolve_data_paths(data: Any, base: Path) -> Any:
-    """Paths in a recipe are relative to the recipe file (when such a file exists there)."""
-    if not isinstance(data, dict):
-        return data
-    resolved = {}
-    for name, source in data.items():
-        path = source.get("path") if isinstance(source, dict) else source
-        if isinstance(path, str) and not Path(path).is_absolute() and (base / path).exists():
-            path = str(base / path)
-            source = {**source, "path": path} if isinstance(source, dict) else path
-        resolved[name] = source
-    return resolved
-
-
 def load_contrastive_recipe(path: str | Path | None = None, **overrides: Any) -> ContrastiveRecipe:
-    """Read a YAML recipe, apply overrides (``None`` values are ignored), and validate it.
+    """Read a YAML recipe (default: the bundled ``contrastive.yaml``, the paper's settings), apply
+    overrides (``None`` values are ignored), and validate it; errors name the file, line and key.
 
     Overriding ``batch_size`` clears the file's ``text_budget`` and vice versa, so
     ``--batch-size 64`` on the command line just works with the paper's recipe.
 
     Example:
         >>> load_contrastive_recipe("recipes/contrastive.yaml", max_steps=20, temperature=0.05)
-        >>> load_contrastive_recipe(max_steps=10)          # paper defaults, no file
+        >>> load_contrastive_recipe(max_steps=10)          # paper defaults
     """
-    values: dict[str, Any] = {}
-    where = "recipe"
-    if path is not None:
-        path = Path(path)
-        where = str(path)
-        values = read_yaml_mapping(path, "recipe")
-        values["data"] = _resolve_data_paths(values.get("data"), path.parent)
-        if values["data"] is None:
-            del values["data"]
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    unknown = sorted(set(overrides) - set(ContrastiveRecipe.model_fields))
-    if unknown:
-        raise UserInputError(f"unknown recipe override(s) {unknown}; known keys: "
-                             f"{', '.join(ContrastiveRecipe.model_fields)}")
-    if "batch_size" in overrides:
-        values["text_budget"] = None
-    if "text_budget" in overrides:
-        values["batch_size"] = None
-    values.update(overrides)
-    try:
-        return ContrastiveRecipe(**values)
-    except ValidationError as exc:
-        raise UserInputError(f"{where}: {_describe(exc)}") from None
+    spec = read_spec(Path(path) if path is not None else recipe_path("contrastive.yaml"))
+    cleared = {"batch_size": "text_budget", "text_budget": "batch_size"}
+    data = {**spec.data, **{cleared[key]: None for key, value in overrides.items() if key in cleared and value is not None}}
+    return replace(spec, data=data).validate(ContrastiveRecipe, overrides)

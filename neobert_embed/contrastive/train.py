@@ -32,26 +32,23 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from neobert_embed.console import is_rank_zero
+from neobert_embed import runs
 from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, atomic_write_json
+from neobert_embed.files import atomic_write_json
 from neobert_embed.locks import writer_lock
 from neobert_embed.outputs import DirectoryState, check_output_directory
+from neobert_embed.recipes import Spec
 
 logger = logging.getLogger(__name__)
 
-RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
 RELOAD_TOLERANCE = 1e-5
 
@@ -63,7 +60,7 @@ def _sources(data: dict[str, Any] | None, recipe: ContrastiveRecipe) -> dict[str
     when ``--data`` options are given in another order or read back from run.json on resume.
     Local paths are made absolute so ``--resume`` works from any directory.
     """
-    chosen = ContrastiveRecipe(**{**recipe.model_dump(), "data": data}).data if data else recipe.data
+    chosen = Spec("--data", {**recipe.model_dump(), "data": data}).validate(ContrastiveRecipe).data if data else recipe.data
     return {name: source.model_copy(update={"path": str(Path(source.path).resolve())})
             if Path(source.path).exists() else source for name, source in sorted(chosen.items())}
 
@@ -83,31 +80,25 @@ def last_checkpoint(output: Path) -> Path | None:
     return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
+def _record(model: str, sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, Any]:
+    """What run.json holds: the model and the recipe with the data it trains on."""
+    return {"model": model, "recipe": {**recipe.model_dump(mode="json"),
+                                       "data": {k: v.model_dump(mode="json") for k, v in sources.items()}}}
+
+
 def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
                  recipe: ContrastiveRecipe | None, resume: bool, overwrite: bool
                  ) -> tuple[str, dict[str, DataSource], ContrastiveRecipe]:
     """Decide model, data and recipe; on resume they come from run.json and must not change."""
-    run_file = output / RUN_FILE
-    if resume and run_file.is_file():
-        saved = json.loads(run_file.read_text(encoding="utf-8"))
-        saved_recipe = ContrastiveRecipe(**saved["recipe"])
-        saved_data = saved_recipe.data
-        changed = []
-        if model is not None and model != saved["model"]:
-            changed.append(f"model ({saved['model']!r} → {model!r})")
-        if recipe is not None:
-            differing = [k for k in ContrastiveRecipe.model_fields if k != "data"
-                         and getattr(recipe, k) != getattr(saved_recipe, k)]
-            changed += [f"recipe key {k!r} ({getattr(saved_recipe, k)!r} → {getattr(recipe, k)!r})"
-                        for k in differing]
-        if data and _sources(data, saved_recipe) != saved_data:
-            changed.append("data")
-        if changed:
-            raise UserInputError(f"{run_file}: --resume must continue the same run, but {', '.join(changed)} "
-                                 "changed; drop those options or start a new --output")
-        return saved["model"], saved_data, saved_recipe
+    saved = runs.read_record(output) if resume else None
+    if saved is not None:
+        saved_recipe = Spec(f"{output / runs.RUN_FILE} (recipe)", saved["recipe"]).validate(ContrastiveRecipe)
+        asked = _record(model or saved["model"], _sources(data, saved_recipe) if data else saved_recipe.data,
+                        recipe or saved_recipe)
+        runs.check_resume(output, asked, hint="drop those options or start a new --output")
+        return saved["model"], saved_recipe.data, saved_recipe
     if resume:
-        logger.warning("%s: nothing to resume (no %s); starting a new run", output, RUN_FILE)
+        logger.warning("%s: nothing to resume (no %s); starting a new run", output, runs.RUN_FILE)
     elif output.exists() and any(output.iterdir()) and not overwrite:
         raise UserInputError(f"{output} already exists and is not empty; pass --resume to continue its run, "
                              "--overwrite to replace it, or choose another --output")
@@ -210,26 +201,14 @@ def _reload_difference(model, directory: Path, texts: list[str]) -> float:
 
 
 def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) -> None:
-    """Write the model next to the run files in a temp dir, check it reloads, swap it in."""
-    with atomic_directory(output, record=RUN_FILE) as tmp:
+    """Write the model in a temp dir beside the run, check it reloads, and promote it with the run's files."""
+    with runs.promoted(output, record=runs.RUN_FILE) as tmp:
         model.save(str(tmp))
         summary["reload_max_abs_diff"] = _reload_difference(model, tmp, texts)
         if summary["reload_max_abs_diff"] > RELOAD_TOLERANCE:
             raise RuntimeError(f"the saved model encodes differently from the trained one "
                                f"(max |Δ| {summary['reload_max_abs_diff']:.2e}); nothing was written")
-        for name in ("metrics.jsonl", RUN_FILE):
-            if (output / name).exists():
-                shutil.copy2(output / name, tmp / name)
         atomic_write_json(tmp / "summary.json", summary)
-        if (output / CHECKPOINTS).exists():
-            os.replace(output / CHECKPOINTS, tmp / CHECKPOINTS)
-        for entry in output.iterdir() if output.is_dir() else []:
-            if not (tmp / entry.name).exists():  # files the user keeps in the run directory
-                os.replace(entry, tmp / entry.name)
-
-
-def _resume_hint(output: Path) -> str:
-    return f"neobert-embed train-contrastive --output {output} --resume"
 
 
 def train_contrastive(model: str | None = None, data: dict[str, Any] | None = None,
@@ -257,17 +236,17 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
 
     Raises:
         UserInputError: bad recipe/data/model or output conflict (before anything is written).
-        KeyboardInterrupt: after Ctrl-C, once a resumable checkpoint has been saved.
+        Interrupted: after Ctrl-C, once a resumable checkpoint has been saved (continue with ``resume=True``).
 
     Example:
         >>> out = train_contrastive(model="bert", data={"snli": "triplets.jsonl"}, output="runs/x",
         ...                         recipe=load_contrastive_recipe(max_steps=20))
     """
     output = Path(output)
-    if not is_rank_zero():  # rank 0 checks and locks the run directory for the whole job
+    if not runs.is_main_process():  # rank 0 checks and locks the run directory for the whole job
         return _train_in(output, model, data, recipe, resume, overwrite, callbacks, DirectoryState.OWNED)
     inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
-    state = check_output_directory(output, record=RUN_FILE, inputs=inputs, what="training run")
+    state = check_output_directory(output, record=runs.RUN_FILE, inputs=inputs, what="training run")
     with writer_lock(output, command="neobert-embed train-contrastive", wait=wait):
         return _train_in(output, model, data, recipe, resume, overwrite, callbacks, state)
 
@@ -284,7 +263,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     loss = build_contrastive_loss(sentence_model, recipe)
     checkpoint = last_checkpoint(output) if resume else None
     fresh = checkpoint is None and (state is not DirectoryState.OWNED or overwrite)
-    if is_rank_zero():
+    if runs.is_main_process():
         _prepare_output(output, overwrite and not resume, model_name, sources, recipe)
     try:
         trainer, interrupt = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
@@ -292,13 +271,12 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         with interrupt:
             result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except UserInputError:
-        if fresh and is_rank_zero() and last_checkpoint(output) is None:
+        if fresh and runs.is_main_process() and last_checkpoint(output) is None:
             _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
         raise
     if interrupt.requested:
-        print(f"stopped at step {trainer.state.global_step}; checkpoint saved in {output / CHECKPOINTS}. "
-              f"Resume with:\n  {_resume_hint(output)}", file=sys.stderr, flush=True)
-        raise KeyboardInterrupt
+        raise runs.Interrupted(f"stopped at step {trainer.state.global_step}; checkpoint saved in "
+                               f"{output / CHECKPOINTS}")
     if not trainer.is_world_process_zero():
         return output
     elapsed = time.perf_counter() - started
@@ -329,10 +307,10 @@ def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRe
     return sets
 
 
-def _discard_new_run(output: Path, remove_directory: bool) -> None:
-    """Remove what a new run wrote before it failed validation, so a rerun with fixed data works."""
+def _discard_new_run(output: Path, remove_directory: bool = False) -> None:
+    """Remove what a new (or overwritten) run wrote, so a rerun with fixed data works."""
     shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
-    for name in ("metrics.jsonl", "summary.json", RUN_FILE):
+    for name in ("metrics.jsonl", "summary.json", runs.RUN_FILE):
         (output / name).unlink(missing_ok=True)
     if remove_directory and output.is_dir() and not any(output.iterdir()):
         output.rmdir()
@@ -342,12 +320,8 @@ def _prepare_output(output: Path, start_over: bool, model_name: str, sources: di
                     recipe: ContrastiveRecipe) -> None:
     """Create the run directory and record what the run is (run.json), clearing an overwritten run."""
     if start_over:
-        shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
-        for name in ("metrics.jsonl", "summary.json", RUN_FILE):
-            (output / name).unlink(missing_ok=True)
-    output.mkdir(parents=True, exist_ok=True)
-    recipe_record = {**recipe.model_dump(mode="json"), "data": {k: v.model_dump() for k, v in sources.items()}}
-    atomic_write_json(output / RUN_FILE, {"model": model_name, "recipe": recipe_record})
+        _discard_new_run(output)
+    runs.write_record(output, _record(model_name, sources, recipe))
 
 
 def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str, DataSource],

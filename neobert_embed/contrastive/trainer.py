@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
@@ -28,7 +27,7 @@ from transformers import TrainerCallback
 from neobert_embed.console import progress_bar
 from neobert_embed.contrastive.recipe import ContrastiveRecipe
 from neobert_embed.contrastive.sampler import AlphaBatchSampler, no_duplicates_sampler
-from neobert_embed.files import atomic_write_text
+from neobert_embed.runs import MetricsFile
 
 
 def texts_per_example(dataset: Any) -> int:
@@ -87,18 +86,17 @@ class MetricsFileCallback(TrainerCallback):
     def __init__(self, path: Path, trainer: ContrastiveTrainer) -> None:
         self.path = path
         self.trainer = trainer
+        self.metrics: MetricsFile | None = None
         self._last_time = time.perf_counter()
         self._last_examples = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.is_world_process_zero and self.path.exists():
-            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line)["step"] <= state.global_step]
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        if state.is_world_process_zero:
+            self.metrics = MetricsFile(self.path, resume_step=state.global_step)
         self._last_time, self._last_examples = time.perf_counter(), self.trainer.examples_seen
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "loss" not in logs:
+        if self.metrics is None or not logs or "loss" not in logs:
             return
         now, seen = time.perf_counter(), self.trainer.examples_seen
         record = {"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate"),
@@ -106,8 +104,7 @@ class MetricsFileCallback(TrainerCallback):
                                           / max(now - self._last_time, 1e-9), 2),
                   "grad_norm": logs.get("grad_norm")}
         self._last_time, self._last_examples = now, seen
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        self.metrics.write(record)
 
 
 class QuietProgressCallback(TrainerCallback):

@@ -28,9 +28,9 @@ from mteb import SentenceTransformerEncoderWrapper
 from mteb.models import ModelMeta
 from mteb.types import PromptType
 
-from neobert_embed.backbones import resolve_model_name
+from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.evaluation.recipe import EvaluationRecipe
-from neobert_embed.sentence import load_sentence_model, usable_max_length
+from neobert_embed.sentence import load_sentence_model
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import task_data
 from neobert_embed.evaluation.task_data import LABEL, NUMBER, TEXT
-from neobert_embed.files import read_json_object
+from neobert_embed.recipes import load_spec
 
 TASK_TYPES = ("STS", "PairClassification", "Classification", "Clustering", "Retrieval", "Reranking")
 DEFAULT_MAIN_SCORES = {"STS": "cosine_spearman", "PairClassification": "max_ap",
@@ -81,16 +81,8 @@ class TaskSpec(BaseModel):
         return self
 
 
-def read_task_spec(directory: Path) -> TaskSpec:
-    """Parse and validate ``directory/task.json`` (errors name the file and the key)."""
-    path = directory / "task.json"
-    data = read_json_object(path, "a task directory needs task.json")
-    try:
-        return TaskSpec(**data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'task.json'}: {err['msg']}"
-                             for err in exc.errors())
-        raise UserInputError(f"{path}: {problems}") from None
+class LocalTask:
+    """Mixin marking every task built here: its data come from a directory, never the hub."""
 
 
 def data_fingerprint(directory: Path) -> str:
@@ -186,7 +178,7 @@ def _registered_task(spec: TaskSpec, directory: Path) -> Any:
     metadata = base.metadata.model_copy(update={
         "dataset": {"path": str(directory.resolve()), "revision": data_fingerprint(directory)},
         "eval_splits": splits})
-    task_class = type(base.__name__, (base,), {
+    task_class = type(base.__name__, (base, LocalTask), {
         "metadata": metadata, "load_data": _make_loader(directory, task_type, splits, subset),
         "__module__": __name__})
     task = task_class()
@@ -228,7 +220,7 @@ def _new_task(spec: TaskSpec, directory: Path) -> Any:
                           max_score=spec.max_score if spec.max_score is not None else 5)
     if clustering:
         attributes["max_fraction_of_documents_to_embed"] = None
-    return type(f"Local{spec.type}Task", (base,), attributes)()
+    return type(f"Local{spec.type}Task", (base, LocalTask), attributes)()
 
 
 def load_task_dir(directory: str | Path) -> Any:
@@ -244,7 +236,7 @@ def load_task_dir(directory: str | Path) -> Any:
     if not directory.is_dir():
         raise UserInputError(f"{directory}: not a directory; --task-dir takes a task directory "
                              "(with task.json) or a folder of them")
-    spec = read_task_spec(directory)
+    spec = load_spec(directory / "task.json", TaskSpec, "task")
     return _registered_task(spec, directory) if spec.mteb_task else _new_task(spec, directory)
 
 

@@ -29,11 +29,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from neobert_embed.errors import UserInputError
-from neobert_embed.files import read_yaml_mapping
-from neobert_embed.paths import recipe_path
+from neobert_embed.recipes import load_spec
 
 DEFAULT_RECIPE_NAME = "mteb-eval.yaml"
 E5_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
@@ -121,18 +119,10 @@ class EvaluationRecipe(BaseModel):
 def load_evaluation_recipe(path: str | Path | None = None, **overrides: Any) -> EvaluationRecipe:
     """Read a recipe YAML (default ``recipes/mteb-eval.yaml``), then apply command-line overrides.
 
-    Unknown keys and bad values raise :class:`UserInputError` naming the file and the key.
+    Unknown keys and bad values raise :class:`UserInputError` naming the file, the line and the key.
     Overrides whose value is None are ignored, so CLI options that were not given keep the file's value.
 
     Example:
         >>> recipe = load_evaluation_recipe(None, max_length=512, precision="bf16")
     """
-    source = Path(path) if path is not None else recipe_path(DEFAULT_RECIPE_NAME)
-    data = read_yaml_mapping(source, "recipe")
-    data.update({key: value for key, value in overrides.items() if value is not None})
-    try:
-        return EvaluationRecipe(**data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
-        raise UserInputError(f"{source} (or its command-line override): invalid evaluation recipe: "
-                             f"{problems}") from None
+    return load_spec(path, EvaluationRecipe, default=DEFAULT_RECIPE_NAME, overrides=overrides)

@@ -29,10 +29,11 @@ from typing import Any
 
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
-from neobert_embed.evaluation.local_tasks import check_task_data, load_task_dirs
+from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, load_task_dirs
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.files import atomic_write_json
+from neobert_embed.runs import Interrupted
 
 logger = logging.getLogger(__name__)
 DEFAULT_BENCHMARK = "MTEB(eng, v2)"
@@ -150,10 +151,6 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
     return selected
 
 
-def _is_local(task: Any) -> bool:
-    return str(task.metadata.dataset.get("revision", "")).startswith("local-")
-
-
 def _result_file(cache: Any, task: Any, meta: Any) -> Path:
     return cache.get_task_result_path(task.metadata.name, meta)
 
@@ -240,10 +237,10 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
         return outcome
     from huggingface_hub import is_offline_mode
 
-    if not _is_local(task) and is_offline_mode():
+    if not isinstance(task, LocalTask) and is_offline_mode():
         outcome.error = _offline_error(task)
         return outcome
-    if _is_local(task):
+    if isinstance(task, LocalTask):
         try:
             check_task_data(task)
         except UserInputError as exc:
@@ -331,10 +328,8 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
                 logger.info("%s %s: %s", identity.name, outcome.task, outcome.status)
                 progress.advance(bar)
     except KeyboardInterrupt:
-        logger.warning("interrupted after %d of %d tasks; finished results are kept in %s; rerun the same "
-                       "command to resume (finished tasks are skipped)", len(report.outcomes), len(selected),
-                       report.results_dir)
-        raise
+        raise Interrupted(f"{len(report.outcomes)} of {len(selected)} tasks are finished and kept in "
+                          f"{report.results_dir}; rerunning skips them", resume_args=()) from None
     finally:
         report.settings = _settings(lazy, report.outcomes)
         for notice in report.notices:

@@ -7,7 +7,6 @@ table. Heavy imports happen inside the command so ``--help`` is instant.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -60,7 +59,7 @@ def glue_command(
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = run_glue(model, output, tasks=opt.comma_list(tasks), task_dirs=task_dir or [], preset=loaded,
                           devices=device_list, predict_test=predict_test, progress=show_progress,
-                          resume_hint=shlex.join(["neobert-embed", *sys.argv[1:]]), preset_name=Path(preset).stem)
+                          preset_name=Path(preset).stem)
     first = next(iter(result.scores.values()), {})
     if as_json:
         typer.echo(json.dumps({"scores": first, "models": result.scores, "summary": str(result.summary_md),

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import iter_jsonl, read_json_object
+from neobert_embed.files import iter_jsonl
 from neobert_embed.glue.tasks import GlueTask, get_task
+from neobert_embed.recipes import read_spec
 
 HUB_DATASET = "nyu-mll/glue"
 TASK_FILE = "task.json"
@@ -124,7 +125,7 @@ def load_task_dir(directory: str | Path) -> GlueData:
     directory = Path(directory)
     if not directory.is_dir():
         raise UserInputError(f"{directory}: task directory not found")
-    spec = read_json_object(directory / TASK_FILE, 'a GLUE task directory needs task.json, e.g. {"glue_task": "stsb"}')
+    spec = read_spec(directory / TASK_FILE, "GLUE task", 'a GLUE task directory needs task.json, e.g. {"glue_task": "stsb"}').data
     if "glue_task" not in spec:
         raise UserInputError(f"{directory / TASK_FILE}: key 'glue_task' is missing, e.g. {{\"glue_task\": \"stsb\"}}")
     try:

@@ -10,7 +10,8 @@ Layout of ``OUTPUT``::
 Why files per trial: a GLUE grid is hundreds of runs; each result lands atomically the moment its
 trial ends, so Ctrl-C, a crash or a pre-empted node loses only the trial in flight, and a rerun
 runs only what is missing. A rerun whose settings differ is refused, naming the key, because its
-trials would not be comparable with the ones already on disk.
+trials would not be comparable with the ones already on disk (the run record and its check are
+:mod:`neobert_embed.runs`'s; what is GLUE's own is one result file per trial).
 
 Example:
     >>> journal = Journal("runs/glue")
@@ -24,11 +25,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
 from neobert_embed.glue.presets import GluePreset, Trial
-
-RUN_FILE = "run.json"
+from neobert_embed.runs import check_resume, write_record
 
 
 class Journal:
@@ -45,30 +44,19 @@ class Journal:
 
     def check_run(self, preset: GluePreset, models: dict[str, str]) -> None:
         """Refuse a rerun whose preset or model (for an existing label) differs; name the key."""
-        run_file = self.output / RUN_FILE
-        if run_file.is_file():
-            saved = json.loads(run_file.read_text(encoding="utf-8"))["preset"]
-            current = preset.model_dump(mode="json")
-            changed = [k for k in current if saved.get(k) != current[k]]
-            if changed:
-                key = changed[0]
-                raise UserInputError(f"{run_file}: this output was run with {key}={saved.get(key)!r}, now "
-                                     f"{current[key]!r}; finished trials would not be comparable. Use the same "
-                                     "preset and options, or another --output")
+        check_resume(self.output, {"preset": preset.model_dump(mode="json")}, verb="a rerun",
+                     hint="finished trials would not be comparable. Use the same preset and options, "
+                          "or another --output")
         for label, model in models.items():
-            model_file = self.output / "trials" / label / "model.json"
-            if model_file.is_file():
-                saved_model = json.loads(model_file.read_text(encoding="utf-8"))["model"]
-                if saved_model != model:
-                    raise UserInputError(f"{model_file}: the results named {label!r} belong to model "
-                                         f"{saved_model!r}, not {model!r}; rename the model directory or use "
-                                         "another --output")
+            check_resume(self.output / "trials" / label, {"model": model}, name="model.json", verb="a rerun",
+                         hint=f"the results named {label!r} belong to another model; rename the model "
+                              "directory or use another --output")
 
     def start(self, preset: GluePreset, models: dict[str, str]) -> None:
         """Record the run (called after every input was checked, before the first trial)."""
-        atomic_write_json(self.output / RUN_FILE, {"preset": preset.model_dump(mode="json")})
+        write_record(self.output, {"preset": preset.model_dump(mode="json")})
         for label, model in models.items():
-            atomic_write_json(self.output / "trials" / label / "model.json", {"model": model})
+            write_record(self.output / "trials" / label, {"model": model}, name="model.json")
 
     def is_finished(self, label: str, trial: Trial) -> bool:
         return self.trial_path(label, trial).is_file()

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import read_yaml_mapping
 from neobert_embed.glue.tasks import TASKS
+from neobert_embed.recipes import load_spec
 
 BUNDLED = {"quick": "glue-quick.yaml", "paper": "glue-paper.yaml"}
 
@@ -51,10 +49,10 @@ class GluePreset(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    batch_size: list[int] = Field(default_factory=lambda: [32])
-    learning_rate: list[float] = Field(default_factory=lambda: [2e-5])
-    weight_decay: list[float] = Field(default_factory=lambda: [0.01])
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    batch_size: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [32])
+    learning_rate: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [2e-5])
+    weight_decay: list[Annotated[float, Field(ge=0)]] = Field(default_factory=lambda: [0.01])
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0])
     epochs: float = Field(3, gt=0)
     eval_steps: int | None = Field(None, ge=1)
     early_stopping_patience: int | None = Field(None, ge=1)
@@ -75,8 +73,6 @@ class GluePreset(BaseModel):
     def _non_empty(cls, value: list) -> list:
         if not value or len(set(value)) != len(value):
             raise ValueError("must be a non-empty list of distinct values")
-        if any(v < 0 for v in value):
-            raise ValueError("values must not be negative")
         return value
 
     @field_validator("transfer")
@@ -94,8 +90,6 @@ class GluePreset(BaseModel):
         if chained:
             raise ValueError(f"transfer sources must be trained from the backbone; {chained} start from a task "
                              "that itself starts from another")
-        if any(b < 1 for b in self.batch_size) or any(lr <= 0 for lr in self.learning_rate):
-            raise ValueError("batch sizes and learning rates must be positive")
         return self
 
 
@@ -152,29 +146,6 @@ def expand_trials(preset: GluePreset, tasks: list[str], available: set[str] | fr
     return trials
 
 
-def _key_lines(text: str) -> dict[str, int]:
-    """1-based line of each top-level key of a YAML mapping."""
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
-    if not isinstance(node, yaml.MappingNode):
-        return {}
-    return {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
-
-
-def _describe(path: str, error: ValidationError, lines: dict[str, int]) -> UserInputError:
-    item = error.errors()[0]
-    key = str(item["loc"][0]) if item["loc"] else None
-    line = lines.get(key) if key else None
-    if item["type"] == "extra_forbidden":
-        message = f"unknown key {key!r} (known keys: {', '.join(GluePreset.model_fields)})"
-    else:
-        field = ".".join(str(p) for p in item["loc"])
-        message = f"key {field!r}: {item['msg']}" if field else item["msg"]
-    return located(path, line, message)
-
-
 def load_glue_preset(preset: str | Path = "quick", **overrides: Any) -> GluePreset:
     """A bundled preset (``quick``, ``paper``) or a YAML file, with overrides (``None`` ignored).
 
@@ -182,20 +153,5 @@ def load_glue_preset(preset: str | Path = "quick", **overrides: Any) -> GluePres
         >>> load_glue_preset("quick", seeds=[0, 1, 2], epochs=2).seeds
         [0, 1, 2]
     """
-    from neobert_embed.paths import recipe_path
-
-    path = recipe_path(BUNDLED[str(preset)]) if str(preset) in BUNDLED else Path(preset)
-    if not path.is_file():
-        raise UserInputError(f"{path}: preset not found; use quick, paper or a YAML file")
-    values = read_yaml_mapping(path, "preset")
-    text = path.read_text(encoding="utf-8")
-    lines = _key_lines(text)
-    try:
-        GluePreset(**(values or {}))
-    except ValidationError as exc:
-        raise _describe(str(path), exc, lines) from None
-    merged = {**(values or {}), **{k: v for k, v in overrides.items() if v is not None}}
-    try:
-        return GluePreset(**merged)
-    except ValidationError as exc:
-        raise _describe("command line", exc, {}) from None
+    bundled = BUNDLED.get(str(preset))
+    return load_spec(None if bundled else preset, GluePreset, "preset", default=bundled, overrides=overrides)

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neobert_embed.console import is_rank_zero as is_main_process
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
@@ -43,6 +42,7 @@ from neobert_embed.glue.presets import GluePreset, Trial, expand_trials, load_gl
 from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
 from neobert_embed.outputs import model_label
+from neobert_embed.runs import Interrupted, is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +270,7 @@ def _submission(journal: Journal, label: str, choice: TaskChoice, task: str, dir
 def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] | None = None,
              task_dirs: Sequence[str | Path] | None = None, preset: str | Path | GluePreset = "quick",
              devices: Sequence[str] | None = None, predict_test: bool = False, progress: bool = True,
-             resume_hint: str | None = None, preset_name: str | None = None) -> GlueResult:
+             preset_name: str | None = None) -> GlueResult:
     """Fine-tune and evaluate every model on every task with the preset's grid; write the table.
 
     Args:
@@ -284,12 +284,11 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
             GPU if there is one, else the CPU, in this process.
         predict_test: write GLUE-server TSVs under ``output/submission/<model>/``.
         progress: show the progress bar and one line per finished trial (stderr).
-        resume_hint: the command to print after Ctrl-C (default: rerun with the same output).
         preset_name: the name shown in the summary (default: the preset file's stem).
 
     Raises:
         UserInputError: bad task, data, preset or output conflict — before anything is written.
-        KeyboardInterrupt: after Ctrl-C, once finished trials are safely on disk.
+        Interrupted: after Ctrl-C, once finished trials are safely on disk (rerun to continue).
     """
     from neobert_embed.glue.summary import write_glue_summary
 
@@ -329,11 +328,9 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
                     jobs = _jobs(label, model, trials, journal, preset, sources, predict_test, devices[0], in_process)
                     ran += _run_jobs(jobs, devices, tracker, ran, pending_total)
     except KeyboardInterrupt:
-        hint = resume_hint or f"rerun the same command with --output {journal.output}"
-        logger.warning("interrupted: %d of %d trials are finished and kept in %s; the trial in flight was "
-                       "discarded. Continue with:\n  %s", skipped + tracker.done, total, journal.output / "trials", hint)
-        raise
-
+        raise Interrupted(f"{skipped + tracker.done} of {total} trials are finished and kept in "
+                          f"{journal.output / 'trials'}; the trial in flight was discarded",
+                          resume_args=()) from None
     shutil.rmtree(journal.output / ".work", ignore_errors=True)
     choices = {label: {t: select_best(journal.results(label, t), TASKS[t].selection_metric) for t in task_names}
                for label in labels}

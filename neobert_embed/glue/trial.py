@@ -23,15 +23,16 @@ import hashlib
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.glue.data import GlueData
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from_logits
+from neobert_embed.runs import is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,6 @@ def backbone_path(model: str) -> str:
         >>> backbone_path("neobert")
         'chandar-lab/NeoBERT'
     """
-    from neobert_embed.backbones import resolve_model_name
     from neobert_embed.sentence import is_sentence_transformer_dir
 
     name = resolve_model_name(model)
@@ -178,8 +178,6 @@ def training_arguments(preset: GluePreset, trial: Trial, task: GlueTask, train_r
 
 
 def _usable_length(model: Any, preset: GluePreset) -> int:
-    from neobert_embed.sentence import usable_max_length
-
     usable = usable_max_length(model.config)
     return min(preset.max_length, usable) if preset.max_length else usable
 
@@ -263,7 +261,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
             "device": device, "torch_threads": torch.get_num_threads(),
             "test_predictions": tests,
         }
-        if keep_model is not None and int(os.environ.get("RANK", "0")) == 0:
+        if keep_model is not None and is_main_process():
             _keep_if_best(trainer.model, tokenizer, Path(keep_model), result)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)

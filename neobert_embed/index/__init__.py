@@ -18,7 +18,7 @@ from neobert_embed.lazy import lazy_exports
 
 _EXPORTS = {
     "add_documents": ".add",
-    "BuildInterrupted": ".build", "BuildOptions": ".build", "ChunkDone": ".build", "build_index": ".build",
+    "BuildOptions": ".build", "ChunkDone": ".build", "build_index": ".build",
     "CorpusFields": ".corpus", "read_corpus": ".corpus",
     "evaluate_index": ".evaluate",
     "IndexManifest": ".manifest", "read_manifest": ".manifest",

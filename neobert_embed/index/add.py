@@ -4,7 +4,9 @@ Why: corpora grow. New documents are encoded with the index's own model and prom
 model is refused) and appended; an id already in the index is refused unless the user asks to
 replace it (the old vector is then tombstoned and never returned again). The update is prepared
 in a copy of the index directory that replaces the original only when everything succeeded, so
-an error or Ctrl-C leaves the index exactly as it was.
+an error or Ctrl-C leaves the index exactly as it was. Under ``torchrun`` rank 0 takes the lock and
+imports the documents, every rank encodes its share of them (as ``index build`` does), and rank 0
+writes the result.
 
 Example:
     >>> manifest = add_documents("runs/news-index", "more-news.jsonl", on_duplicate="replace")
@@ -14,17 +16,21 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+
+import numpy as np
 
 from neobert_embed.console import document_progress
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, remove_debris
 from neobert_embed.index.corpus import CorpusDocument, CorpusFields, corpus_kind, read_corpus
-from neobert_embed.index.distributed import refuse_distributed
+from neobert_embed.index.distributed import encode_across_ranks, init_world, on_main
+from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.index.factory import as_codes, write_faiss_index
 from neobert_embed.index.integrity import open_faiss, open_store, with_checksums
 from neobert_embed.index.manifest import (
@@ -63,7 +69,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
     Example:
         >>> add_documents("runs/news-index", "late.txt")
     """
-    refuse_distributed("index add")
+    world = init_world()
     index_dir = Path(index_dir)
     if read_manifest(index_dir).on_disk:
         raise UserInputError(f"{index_dir}: an --on-disk index is built once from its shards; rebuild it with "
@@ -76,10 +82,34 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
                              "indexed document")
     if model is not None:
         check_model_files(model)
-    with writer_lock(index_dir, command="neobert-embed index add", wait=wait,
-                     on_stale=lambda holder: remove_debris(index_dir)):
-        return _add_locked(index_dir, corpus, fields, row_ids, on_duplicate, model, batch_size, device,
-                           show_progress)
+    with contextlib.ExitStack() as held:   # rank 0 holds the lock and the work copy; every rank encodes
+        def locked_and_staged() -> _Staged:
+            held.enter_context(writer_lock(index_dir, command="neobert-embed index add", wait=wait,
+                                           on_stale=lambda holder: remove_debris(index_dir)))
+            return _stage(index_dir, held.enter_context(atomic_directory(index_dir, record=MANIFEST_NAME)),
+                          corpus, fields, row_ids, on_duplicate)
+
+        staged = on_main(world, locked_and_staged)
+        encoder = encoder_for(staged.manifest, index_dir, model, world.device(device), batch_size)
+        with document_progress(show_progress and world.is_main) as progress:
+            task = progress.add_task("encoding new documents", total=staged.added)
+            vectors = encode_across_ranks(
+                world, staged.added, lambda start, stop: _encode_rows(staged, encoder, start, stop,
+                                                                      lambda n: progress.advance(task, n)),
+                staged.work / ".add-shards")
+        return on_main(world, lambda: _commit(staged, vectors, corpus))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Staged:
+    """A work copy of the index whose store already holds the new documents (rows ``first_row`` on)."""
+
+    manifest: IndexManifest
+    index_dir: Path
+    work: Path
+    first_row: int
+    added: int
+    replaced: int
 
 
 def _renumbered(documents: Iterator[CorpusDocument], offset: int) -> Iterator[CorpusDocument]:
@@ -87,50 +117,54 @@ def _renumbered(documents: Iterator[CorpusDocument], offset: int) -> Iterator[Co
         yield dataclasses.replace(doc, doc_id=str(offset + int(doc.doc_id)))
 
 
-def _add_locked(index_dir: Path, corpus: str | Path, fields: CorpusFields, row_ids: bool, on_duplicate: str,
-                model: str | Path | None, batch_size: int, device: str | None,
-                show_progress: bool) -> IndexManifest:
+def _stage(index_dir: Path, work: Path, corpus: str | Path, fields: CorpusFields, row_ids: bool,
+           on_duplicate: str) -> _Staged:
+    """Rank 0: copy the index into ``work`` and import the new documents into its store."""
     manifest = read_manifest(index_dir)
-    spec = spec_of(manifest)
     open_store(index_dir, manifest).close()
-    rerank = bool(manifest.rerank_k_factor)
-    added_vectors: list = []
-    with atomic_directory(index_dir, record=MANIFEST_NAME) as work:
-        for entry in index_dir.iterdir():  # the index files (vectors.f16.npy too), and what the user keeps there
-            if entry.is_dir():
-                shutil.copytree(entry, work / entry.name)
-            elif entry.name != MANIFEST_NAME:
-                shutil.copy2(entry, work / entry.name)
-        index = open_faiss(work, manifest)
-        encoder = encoder_for(manifest, index_dir, model, device, batch_size)
-        with DocumentStore(work / STORE_NAME) as store:
-            documents = read_corpus(corpus, fields)
-            if row_ids:
-                documents = _renumbered(documents, store.largest_numeric_id())
-            result = store.import_documents(documents, str(corpus), on_duplicate, ids_are_rows=row_ids)
-            if result.added == 0:
-                raise UserInputError(f"{corpus}: the corpus is empty (no documents); nothing to add")
-            end = result.first_row + result.added
-            with document_progress(show_progress) as progress:
-                task = progress.add_task("encoding new documents", total=result.added)
-                for first in range(result.first_row, end, ADD_CHUNK):
-                    documents = store.documents_between(first, min(end, first + ADD_CHUNK))
-                    vectors = encoder.encode_in_length_order(
-                        [d.encoded_text for d in documents], "document",
-                        advance=lambda n: progress.advance(task, n))
-                    index.add(as_codes(spec, vectors))
-                    if rerank:
-                        added_vectors.append(vectors)
-            updated = manifest.model_copy(update={
-                "documents": store.live_count(), "vectors": store.total_rows(),
-                "replaced": manifest.replaced + result.replaced,
-                "sources": [*manifest.sources, str(corpus)],
-                "updated_at": datetime.now(timezone.utc)})
-        if index.ntotal != updated.vectors:
-            raise RuntimeError(f"index holds {index.ntotal} vectors but the store {updated.vectors}")
-        write_faiss_index(index, work / INDEX_NAME)
-        if rerank:
-            append_rerank_vectors(work / RERANK_NAME, added_vectors)
-        updated = with_checksums(work, updated)
-        write_manifest(work, updated)
+    for entry in index_dir.iterdir():  # the index files (vectors.f16.npy too), and what the user keeps there
+        if entry.is_dir():
+            shutil.copytree(entry, work / entry.name)
+        elif entry.name != MANIFEST_NAME:
+            shutil.copy2(entry, work / entry.name)
+    with DocumentStore(work / STORE_NAME) as store:
+        documents = read_corpus(corpus, fields)
+        if row_ids:
+            documents = _renumbered(documents, store.largest_numeric_id())
+        result = store.import_documents(documents, str(corpus), on_duplicate, ids_are_rows=row_ids)
+    if result.added == 0:
+        raise UserInputError(f"{corpus}: the corpus is empty (no documents); nothing to add")
+    return _Staged(manifest, index_dir, work, result.first_row, result.added, result.replaced)
+
+
+def _encode_rows(staged: _Staged, encoder: IndexEncoder, start: int, stop: int,
+                 advance: Callable[[int], None]) -> np.ndarray:
+    """Vectors of the new documents ``start..stop`` (counted from the first new row)."""
+    parts = []
+    with DocumentStore(staged.work / STORE_NAME, read_only=True) as store:
+        for first in range(staged.first_row + start, staged.first_row + stop, ADD_CHUNK):
+            documents = store.documents_between(first, min(staged.first_row + stop, first + ADD_CHUNK))
+            parts.append(encoder.encode_in_length_order([d.encoded_text for d in documents], "document",
+                                                        advance=advance))
+    return np.concatenate(parts)
+
+
+def _commit(staged: _Staged, vectors: np.ndarray | None, corpus: str | Path) -> IndexManifest:
+    """Rank 0: add the vectors, write the index files and the manifest into the work copy."""
+    manifest, work = staged.manifest, staged.work
+    index = open_faiss(staged.index_dir, manifest)   # the original, checked; the copy's store has changed
+    index.add(as_codes(spec_of(manifest), vectors))
+    with DocumentStore(work / STORE_NAME, read_only=True) as store:
+        updated = manifest.model_copy(update={
+            "documents": store.live_count(), "vectors": store.total_rows(),
+            "replaced": manifest.replaced + staged.replaced,
+            "sources": [*manifest.sources, str(corpus)],
+            "updated_at": datetime.now(timezone.utc)})
+    if index.ntotal != updated.vectors:
+        raise RuntimeError(f"index holds {index.ntotal} vectors but the store {updated.vectors}")
+    write_faiss_index(index, work / INDEX_NAME)
+    if manifest.rerank_k_factor:
+        append_rerank_vectors(work / RERANK_NAME, [vectors])
+    updated = with_checksums(work, updated)
+    write_manifest(work, updated)
     return updated

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import shutil
 import sys
@@ -31,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.console import document_progress
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json, remove_debris, replace_directory
+from neobert_embed.files import remove_debris, replace_directory
 from neobert_embed.index.corpus import CorpusFields, corpus_fingerprint, read_corpus
 from neobert_embed.index.distributed import World, barrier, init_world, on_main
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
@@ -67,6 +66,7 @@ from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calib
 from neobert_embed.locks import LockHolder, writer_lock
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
+from neobert_embed.runs import Interrupted, check_resume, write_record
 
 STATE_NAME = "build_state.json"
 SAMPLE_SEED = 0
@@ -115,15 +115,6 @@ class ChunkDone:
     documents_total: int
 
 
-class BuildInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a build: finished chunks are kept in ``partial`` for ``--resume``."""
-
-    def __init__(self, partial: Path, encoded: int, total: int) -> None:
-        super().__init__(f"build interrupted: {encoded} of {total} documents are encoded and kept in "
-                         f"{partial}; rerun the same build with resume=True (CLI: --resume) to continue")
-        self.partial, self.encoded, self.total = partial, encoded, total
-
-
 def partial_directory(output: Path) -> Path:
     """Where an unfinished build of ``output`` lives."""
     return output.with_name(output.name + ".partial")
@@ -135,38 +126,22 @@ def _saved_state(options: BuildOptions, encoder: IndexEncoder) -> dict[str, Any]
     return state
 
 
-def _check_resumable(partial: Path, state: dict[str, Any]) -> None:
-    saved = json.loads((partial / STATE_NAME).read_text(encoding="utf-8"))
-    for key, value in state.items():
-        if saved.get(key) != value:
-            what = {"corpus_fingerprint": "the corpus file changed",
-                    "model_fingerprint": "the model's weights changed"}.get(
-                key, f"option {key!r} was {saved.get(key)!r}, now {value!r}")
-            raise UserInputError(f"{partial}: cannot resume: {what} since the interrupted build; rerun "
-                                 "with the same inputs, or use --overwrite to start over")
-
-
 def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrite: bool) -> Path:
     """Create, reuse (``resume``) or refuse the work directory; refuse to clobber a finished index."""
     partial = partial_directory(output)
-    if (output / "manifest.json").exists() and not overwrite:
+    if (output / MANIFEST_NAME).exists() and not overwrite:
         raise UserInputError(f"{output} already holds an index; add documents with `neobert-embed index "
                              "add`, choose another --output, or pass --overwrite to rebuild it")
-    if output.exists() and not (output / "manifest.json").exists() and any(output.iterdir()):
-        raise UserInputError(f"{output} exists and is not an index; choose another --output (nothing "
-                             "there is ever deleted)")
     if partial.exists():
-        resumable = (partial / STATE_NAME).is_file()
-        if resume and resumable and not overwrite:
-            _check_resumable(partial, state)
+        if resume and not overwrite and check_resume(
+                partial, state, name=STATE_NAME, hint="rerun with the same inputs, or use --overwrite to start over"):
             return partial
-        encoded = any((partial / "shards").glob("chunk-*.npy")) if resumable else False
+        encoded = (partial / STATE_NAME).is_file() and any((partial / "shards").glob("chunk-*.npy"))
         if encoded and not overwrite:
             raise UserInputError(f"{partial} holds an interrupted build with encoded chunks; pass --resume "
                                  "to continue it or --overwrite to discard it")
         shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    atomic_write_json(partial / STATE_NAME, state)
+    write_record(partial, state, name=STATE_NAME)
     return partial
 
 
@@ -364,7 +339,7 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
             split, index_type, factory, precision, chunk_size, batch_size, max_seq_length, device).
 
     Raises:
-        BuildInterrupted: on Ctrl-C (a ``KeyboardInterrupt``); finished chunks are kept.
+        Interrupted: on Ctrl-C (a ``KeyboardInterrupt``); finished chunks are kept for ``resume``.
 
     Example:
         >>> build_index("runs/my-embedder", "news.jsonl", "runs/news-index", index_type="hnsw",
@@ -418,5 +393,6 @@ def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: boo
         with DocumentStore(partial / STORE_NAME, read_only=True) as store:
             total = store.total_rows()
         encoded = min(total, len(ShardDirectory(partial / "shards").finished()) * opts.chunk_size)
-        raise BuildInterrupted(partial, encoded, total) from None
+        raise Interrupted(f"{encoded} of {total} documents encoded; finished chunks are kept in "
+                          f"{partial}") from None
     return on_main(world, lambda: _finish(partial, output, opts, encoder, total, n_chunks))

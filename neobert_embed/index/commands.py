@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -33,7 +32,6 @@ Devices = Annotated[str | None, typer.Option(
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
 
-
 def _used_line(manifest, fields=None, kind: str = "document") -> str:
     """One line: the length, prompt and fields the index's model encodes with."""
     prompt = manifest.prompts.get(kind)
@@ -44,17 +42,6 @@ def _used_line(manifest, fields=None, kind: str = "document") -> str:
         parts.append(f"fields: id={'row number' if fields.row_ids else fields.id_field}, "
                      f"text={fields.text_field}, {title}")
     return "used: " + "; ".join(parts)
-
-
-def _resume_command(**values: object) -> str:
-    words = ["neobert-embed", "index", "build"]
-    for key, value in values.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            words.append(flag)
-        elif value not in (None, False):
-            words += [flag, str(value)]
-    return shlex.join([*words, "--resume"])
 
 
 @index_app.command("build")
@@ -94,7 +81,7 @@ def build(
     i = r mod N; rank 0 builds the index).
     """
     from neobert_embed.console import third_party_log
-    from neobert_embed.index.build import BuildInterrupted, build_index
+    from neobert_embed.index.build import build_index
     from neobert_embed.index.distributed import launch_on_devices, parse_devices
 
     precision = opt.renamed("--store-precision", store_precision, "--precision", precision) or "float32"
@@ -104,22 +91,12 @@ def build(
                    factory=factory, precision=precision, chunk_size=chunk_size, batch_size=batch_size,
                    max_seq_length=max_seq_length, revision=revision, on_disk=on_disk,
                    wait=not no_wait)
-    try:
-        with third_party_log(output, verbose):
-            if devices is not None:
-                manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
-                                             output=output, **options)
-            else:
-                manifest = build_index(model, corpus, output, device=device, **options)
-    except BuildInterrupted as stop:
-        command = _resume_command(model=model, corpus=corpus, output=output, text_field=text_field,
-                                  id_field=id_field, title_field=title_field, row_ids=row_ids,
-                                  split=split, index_type=index_type, factory=factory,
-                                  store_precision=precision, chunk_size=chunk_size, batch_size=batch_size,
-                                  max_length=max_seq_length, device=device, revision=revision)
-        logger.warning("interrupted: %d of %d documents encoded; finished chunks are kept in %s.\nResume with:\n"
-                       "  %s", stop.encoded, stop.total, stop.partial, command)
-        raise SystemExit(130) from None
+    with third_party_log(output, verbose):
+        if devices is not None:
+            manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
+                                         output=output, **options)
+        else:
+            manifest = build_index(model, corpus, output, device=device, **options)
     from neobert_embed.index.corpus import CorpusFields
 
     logger.info(_used_line(manifest, CorpusFields(text_field, id_field, title_field, row_ids, split)))

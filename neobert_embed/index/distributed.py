@@ -173,21 +173,6 @@ def on_main(world: World, work: Callable[[], T]) -> T:
     return payload
 
 
-def refuse_distributed(command: str) -> None:
-    """Stop a command that must run in one process when it was started by torchrun with several ranks.
-
-    Why: two ranks appending to the same index would race; failing clearly beats a corrupt index.
-
-    Example:
-        >>> refuse_distributed("index add")   # no-op outside torchrun
-    """
-    world = current_world()
-    if world.distributed:
-        raise UserInputError(f"`{command}` runs in one process (this is rank {world.rank} of {world.size}); "
-                             "start it without torchrun. Data-parallel encoding is `index build` under torchrun "
-                             "or with --devices")
-
-
 def encode_across_ranks(world: World, n_texts: int, encode: Callable[[int, int], np.ndarray], scratch: Path,
                         chunk_size: int = ENCODE_CHUNK) -> np.ndarray | None:
     """Encode rows ``[0, n_texts)`` data-parallel; rank 0 gets the whole matrix, the others ``None``.

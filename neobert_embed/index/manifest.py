@@ -17,10 +17,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_text
+from neobert_embed.recipes import load_spec
 
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.faiss"
@@ -110,7 +111,6 @@ def read_manifest(directory: str | Path) -> IndexManifest:
                 "--resume" if partial.is_dir() else "; build one with `neobert-embed index build`")
         raise UserInputError(f"{directory}: not an index (no {MANIFEST_NAME}){hint}")
     try:
-        return IndexManifest.model_validate_json(path.read_text(encoding="utf-8"))
-    except (ValidationError, UnicodeDecodeError) as exc:
-        raise UserInputError(f"{path}: invalid manifest ({str(exc).splitlines()[0]}); "
-                             "rebuild the index") from None
+        return load_spec(path, IndexManifest, "manifest")
+    except UserInputError as exc:
+        raise UserInputError(f"{exc}; rebuild the index") from None

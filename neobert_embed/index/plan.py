@@ -24,6 +24,7 @@ from typing import Any
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.factory import choose_index_spec, ivf_lists
+from neobert_embed.recipes import read_spec
 
 COSTS_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "index_costs.json"
 PLAN_TYPES = ("flat", "ivf", "hnsw", "ivfpq")
@@ -47,10 +48,8 @@ class PlanRow:
 def load_costs(path: str | Path | None = None) -> dict[str, Any]:
     """The unit costs saved by the benchmark (``benchmarks/index_costs.json`` by default)."""
     path = Path(path) if path else COSTS_PATH
-    if not path.is_file():
-        raise UserInputError(f"{path}: no measured costs; run `python benchmarks/index_bench.py --save-costs "
-                             f"{path}` on this machine first")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_spec(path, "costs", f"run `python benchmarks/index_bench.py --save-costs {path}` on this "
+                     "machine first").data
 
 
 def _pq_bytes(factory: str) -> int:

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, atomic_write_json, read_json_object
+from neobert_embed.files import atomic_directory, atomic_write_json
 from neobert_embed.modeling.configuration import NeoBERTConfig
 from neobert_embed.modeling.model import NeoBERTForMaskedLM, NeoBERTModel
+from neobert_embed.recipes import read_spec
 
 REMOTE_CODE_FIELDS = ("auto_map", "trust_remote_code")
 SHOWN_PER_PROBLEM = 10
@@ -70,7 +71,7 @@ def resolve_source(source: str | Path, revision: str | None = None) -> Path:
 def read_config(directory: Path) -> NeoBERTConfig:
     """The checkpoint's NeoBERTConfig; errors name config.json and the offending key."""
     path = directory / "config.json"
-    fields = read_json_object(path, "a NeoBERT checkpoint directory needs its config.json")
+    fields = read_spec(path, "config", "a NeoBERT checkpoint directory needs its config.json").data
     if fields.get("model_type") != "neobert":
         raise UserInputError(f"{path}: key 'model_type' is {fields.get('model_type')!r}, expected 'neobert'")
     try:

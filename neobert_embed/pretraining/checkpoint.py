@@ -3,14 +3,15 @@
 Why: a run that lasts days is interrupted — preemption, Ctrl-C, a node failure — and must
 continue as if nothing happened. A checkpoint directory ``step-NNNNNNNN`` holds the engine state
 (parameters, optimizer, scheduler; sharded by DeepSpeed under ZeRO), each process's RNG states,
-the trainer state (step, data-stream position, counters), the model config and tokenizer (so
-``pretrain export`` needs nothing else), and a ``manifest.json`` with the size and SHA-256 of
-every file. It is written under a temporary name and renamed into place only when complete, so a
-crash mid-save leaves the previous checkpoints untouched; on resume a newest checkpoint whose
-files do not match its manifest (or fail to load) is skipped with a warning for the one before.
+the trainer state (step, stream position, counters, the engine kind whose format reads its files),
+the model config and tokenizer (so ``pretrain export`` needs nothing else), and a ``manifest.json``
+with the size and SHA-256 of every file. It is put in place by :func:`files.replace_directory`, so
+a crash mid-save leaves the previous checkpoints untouched (a replaced step's old copy left aside
+stands in for it, and is put back on resume); on resume a newest checkpoint whose files do not
+match its manifest (or fail to load) is skipped with a warning for the one before.
 
 Example:
-    >>> path = save_checkpoint(engine, run / "checkpoints", 1000, {"step": 1000}, write_model_files, keep_last=3)
+    >>> path = save_checkpoint(engine, run / "checkpoints", 1000, {"step": 1000}, (config, tokenizer), keep_last=3)
     >>> state, path = load_latest_checkpoint(engine, run / "checkpoints")
 """
 
@@ -18,17 +19,22 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json, replace_directory, sha256_file
+from neobert_embed.files import atomic_write_json, remove_debris, replace_directory, sha256_file
+from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -44,12 +50,24 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
 
+def _step_of(path: Path) -> int | None:
+    """The step of a checkpoint directory, or of one moved aside by a killed replacement."""
+    match = re.fullmatch(rf"{PREFIX}(\d+)|\.{PREFIX}(\d+)\.old-\d+", path.name)
+    return int(match[1] or match[2]) if match and path.is_dir() else None
+
+
 def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint directories under ``root``, newest first."""
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[5:].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]), reverse=True)
+    """Checkpoint directories under ``root``, newest first; a step whose directory is missing
+    because a killed replacement moved it aside is listed by that copy."""
+    paths = sorted(root.iterdir(), key=lambda p: p.name.startswith("."), reverse=True) if root.is_dir() else []
+    found = {step: path for path in paths if (step := _step_of(path)) is not None}  # plain names come last: win
+    return [found[step] for step in sorted(found, reverse=True)]
+
+
+def _remove_debris(root: Path) -> list[Path]:
+    """Put back the checkpoints that killed replacements moved aside; delete unfinished saves."""
+    names = {match[1] for path in root.glob(f".{PREFIX}*") if (match := re.match(rf"\.({PREFIX}\d+)\.", path.name))}
+    return [removed for name in sorted(names) for removed in remove_debris(root / name)]
 
 
 def _write_manifest(directory: Path) -> None:
@@ -88,26 +106,28 @@ def _restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(engine, root: Path, step: int, trainer_state: dict[str, Any],
-                    write_model_files: Callable[[Path], None], keep_last: int) -> Path:
+def save_checkpoint(engine: TrainingEngine, root: Path, step: int, trainer_state: dict[str, Any],
+                    model_files: tuple[PretrainedConfig, PreTrainedTokenizerBase], keep_last: int) -> Path:
     """Save a complete checkpoint of ``step`` (collective: every process calls it); return its path.
+    ``model_files``: what export needs besides the weights (the model config and the tokenizer).
 
     Example:
-        >>> save_checkpoint(engine, Path("runs/x/checkpoints"), 1000, state, write_files, keep_last=3)
+        >>> save_checkpoint(engine, Path("runs/x/checkpoints"), 1000, state, (config, tokenizer), keep_last=3)
         PosixPath('runs/x/checkpoints/step-00001000')
     """
     final = root / checkpoint_name(step)
-    staging = root / f".{final.name}.tmp"
+    staging = root / f".{final.name}.saving.tmp"
     if engine.rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_debris(final)
         staging.mkdir(parents=True)
     engine.barrier()
     engine.save(staging)
     torch.save(_rng_state(), staging / f"rng-rank{engine.rank}.pt")
     engine.barrier()
     if engine.rank == 0:
-        atomic_write_json(staging / TRAINER_STATE, trainer_state)
-        write_model_files(staging / MODEL_FILES)
+        atomic_write_json(staging / TRAINER_STATE, trainer_state | {"engine": engine.kind})
+        for part in model_files:
+            part.save_pretrained(str(staging / MODEL_FILES))
         _write_manifest(staging)
         replace_directory(staging, final)  # a re-saved step: the old copy is moved aside, not deleted first
         for old in list_checkpoints(root)[keep_last:]:
@@ -116,49 +136,72 @@ def save_checkpoint(engine, root: Path, step: int, trainer_state: dict[str, Any]
     return final
 
 
-def _load_one(engine, directory: Path) -> dict[str, Any]:
+def _load_one(engine: TrainingEngine, directory: Path) -> dict[str, Any]:
     verify_checkpoint(directory)
     try:
         engine.load(directory)
         state = json.loads((directory / TRAINER_STATE).read_text(encoding="utf-8"))
-        rng_file = directory / f"rng-rank{engine.rank}.pt"
-        if not rng_file.is_file():
-            rng_file = directory / "rng-rank0.pt"
+        rng_file = next(f for f in (directory / f"rng-rank{engine.rank}.pt", directory / "rng-rank0.pt") if f.is_file())
         _restore_rng(torch.load(rng_file, map_location="cpu", weights_only=False))
     except Exception as exc:  # any failure to load means this checkpoint is unusable; try the previous
         raise CorruptCheckpoint(f"{directory}: failed to load ({type(exc).__name__}: {exc})") from exc
     return state
 
 
-def load_latest_checkpoint(engine, root: Path) -> tuple[dict[str, Any], Path]:
+def _first_usable(candidates: list[Path], use: Callable[[Path], Any], failure: str) -> tuple[Any, Path]:
+    """``use`` the newest candidate that is not corrupt (warn about the others), else fail."""
+    problem = "there is none"
+    for directory in candidates:
+        try:
+            return use(directory), directory
+        except CorruptCheckpoint as exc:
+            problem = str(exc)
+            warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=3)
+    raise UserInputError(f"{failure} (last problem: {problem})")
+
+
+def load_latest_checkpoint(engine: TrainingEngine, root: Path) -> tuple[dict[str, Any], Path]:
     """Restore the newest usable checkpoint into ``engine`` and the RNGs; return (trainer state, path).
 
-    A corrupt checkpoint is reported with a warning and the previous one is tried.
+    Debris of killed saves is cleared first (the run is this job's alone: the CLI holds its lock).
 
     Example:
         >>> state, path = load_latest_checkpoint(engine, Path("runs/x/checkpoints"))
         >>> state["step"]
         1000
     """
-    candidates = list_checkpoints(root)
-    if not candidates:
+    if engine.rank == 0:
+        _remove_debris(root)
+    engine.barrier()
+    if not (candidates := list_checkpoints(root)):
         raise UserInputError(f"--resume: no checkpoint in {root}; start without --resume")
-    for directory in candidates:
-        try:
-            return _load_one(engine, directory), directory
-        except CorruptCheckpoint as exc:
-            warnings.warn(f"skipping corrupt checkpoint: {exc}; falling back to the previous one",
-                          stacklevel=2)
-    raise UserInputError(f"--resume: every checkpoint in {root} is corrupt (see the warnings above); "
-                         "start again without --resume, with a new --output")
+    return _first_usable(candidates, lambda directory: _load_one(engine, directory),
+                         f"--resume: every checkpoint in {root} is corrupt; start again without --resume, "
+                         "with a new --output")
 
 
-def latest_valid_checkpoint(root: Path) -> Path:
-    """The newest checkpoint under ``root`` whose files match their manifest (for export)."""
-    for directory in list_checkpoints(root):
-        try:
-            verify_checkpoint(directory)
-            return directory
-        except CorruptCheckpoint as exc:
-            warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
-    raise UserInputError(f"{root}: no usable checkpoint")
+def find_checkpoint(source: Path) -> Path:
+    """``source`` itself when it is a checkpoint, else the newest checkpoint of the run directory
+    ``source``; only one whose files match its manifest.
+
+    Example:
+        >>> find_checkpoint(Path("runs/tiny")).name
+        'step-00001000'
+    """
+    explicit = _step_of(source) is not None and (source / TRAINER_STATE).is_file()
+    if not explicit and not (source / "checkpoints").is_dir():
+        raise UserInputError(f"{source}: neither a pretraining output directory nor a checkpoint (step-NNNNNNNN)")
+    return _first_usable([source] if explicit else list_checkpoints(source / "checkpoints"), verify_checkpoint,
+                         f"cannot export {source}: no usable checkpoint; export an earlier one")[1]
+
+
+def consolidated_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The objective module's whole fp32 weights in ``checkpoint``, read by the format of the
+    engine that saved it (ZeRO shards merged).
+
+    Example:
+        >>> sorted(consolidated_state_dict(find_checkpoint(Path("runs/tiny"))))[0]
+        'mlm.decoder.bias'
+    """
+    kind = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))["engine"]
+    return CHECKPOINT_FORMATS[kind].consolidated_state_dict(checkpoint)

@@ -49,14 +49,15 @@ def pretrain_command(
         raise UserInputError(f"pretrain needs {', '.join(missing)} (see `neobert-embed pretrain --help`)")
     import contextlib
 
-    from neobert_embed.console import is_rank_zero, third_party_log
+    from neobert_embed.console import third_party_log
     from neobert_embed.locks import writer_lock
     from neobert_embed.outputs import check_directory_path
     from neobert_embed.pretraining.trainer import pretrain
+    from neobert_embed.runs import is_main_process
 
     check_directory_path(output, what="pretraining run")
-    with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if is_rank_zero()  # one per job
-          else contextlib.nullcontext()), third_party_log(output, verbose):
+    with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if is_main_process()
+          else contextlib.nullcontext()), third_party_log(output, verbose):  # one lock per job, held by rank 0
         pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
 
 

@@ -1,9 +1,9 @@
 """The training engine: DeepSpeed (ZeRO 0-3, any number of processes) or plain PyTorch.
 
-Why one small interface: the training loop must not care whether gradients are sharded. Both
-engines take a micro-batch at a time (``forward`` -> ``backward`` -> ``step``), apply the
-optimizer at accumulation boundaries, clip gradients, and save/load their complete state
-(parameters, optimizer, scheduler) into a directory. DeepSpeed is driven directly through
+Why one small interface (:class:`TrainingEngine`): the training loop must not care whether
+gradients are sharded. Both engines take a micro-batch at a time (``forward`` -> ``backward`` ->
+``step``), apply the optimizer at accumulation boundaries, clip gradients, and own their checkpoint
+format (complete state saved and loaded, whole fp32 weights read back). DeepSpeed is driven through
 ``deepspeed.initialize`` (accelerate's DeepSpeed path breaks with several CPU processes); when it
 is not installed the same loop runs in plain PyTorch in one process, with a warning.
 
@@ -26,15 +26,39 @@ import socket
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.pretraining.recipe import PretrainRecipe
 from neobert_embed.pretraining.schedule import build_scheduler
 
 EXTENSIONS_CACHE = Path.home() / ".cache" / "neobert-embed" / "torch_extensions"
+
+
+@runtime_checkable
+class TrainingEngine(Protocol):
+    """What the loop and :mod:`checkpoint` use. ``save``/``load``: every process, one directory;
+    ``consolidated_state_dict`` (for export): the whole fp32 weights saved there."""
+
+    kind: str
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    rank: int
+    world_size: int
+
+    def forward(self, **batch: Any) -> Any: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def step(self) -> None: ...
+    def grad_norm(self) -> float | None: ...
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def barrier(self) -> None: ...
+    def save(self, directory: Path) -> None: ...
+    def load(self, directory: Path) -> None: ...
+    @classmethod
+    def consolidated_state_dict(cls, directory: Path) -> dict[str, torch.Tensor]: ...
 
 
 def deepspeed_available() -> bool:
@@ -115,8 +139,9 @@ def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> torch.optim.AdamW:
-    """AdamW with the recipe's settings; norms, biases and embeddings get no weight decay."""
+def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> tuple[torch.optim.AdamW, Any]:
+    """AdamW with the recipe's settings (norms, biases and embeddings get no weight decay) and
+    its learning-rate schedule."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -124,21 +149,22 @@ def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> torch.opt
         (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
     opt = recipe.optimizer
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
+    optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
+    schedule = recipe.schedule
+    return optimizer, build_scheduler(optimizer, schedule.warmup_steps, recipe.training.max_steps,
+                                      schedule.decay_fraction, schedule.final_lr_ratio)
 
 
 class TorchEngine:
     """Single-process PyTorch engine (bf16 through autocast, fp32 master weights)."""
 
     kind = "torch"
+    STATE = "engine.pt"
 
     def __init__(self, recipe: PretrainRecipe, module: torch.nn.Module) -> None:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.module = module.to(self.device)
-        self.optimizer = build_optimizer(recipe, module)
-        self.scheduler = build_scheduler(self.optimizer, recipe.schedule.warmup_steps,
-                                         recipe.training.max_steps, recipe.schedule.decay_fraction,
-                                         recipe.schedule.final_lr_ratio)
+        self.optimizer, self.scheduler = build_optimizer(recipe, module)
         self.accumulation = recipe.training.gradient_accumulation_steps
         self.clip = recipe.optimizer.grad_clip
         self.bf16 = recipe.training.precision == "bf16"
@@ -167,16 +193,16 @@ class TorchEngine:
     def grad_norm(self) -> float | None:
         return self._grad_norm
 
-    @property
-    def base_optimizer(self) -> torch.optim.Optimizer:
-        return self.optimizer
-
     def save(self, directory: Path) -> None:
         torch.save({"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict()}, directory / "engine.pt")
+                    "scheduler": self.scheduler.state_dict()}, directory / self.STATE)
+
+    @classmethod
+    def consolidated_state_dict(cls, directory: Path) -> dict[str, torch.Tensor]:
+        return torch.load(directory / cls.STATE, map_location="cpu", weights_only=False)["module"]
 
     def load(self, directory: Path) -> None:
-        state = torch.load(directory / "engine.pt", map_location="cpu", weights_only=False)
+        state = torch.load(directory / self.STATE, map_location="cpu", weights_only=False)
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -201,9 +227,7 @@ class DeepSpeedEngine:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         _join_process_group()
         training = recipe.training
-        self.optimizer = build_optimizer(recipe, module)
-        scheduler = build_scheduler(self.optimizer, recipe.schedule.warmup_steps, training.max_steps,
-                                    recipe.schedule.decay_fraction, recipe.schedule.final_lr_ratio)
+        self.optimizer, scheduler = build_optimizer(recipe, module)
         config = {
             "train_micro_batch_size_per_gpu": training.micro_batch_size,
             "gradient_accumulation_steps": training.gradient_accumulation_steps,
@@ -229,24 +253,16 @@ class DeepSpeedEngine:
         self.engine.backward(loss)
 
     def step(self) -> None:
-        boundary = self.engine.is_gradient_accumulation_boundary()
-        if boundary and self.zero_stage == 0:
-            self._stage0_norm = self._local_grad_norm()
+        if self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary():
+            grads = [p.grad.float().norm() for p in self.module.parameters() if p.grad is not None]
+            self._stage0_norm = float(torch.linalg.vector_norm(torch.stack(grads))) if grads else None
         self.engine.step()
-
-    def _local_grad_norm(self) -> float | None:
-        grads = [p.grad.float() for p in self.module.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))) if grads else None
 
     def grad_norm(self) -> float | None:
         norm = self.engine.get_global_grad_norm()
         if norm is None and self.zero_stage == 0:
             return getattr(self, "_stage0_norm", None)
         return None if norm is None else float(norm)
-
-    @property
-    def base_optimizer(self) -> torch.optim.Optimizer:
-        return self.optimizer
 
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory), tag=self.TAG, save_latest=False)
@@ -257,9 +273,19 @@ class DeepSpeedEngine:
         if path is None:
             raise FileNotFoundError(f"{directory}: DeepSpeed found no checkpoint to load")
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
+    @classmethod
+    def consolidated_state_dict(cls, directory: Path) -> dict[str, torch.Tensor]:
+        """Through DeepSpeed's own readers: ZeRO 1-3 shards merged into fp32 by
+        ``get_fp32_state_dict_from_zero_checkpoint``; under ZeRO 0 the model states are whole."""
+        from deepspeed.utils import zero_to_fp32
 
+        model_states = zero_to_fp32.get_model_state_files(str(directory / cls.TAG))[0]
+        states = torch.load(model_states, map_location="cpu", weights_only=False)
+        if states["ds_config"]["zero_optimization"]["stage"]:
+            return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=cls.TAG)
+        return {key: value.float() for key, value in states["module"].items()}
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
             on_device = tensor.to(self.device)  # NCCL reduces only GPU tensors
             dist.all_reduce(on_device)
@@ -267,13 +293,14 @@ class DeepSpeedEngine:
         return tensor
 
     def barrier(self) -> None:
-        import torch.distributed as dist
-
         if self.world_size > 1:
             dist.barrier()
 
 
-def build_engine(recipe: PretrainRecipe, module: torch.nn.Module) -> TorchEngine | DeepSpeedEngine:
+CHECKPOINT_FORMATS: dict[str, type[TrainingEngine]] = {engine.kind: engine for engine in (TorchEngine, DeepSpeedEngine)}
+
+
+def build_engine(recipe: PretrainRecipe, module: torch.nn.Module) -> TrainingEngine:
     """The engine the recipe asks for (``training.engine``: auto | deepspeed | torch).
 
     Example:

@@ -1,9 +1,9 @@
 """``pretrain export``: a checkpoint -> a Hugging Face model directory.
 
 Why: DeepSpeed checkpoints are sharded by ZeRO stage and process count, and loading them
-"module only" under ZeRO-3 silently loads nothing. Export consolidates the fp32 weights through
-DeepSpeed's own conversion (``get_fp32_state_dict_from_zero_checkpoint``), loads them strictly
-into ``NeoBERTForMaskedLM`` (every key must match) and saves a directory that
+"module only" under ZeRO-3 silently loads nothing. Export asks the format of the engine that wrote
+the checkpoint for its consolidated fp32 weights (DeepSpeed's own shard merging), loads them
+strictly into ``NeoBERTForMaskedLM`` (every key must match) and saves a directory that
 ``AutoModelForMaskedLM.from_pretrained`` (after ``import neobert_embed``), sentence-transformers
 and ``neobert-embed train-contrastive`` load directly, with the tokenizer beside it.
 
@@ -14,59 +14,14 @@ Example:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import torch
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, atomic_write_json
-from neobert_embed.pretraining.checkpoint import (
-    MODEL_FILES,
-    PREFIX,
-    TRAINER_STATE,
-    CorruptCheckpoint,
-    latest_valid_checkpoint,
-    verify_checkpoint,
-)
+from neobert_embed.pretraining.checkpoint import MODEL_FILES, consolidated_state_dict, find_checkpoint
 
 OBJECTIVE_PREFIX = "mlm."
 EXPORT_RECORD = "export.json"
-
-
-def write_model_files(model, tokenizer, target: Path) -> None:
-    """Save the model's config and the tokenizer (no weights) into ``target``."""
-    target.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(str(target))
-    tokenizer.save_pretrained(str(target))
-
-
-def _checkpoint_dir(source: Path) -> Path:
-    if source.name.startswith(PREFIX) and (source / TRAINER_STATE).is_file():
-        try:
-            verify_checkpoint(source)
-        except CorruptCheckpoint as exc:
-            raise UserInputError(f"cannot export: {exc}; export an earlier checkpoint instead") from None
-        return source
-    if (source / "checkpoints").is_dir():
-        return latest_valid_checkpoint(source / "checkpoints")
-    raise UserInputError(f"{source}: neither a pretraining output directory nor a checkpoint (step-NNNNNNNN)")
-
-
-def _engine_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """fp32 weights of the objective module, whatever engine and ZeRO stage wrote them."""
-    state = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))
-    if state["engine"] == "torch":
-        return torch.load(checkpoint / "engine.pt", map_location="cpu", weights_only=False)["module"]
-    if state["zero_stage"] == 0:
-        files = sorted((checkpoint / "engine").glob("mp_rank_*_model_states.pt"))
-        if not files:
-            raise UserInputError(f"{checkpoint}: no DeepSpeed model states found")
-        module = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
-        return {key: value.float() for key, value in module.items()}
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="engine")
 
 
 def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool = True) -> Path:
@@ -88,9 +43,9 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
 
     output = Path(output)
     check_output_directory(output, record=EXPORT_RECORD, inputs=[source], what="exported model")
-    checkpoint = _checkpoint_dir(Path(source))
+    checkpoint = find_checkpoint(Path(source))
     config = AutoConfig.from_pretrained(str(checkpoint / MODEL_FILES))
-    weights = {key.removeprefix(OBJECTIVE_PREFIX): value for key, value in _engine_state_dict(checkpoint).items()}
+    weights = {key.removeprefix(OBJECTIVE_PREFIX): value for key, value in consolidated_state_dict(checkpoint).items()}
     model = NeoBERTForMaskedLM(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:

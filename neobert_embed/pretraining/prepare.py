@@ -4,7 +4,8 @@ Why: tokenizing web-scale text is slower than you want to repeat and must surviv
 Documents are cut into shards of ``shard_documents``; each shard is tokenized (in ``num_proc``
 processes) and written atomically as an Arrow stream file — the format of Hugging Face
 ``datasets`` cache files, so ``datasets.Dataset.from_file(shard)`` opens it — and a rerun skips
-finished shards. ``manifest.json``, written last, marks the directory complete.
+finished shards (Ctrl-C raises :class:`~neobert_embed.runs.Interrupted`); a rerun with other settings
+is refused, naming each changed key. ``manifest.json``, written last, marks the directory complete.
 
 Layout of ``output``::
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import logging
 import multiprocessing
 import os
@@ -36,6 +36,9 @@ from neobert_embed.files import atomic_write_json
 from neobert_embed.pretraining.corpus import MANIFEST, PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.sources import iter_documents, source_fingerprint
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
+from neobert_embed.runs import Interrupted, check_resume, write_record
+
+STATE = "prepare.json"
 
 __all__ = ["prepare_corpus", "load_prepared", "is_prepared", "PreparedCorpus"]
 logger = logging.getLogger(__name__)
@@ -82,7 +85,12 @@ def prepare_corpus(
             train_wordpiece(documents(), vocab_size, tokenizer_dir)
         else:
             load_tokenizer(tokenizer).save_pretrained(str(tokenizer_dir))
-    shards = _tokenize_shards(documents(), output, shard_documents, num_proc, progress)
+    try:
+        shards = _tokenize_shards(documents(), output, shard_documents, num_proc, progress)
+    except KeyboardInterrupt:
+        kept = len(list((output / "shards").glob("*.arrow")))
+        raise Interrupted(f"{kept} finished shard(s) of {shard_documents} documents are kept in {output}; "
+                          "rerunning skips them", resume_args=()) from None
     if not shards:
         raise UserInputError(f"{corpus}: no document produced any token with tokenizer {tokenizer!r}")
     num_documents = sum(count for _, count, _ in shards)
@@ -96,18 +104,12 @@ def prepare_corpus(
 
 def _claim_output(output: Path, plan: dict) -> None:
     """Start a preparation in ``output``, or check that the partial one there is the same job."""
-    state = output / "prepare.json"
-    if state.is_file():
-        previous = json.loads(state.read_text(encoding="utf-8"))
-        if previous != plan:
-            changed = sorted(k for k in plan if previous.get(k) != plan[k])
-            raise UserInputError(
-                f"{output} holds an unfinished preparation with different settings ({', '.join(changed)}); "
-                "rerun with the same corpus and options to resume it, or choose another --output")
+    if check_resume(output, plan, name=STATE, verb="rerunning prepare",
+                    hint="rerun with the same corpus and options to resume it, or choose another --output"):
         return
     if output.exists() and any(output.iterdir()):
         raise UserInputError(f"{output} exists and is not a prepared corpus; choose another --output")
-    atomic_write_json(state, plan)
+    write_record(output, plan, name=STATE)
 
 
 def _chunks(documents: Iterator[str], size: int) -> Iterator[tuple[int, list[str]]]:

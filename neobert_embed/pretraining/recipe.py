@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.recipes import Spec, load_spec
 
 
 class _Section(BaseModel):
@@ -195,17 +195,6 @@ class PretrainRecipe(_Section):
         return self.model_copy(update={"training": self.training.model_copy(update={"max_steps": max_steps})})
 
 
-def _format_validation_error(source: str, exc: ValidationError) -> str:
-    problems = []
-    for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; see recipes/pretrain-stage1.yaml for every key)"
-        problems.append(f"{key}: {message}" if key else message)
-    return f"{source}: invalid pretraining recipe: " + "; ".join(problems)
-
-
 def parse_pretrain_recipe(data: dict, source: str = "<recipe>") -> PretrainRecipe:
     """Validate a recipe given as a dict (``source`` names it in errors).
 
@@ -213,26 +202,14 @@ def parse_pretrain_recipe(data: dict, source: str = "<recipe>") -> PretrainRecip
         >>> parse_pretrain_recipe({"model": {"init_from": "runs/stage1/final"}}).model.init_from
         'runs/stage1/final'
     """
-    if not isinstance(data, dict):
-        raise UserInputError(f"{source}: a recipe must be a mapping of sections, got {type(data).__name__}")
-    try:
-        return PretrainRecipe.model_validate(data)
-    except ValidationError as exc:
-        raise UserInputError(_format_validation_error(source, exc)) from None
+    return Spec(source, data).validate(PretrainRecipe)
 
 
 def load_pretrain_recipe(path: str | Path) -> PretrainRecipe:
-    """Read and validate a YAML recipe; errors name the file and the offending key.
+    """Read and validate a YAML recipe; errors name the file, the line and the offending key.
 
     Example:
         >>> load_pretrain_recipe("recipes/pretrain-stage1.yaml").data.seq_length
         1024
     """
-    path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"{path}: recipe not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserInputError(f"{path}: not a readable YAML file ({exc})") from None
-    return parse_pretrain_recipe(data or {}, str(path))
+    return load_spec(path, PretrainRecipe)

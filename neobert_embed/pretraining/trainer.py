@@ -5,10 +5,12 @@ RNGs, the data-stream position, counters — is restored from a checkpoint, and 
 function of the step (see :mod:`batches`), so a resumed run continues exactly. A non-finite loss
 on any process skips that step's update (learning rate 0 for it, parameters untouched) and is
 counted; ``training.max_bad_steps`` in a row stop the run with a clear error. Ctrl-C saves a
-checkpoint of the last finished step and prints the command that resumes it.
+checkpoint of the last finished step and raises :class:`~neobert_embed.runs.Interrupted`. A resume
+whose recipe or corpus differs from the run's record (``run.json``) is refused, naming every key,
+except the operational keys in :data:`OPERATIONAL_KEYS`.
 
-Outputs in ``output``: ``metrics.jsonl``, ``checkpoints/step-NNNNNNNN`` (last K), ``final/`` (the
-exported Hugging Face model, when training ends), ``prepared/`` (when given a raw corpus).
+Outputs in ``output``: ``run.json``, ``metrics.jsonl``, ``checkpoints/step-NNNNNNNN`` (last K),
+``final/`` (the exported Hugging Face model, when training ends), ``prepared/`` (when given a raw corpus).
 
 Example:
     >>> result = pretrain("recipes/pretrain-tiny.yaml", "docstrings.jsonl", "runs/tiny")
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,20 +30,28 @@ from typing import Any
 
 import torch
 
-from neobert_embed.console import is_rank_zero, progress_bar
+from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.pretraining.batches import BatchMaker
 from neobert_embed.pretraining.checkpoint import (
+    checkpoint_name,
     list_checkpoints,
     load_latest_checkpoint,
     save_checkpoint,
 )
 from neobert_embed.pretraining.corpus import PreparedCorpus, is_prepared, load_prepared
-from neobert_embed.pretraining.engine import build_engine, init_distributed, process_scope
+from neobert_embed.pretraining.engine import TrainingEngine, build_engine, init_distributed, process_scope
 from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
-from neobert_embed.pretraining.resume_guard import SETTINGS_KEY, refuse_changed_settings, run_settings
+from neobert_embed.runs import Interrupted, check_resume, is_main_process, write_record
+
+# Recipe keys that may change on --resume: they do not shape the training trajectory (with
+# training.max_steps the run stops at the new count; the schedule keeps its original length).
+OPERATIONAL_KEYS = frozenset({
+    "training.max_steps", "training.cpu_threads", "training.max_bad_steps", "training.log_every_steps",
+    "training.tensorboard", "training.wandb", "checkpoint.every_steps", "checkpoint.keep_last", "data.num_proc",
+})
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +116,6 @@ def pretrain(
         >>> result.finished, result.export_dir
         (True, PosixPath('runs/tiny/final'))
     """
-    recipe_source = recipe
     if not isinstance(recipe, PretrainRecipe):
         recipe = load_pretrain_recipe(recipe)
     recipe = recipe.with_max_steps(max_steps)
@@ -116,14 +126,19 @@ def pretrain(
     if existing and not resume:
         raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
                              "to continue it, or choose another --output")
-    if resume:
-        refuse_changed_settings(run_settings(recipe, corpus), existing)
+    settings = {**recipe.model_dump(mode="json"),
+                "corpus": os.path.abspath(corpus) if Path(corpus).exists() else str(corpus)}
+    if existing:  # a resume must continue the run the checkpoints belong to
+        check_resume(output, settings, operational=OPERATIONAL_KEYS,
+                     hint="resume with the run's recipe and corpus, or start a new --output")
+    elif is_main_process():
+        write_record(output, settings)
     with process_scope(recipe.training.cpu_threads):
-        return _run(recipe, recipe_source, corpus, output, resume, existing, stop_after_steps, progress)
+        return _run(recipe, corpus, output, resume, existing, stop_after_steps, progress)
 
 
-def _run(recipe: PretrainRecipe, recipe_source: PretrainRecipe | str | Path, corpus: str | Path, output: Path,
-         resume: bool, existing: list[Path], stop_after_steps: int | None, progress: bool) -> PretrainResult:
+def _run(recipe: PretrainRecipe, corpus: str | Path, output: Path, resume: bool, existing: list[Path],
+         stop_after_steps: int | None, progress: bool) -> PretrainResult:
     """The body of :func:`pretrain`, inside its :func:`process_scope`."""
     checkpoints = output / "checkpoints"
     init_distributed()
@@ -143,9 +158,7 @@ def _run(recipe: PretrainRecipe, recipe_source: PretrainRecipe | str | Path, cor
                            "training now stops at %d", restored["max_steps"], recipe.training.max_steps)
     elif resume:
         logger.warning("--resume: no checkpoint in %s yet; starting from step 0", checkpoints)
-    recipe_arg = "RECIPE" if isinstance(recipe_source, PretrainRecipe) else str(recipe_source)
-    loop = _Loop(recipe, prepared, engine, output, state, f"--recipe {recipe_arg} --corpus {corpus}",
-                 run_settings(recipe, corpus))
+    loop = _Loop(recipe, prepared, engine, output, state)
     return loop.run(stop_after_steps, progress)
 
 
@@ -164,7 +177,7 @@ def _resolve_corpus(recipe: PretrainRecipe, corpus: str | Path, output: Path) ->
     from neobert_embed.pretraining.prepare import prepare_corpus
 
     target = output / "prepared"
-    if is_rank_zero():
+    if is_main_process():
         source = recipe.model.init_from or recipe.tokenizer.source
         prepare_corpus(corpus, target, tokenizer=source, vocab_size=recipe.tokenizer.vocab_size,
                        text_field=recipe.data.text_field, num_proc=recipe.data.num_proc)
@@ -187,10 +200,9 @@ class _StepStats:
 class _Loop:
     """One invocation of the training loop over an engine restored to ``state``."""
 
-    def __init__(self, recipe: PretrainRecipe, corpus: PreparedCorpus, engine, output: Path,
-                 state: RunState, resume_args: str, settings: dict[str, Any]) -> None:
+    def __init__(self, recipe: PretrainRecipe, corpus: PreparedCorpus, engine: TrainingEngine, output: Path,
+                 state: RunState) -> None:
         self.recipe, self.corpus, self.engine, self.output, self.state = recipe, corpus, engine, output, state
-        self.resume_args, self.settings = resume_args, settings
         mixture = recipe.data.length_mixture
         self.stream = DocumentStream(
             corpus.lengths, recipe.training.seed,
@@ -219,9 +231,7 @@ class _Loop:
                     self._after_step(stats, window, bar, task)
         except KeyboardInterrupt:
             path = self._checkpoint()
-            logger.warning("interrupted: checkpoint of step %d saved to %s. Resume with: neobert-embed pretrain "
-                           "%s --output %s --resume", self.state.step, path, self.resume_args, self.output)
-            raise
+            raise Interrupted(f"checkpoint of step {self.state.step} saved to {path}") from None
         finally:
             if self.metrics is not None:
                 self.metrics.close()
@@ -230,7 +240,7 @@ class _Loop:
     def _train_step(self) -> _StepStats:
         """One optimizer step over this process's micro-batches (the stream advances past it)."""
         stats = _StepStats()
-        lr = self.engine.base_optimizer.param_groups[0]["lr"]
+        lr = self.engine.optimizer.param_groups[0]["lr"]
         for batch in self.batches.step_batches(self.stream, self.state.step):
             loss, correct, masked = self.engine.forward(**batch)
             finite = torch.tensor(float(torch.isfinite(loss.detach()).all()))
@@ -246,7 +256,7 @@ class _Loop:
             stats.slots += batch["attention_mask"].numel()
             self.engine.backward(loss)
             if stats.bad:
-                for group in self.engine.base_optimizer.param_groups:
+                for group in self.engine.optimizer.param_groups:
                     group["lr"] = 0.0  # the update of a step with a non-finite loss is skipped
             self.engine.step()
         self.stats_lr = lr
@@ -294,13 +304,9 @@ class _Loop:
             self._checkpoint()
 
     def _checkpoint(self) -> Path:
-        from neobert_embed.pretraining.export import write_model_files
-
         path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, self.state.to_dict()
-                               | {"engine": self.engine.kind, "zero_stage": getattr(self.engine, "zero_stage", 0),
-                                  "max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size,
-                                  SETTINGS_KEY: self.settings},
-                               lambda target: write_model_files(self.engine.module.mlm, self.corpus.tokenizer, target),
+                               | {"max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size},
+                               (self.engine.module.mlm.config, self.corpus.tokenizer),
                                self.recipe.checkpoint.keep_last)
         self.last_saved = self.state.step
         return path
@@ -309,7 +315,7 @@ class _Loop:
         from neobert_embed.pretraining.export import export_checkpoint
 
         checkpoint = self._checkpoint() if self.last_saved != self.state.step else (
-            self.output / "checkpoints" / f"step-{self.state.step:08d}")
+            self.output / "checkpoints" / checkpoint_name(self.state.step))
         finished = self.state.step >= self.recipe.training.max_steps
         export_dir = None
         if finished and self.engine.rank == 0:

@@ -1,0 +1,161 @@
+"""Run directories: what a run was asked to do, whether a resume continues it, and how it ends.
+
+Why one module: training, index builds and corpus preparation are long jobs that resume, and each
+had its own copy of these mechanisms, each behaving a little differently. Here they are once: the
+run record (settings written atomically when a run starts); the resume check (a resume with other
+settings is refused before any work, in one error listing every changed key as ``key (old →
+new)``, except the operational keys each area declares); ``metrics.jsonl`` (trimmed on resume to
+the restored step, so it reads as one uninterrupted run); promotion of the finished output; and
+:class:`Interrupted`, raised by library code after Ctrl-C once its state is saved, which only the
+CLI turns into the resume command and exit status 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_directory, atomic_write_json, atomic_write_text
+from neobert_embed.recipes import read_spec
+
+RUN_FILE = "run.json"
+
+
+def is_main_process() -> bool:
+    """True in rank 0 under torchrun, the one process that writes the run's files (or a plain process).
+
+    Example:
+        >>> is_main_process()
+        True
+    """
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run after its state was saved; rerunning with ``resume_args`` continues it.
+
+    A ``KeyboardInterrupt``, so code that does not know it still treats it as Ctrl-C. Only the CLI
+    prints the resume command (its own command line, ``--overwrite`` dropped, plus ``resume_args``);
+    library callers read ``str(exc)`` for what was kept.
+
+    Example:
+        >>> raise Interrupted("checkpoint of step 7 saved in runs/x/checkpoints")
+        >>> raise Interrupted("3 of 8 tasks are finished", resume_args=())  # rerun as is
+    """
+
+    def __init__(self, kept: str, resume_args: Sequence[str] = ("--resume",)) -> None:
+        super().__init__(kept)
+        self.resume_args = tuple(resume_args)
+
+
+def read_record(directory: str | Path, name: str = RUN_FILE) -> dict[str, Any] | None:
+    """The run record in ``directory``, or None when there is none.
+
+    Example:
+        >>> read_record("runs/x")["model"]
+        'bert'
+    """
+    path = Path(directory) / name
+    return read_spec(path, "run record").data if path.is_file() else None
+
+
+def write_record(directory: str | Path, settings: Mapping[str, Any], name: str = RUN_FILE) -> None:
+    """Record what the run was asked to do (atomically; JSON values, nested mappings allowed).
+
+    Example:
+        >>> write_record("runs/x", {"model": "bert", "recipe": {"lr": 1e-4}})
+    """
+    atomic_write_json(Path(directory) / name, dict(settings))
+
+
+def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted keys: ``{"a": {"b": 1}}`` → ``{"a.b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        flat |= _flatten(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {f"{prefix}{key}": value}
+    return flat
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:28]}…{text[-28:]}"
+
+
+def check_resume(directory: str | Path, current: Mapping[str, Any], *, name: str = RUN_FILE,
+                 operational: Collection[str] = (), verb: str = "--resume",
+                 hint: str = "resume with the run's settings, or start a new --output") -> dict[str, Any] | None:
+    """Compare ``current`` with the run record in ``directory``; return the record (None: there is none).
+
+    One :class:`UserInputError` names every dotted key whose value differs, as ``key (old → new)``;
+    ``operational`` keys may change. Values compare as JSON stores them (tuples equal lists).
+
+    Example:
+        >>> check_resume("runs/x", {"model": "bert", "recipe": {"lr": 1e-3}})
+        Traceback (most recent call last):
+        UserInputError: runs/x/run.json: --resume must continue the same run, but recipe.lr (0.0001 → 0.001) changed; ...
+    """
+    saved = read_record(directory, name)
+    if saved is None:
+        return None
+    old, new = (json.loads(json.dumps(_flatten(d), default=str)) for d in (saved, current))
+    changed = [f"{key} ({_show(old.get(key))} → {_show(new.get(key))})" for key in sorted(set(old) | set(new))
+               if key not in operational and old.get(key) != new.get(key)]
+    if changed:
+        raise UserInputError(f"{Path(directory) / name}: {verb} must continue the same run, but "
+                             f"{', '.join(changed)} changed; {hint}")
+    return saved
+
+
+class MetricsFile:
+    """A run's ``metrics.jsonl``: one JSON object per line, each with its ``step``. Opening it for a
+    run at ``resume_step`` drops the lines logged after that step (by a run that died after its
+    last checkpoint) and a line cut short by a crash, so the resumed run logs those steps again.
+
+    Example:
+        >>> metrics = MetricsFile("runs/x/metrics.jsonl", resume_step=500)
+        >>> metrics.write({"step": 501, "loss": 1.9})
+    """
+
+    def __init__(self, path: str | Path, resume_step: int) -> None:
+        self.path = Path(path)
+        if self.path.is_file():
+            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
+                    if line.endswith("}") and json.loads(line).get("step", 0) <= resume_step]
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record (flushed at once: a crash loses at most the line being written)."""
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(dict(record)) + "\n")
+
+
+@contextlib.contextmanager
+def promoted(output: str | Path, record: str = RUN_FILE) -> Iterator[Path]:
+    """Write the finished output in a temporary sibling that then replaces the run directory.
+
+    When the block succeeds, the entries of ``output`` it did not write (record, metrics,
+    checkpoints, the user's files) move into it, and it replaces ``output`` in one rename
+    (:func:`~neobert_embed.files.atomic_directory`); on failure ``output`` is left as it was.
+
+    Example:
+        >>> with promoted("runs/x") as tmp:
+        ...     model.save(str(tmp))
+    """
+    output = Path(output)
+    with atomic_directory(output, record=record) as tmp:
+        yield tmp
+        moved: list[str] = []
+        try:
+            for entry in sorted(output.iterdir()) if output.is_dir() else []:
+                if not (tmp / entry.name).exists():
+                    os.replace(entry, tmp / entry.name)
+                    moved.append(entry.name)
+        except BaseException:
+            for name in moved:
+                os.replace(tmp / name, output / name)
+            raise
