@@ -103,8 +103,8 @@ def attention_calls(corpus_path: Path, args: argparse.Namespace) -> dict:
 
     from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
     from neobert_embed.modeling.attention import build_varlen_batch
-    from neobert_embed.pretraining.corpus import load_prepared
     from neobert_embed.pretraining.packing import DocumentStream, collate_rows
+    from neobert_embed.pretraining.prepared import load_prepared
 
     corpus = load_prepared(corpus_path)
     stream = DocumentStream(corpus.lengths, seed=0)

@@ -12,6 +12,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from neobert_embed import commands as general_commands
@@ -79,7 +80,7 @@ def main() -> None:
     try:
         status = app(standalone_mode=False)
     except UserInputError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
         console.print("[yellow]interrupted[/]: finished work was kept (see above for how to resume)")

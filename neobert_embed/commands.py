@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 
 def encode(
     model: str = typer.Option(..., "--model", "-m", help="Registry key, hub id, HF or SentenceTransformer directory."),
-    input_path: Path = typer.Option(..., "--input", "-i", help="Texts: .txt (one per line) or .jsonl."),
+    input_path: Path = typer.Option(..., "--input", "-i", help="Texts: .txt (one per line), .jsonl, .json, .csv, "
+                                    ".parquet, a directory of them, or a dataset."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the embedding matrix (.npy)."),
-    field: str = typer.Option("text", "--field", help="JSON field holding the text (jsonl input)."),
+    field: str = typer.Option("text", "--field", help="Field holding the text (not for .txt)."),
     store_precision: opt.StorePrecision = None,
     batch_size: opt.BatchSize = 32,
     max_length: opt.MaxLength = None,

@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import atomic_write_bytes, iter_jsonl, iter_text_lines
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_bytes
+from neobert_embed.sources import iter_records, source_format
 
 logger = logging.getLogger(__name__)
 SLICE_BATCHES = 16  # batches per slice of a long-first encoding: the progress bar moves once per slice
@@ -158,32 +159,27 @@ def used_line(model: Any, prompt_names: Sequence[str | None], field: str | None 
     return "used: " + "; ".join(parts)
 
 
-def read_texts(path: str | Path, field: str = "text") -> list[str]:
-    """Read texts from a ``.txt`` file (one per line) or a ``.jsonl`` file (``field`` of each row).
+def read_texts(path: str | Path, field: str = "text", keep_blank: bool = True) -> list[str]:
+    """Read the ``field`` of every record of ``path`` (any format :mod:`neobert_embed.sources`
+    reads; a ``.txt`` file holds one text per line).
 
-    Every line of a ``.txt`` file is a text, blank ones included, so row ``i`` of the output
-    matrix always belongs to line ``i + 1``.
+    With ``keep_blank`` every line of a ``.txt`` file is a text, blank ones included, so row ``i``
+    of the output matrix always belongs to line ``i + 1``.
 
-    Errors name the file and line: non-UTF-8 bytes, invalid JSON, a missing or non-string field.
+    Errors name the file and line (or row): unreadable bytes, invalid JSON, a missing or
+    non-string field.
 
     Example:
         >>> read_texts("docs.jsonl", field="body")[:1]
         ['first document']
     """
-    path = Path(path)
-    if path.suffix == ".jsonl":
-        texts = []
-        for line, record in iter_jsonl(path):
-            if field not in record:
-                raise located(path, line, f"field {field!r} is missing; pass --field with the right name")
-            if not isinstance(record[field], str):
-                raise located(path, line, f"field {field!r} is {type(record[field]).__name__}, not a string")
-            texts.append(record[field])
-    elif path.suffix in {".txt", ""}:
-        texts = [text for _, text in iter_text_lines(path, keep_blank=True)]
-    else:
-        raise UserInputError(f"{path}: unsupported input format {path.suffix!r}; use .txt (one text per "
-                             "line) or .jsonl")
+    texts = []
+    for where, record in iter_records(path, keep_blank=keep_blank):
+        if field not in record:
+            raise where.error(f"field {field!r} is missing; pass --field with the right name")
+        if not isinstance(record[field], str):
+            raise where.error(f"field {field!r} is {type(record[field]).__name__}, not a string")
+        texts.append(record[field])
     if not texts:
         raise UserInputError(f"{path}: no texts found; the file is empty")
     return texts
@@ -304,7 +300,7 @@ def encode_file(
                         output=str(output_path), max_seq_length=int(model.max_seq_length),
                         prompt_name=prompt_name if prompt else None, prompt=prompt or None,
                         used=used_line(model, [prompt_name if prompt else None],
-                                       field if Path(input_path).suffix == ".jsonl" else None),
+                                       None if source_format(input_path) == "txt" else field),
                         calibration=str(sidecar_path(output_path)) if fitted is not None else None)
 
 

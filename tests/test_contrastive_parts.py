@@ -188,5 +188,5 @@ def test_negative_lists_and_ambiguous_columns(tmp_path):
     with pytest.raises(UserInputError, match=r"bad\.csv:2: column 'positive'"):
         load_examples("c", DataSource(path=str(tmp_path / "bad.csv")))
     (tmp_path / "x.txt").write_text("hello")
-    with pytest.raises(UserInputError, match="unsupported file type"):
+    with pytest.raises(UserInputError, match=r"no query column; .*found columns: \['text'\]"):
         load_examples("x", DataSource(path=str(tmp_path / "x.txt")))

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from neobert_embed.demo.corpus import collect_stdlib_docstrings, split_pairs, write_demo_data
+from neobert_embed.demo.docstring_data import collect_stdlib_docstrings, split_pairs, write_demo_data
 
 STAGES = ["corpus", "pretrain", "untrained baseline", "contrastive", "MiniLM contrastive", "evaluate", "index"]
 MODELS = {"untrained", "MLM only", "fine-tuned", "all-MiniLM-L6-v2", "all-MiniLM-L6-v2 + contrastive"}

@@ -228,7 +228,7 @@ def test_prepare_txt_and_parquet_with_existing_tokenizer(tmp_path, minilm_path):
     par = prepare_corpus(tmp_path / "c.parquet", tmp_path / "p2", tokenizer=str(minilm_path),
                          text_field="body", progress=False)
     assert par.num_documents == 2
-    with pytest.raises(UserInputError, match="column 'text' not found"):
+    with pytest.raises(UserInputError, match=r"c\.parquet:1: field 'text' is missing"):
         prepare_corpus(tmp_path / "c.parquet", tmp_path / "p3", tokenizer=str(minilm_path), progress=False)
 
 

@@ -36,7 +36,8 @@ def train_contrastive_command(
                               help="Registry key (bert, roberta, nomicbert, modernbert, neobert, ...), hub id, "
                                    "HF model dir or SentenceTransformer dir. Optional with --resume."),
     data: list[str] = typer.Option(None, "--data", "-d",
-                                   help="NAME=PATH (repeatable): .jsonl/.parquet/.csv, saved dataset dir or hub id."),
+                                   help="NAME=PATH (repeatable): .jsonl/.json/.csv/.parquet, a directory, "
+                                        "saved dataset or hub id."),
     recipe: Path = typer.Option(None, "--recipe", "-r", help="YAML recipe (default: the paper's settings)."),
     max_steps: int = typer.Option(None, "--max-steps", min=1, help="Override the recipe's max_steps."),
     text_budget: int = typer.Option(None, "--text-budget", min=1, help="Texts per step (clears batch_size)."),

@@ -15,16 +15,14 @@ Example:
 
 from __future__ import annotations
 
-import csv
 import logging
 import re
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from neobert_embed.contrastive.recipe import DataSource
-from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import iter_jsonl
+from neobert_embed.errors import UserInputError
+from neobert_embed.sources import iter_records
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +30,6 @@ QUERY_COLUMNS = ("anchor", "query", "question")
 POSITIVE_COLUMNS = ("positive", "document", "pos", "answer", "passage")
 NEGATIVE_LIST_COLUMNS = ("negatives", "neg")
 NUMBERED_NEGATIVE = re.compile(r"^negative_?(\d+)$")
-LOCAL_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".csv": "csv"}
 
 
 def _pick(columns: Iterable[str], candidates: tuple[str, ...], role: str, where: str) -> str:
@@ -70,66 +67,6 @@ def resolve_columns(columns: Iterable[str], where: str) -> tuple[str, str, list[
     return query, positive, negatives, [c for c in columns if c not in used]
 
 
-def _rows(source: DataSource, where: str) -> tuple[Iterator[tuple[str, dict[str, Any]]], list[str] | None]:
-    """Yield (location, record) pairs, plus the column list when the format declares one."""
-    path = Path(source.path)
-    kind = LOCAL_SUFFIXES.get(path.suffix.lower())
-    if path.is_file() and kind == "jsonl":
-        return ((f"{path}:{line}", row) for line, row in iter_jsonl(path)), None
-    if path.is_file() and kind == "csv":
-        return _csv_rows(path)
-    if path.is_file() and kind == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as exc:  # pyarrow raises several types for corrupt files
-            raise UserInputError(f"{path}: cannot read parquet ({exc})") from None
-        return ((f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)), table.column_names
-    if path.is_file():
-        raise UserInputError(f"{where}: unsupported file type {path.suffix!r}; use .jsonl, .json (JSON lines), "
-                             ".parquet or .csv")
-    dataset = _load_hf_dataset(source, where)
-    return ((f"{where}: row {i}", row) for i, row in enumerate(dataset, start=1)), list(dataset.column_names)
-
-
-def _csv_rows(path: Path) -> tuple[Iterator[tuple[str, dict[str, Any]]], list[str]]:
-    rows = []
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        try:
-            columns = list(reader.fieldnames or [])
-            rows.extend((f"{path}:{reader.line_num}", row) for row in reader)
-        except UnicodeDecodeError:
-            raise located(path, reader.line_num + 1, "not valid UTF-8; re-encode the file as UTF-8") from None
-    return iter(rows), columns
-
-
-def _load_hf_dataset(source: DataSource, where: str):
-    import datasets
-
-    path = Path(source.path)
-    if path.is_dir():
-        try:
-            loaded = datasets.load_from_disk(str(path))
-        except FileNotFoundError as exc:
-            raise UserInputError(f"{where}: directory is not a saved Hugging Face dataset ({exc})") from None
-        if isinstance(loaded, datasets.DatasetDict):
-            if source.split not in loaded:
-                raise UserInputError(f"{where}: no split {source.split!r}; available: {list(loaded)}")
-            loaded = loaded[source.split]
-        return loaded
-    if path.suffix.lower() in LOCAL_SUFFIXES or not re.match(r"^[\w.-]+/[\w.-]+$", source.path):
-        raise UserInputError(f"{where}: file not found; pass an existing .jsonl/.parquet/.csv file, a saved "
-                             "dataset directory, or a hub id like 'org/name'")
-    try:
-        return datasets.load_dataset(source.path, source.subset, split=source.split)
-    except Exception as exc:  # datasets raises many types (offline, missing, bad split)
-        raise UserInputError(f"{where}: cannot load Hugging Face dataset {source.path!r} "
-                             f"({exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                             "check the id, subset and split, and that the hub is reachable") from None
-
-
 def _text(value: Any, column: str, location: str) -> str:
     if not isinstance(value, str):
         got = "missing/null" if value is None else type(value).__name__
@@ -153,16 +90,16 @@ def load_examples(name: str, source: DataSource) -> Any:
     import datasets
 
     where = f"{source.path} (dataset {name!r})"
-    rows, declared = _rows(source, where)
+    rows = iter_records(source.path, split=source.split, subset=source.subset)
     columns: dict[str, list[str]] | None = None
     first_location = ""
     for location, record in rows:
         if columns is None:
-            query, positive, negatives, ignored = resolve_columns(declared or list(record), where)
+            query, positive, negatives, ignored = resolve_columns(list(record), where)
             if ignored:
                 logger.warning("%s: ignoring column(s) %s (not query/positive/negative texts)", where, ignored)
-        elif declared is None and query in record and positive in record:
-            negatives = resolve_columns(list(record), location)[2]  # JSON lines: rows name their own
+        elif query in record and positive in record:
+            negatives = resolve_columns(list(record), str(location))[2]  # JSON lines: rows name their own
         for column in (query, positive, *(negatives if isinstance(negatives, list) else [negatives])):
             if column not in record:
                 raise UserInputError(f"{location}: column {column!r} is missing (the first row has it)")

@@ -30,9 +30,10 @@ DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 class DataSource(BaseModel):
     """One named training dataset: a local file/dir or a Hugging Face dataset id.
 
-    ``path`` may be a ``.jsonl``/``.json`` (JSON lines), ``.parquet`` or ``.csv`` file, a directory
-    written by ``datasets.Dataset.save_to_disk``, or a hub id such as
-    ``sentence-transformers/natural-questions`` (``subset`` and ``split`` select inside it).
+    ``path`` is anything :func:`neobert_embed.sources.iter_records` reads (a ``.jsonl``,
+    ``.ndjson``, ``.json``, ``.csv`` or ``.parquet`` file, a directory of them, a directory written
+    by ``datasets.Dataset.save_to_disk``, or a hub id such as
+    ``sentence-transformers/natural-questions``; ``subset`` and ``split`` select inside it).
     Instructions are prepended to queries / documents of this dataset only; ``None`` falls back to
     the recipe-wide ones.
     """

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.console import capture_third_party
-from neobert_embed.demo.corpus import collect_stdlib_docstrings, split_pairs, write_demo_data
+from neobert_embed.demo.docstring_data import collect_stdlib_docstrings, split_pairs, write_demo_data
 from neobert_embed.demo.report import read_losses, write_demo_outputs
 from neobert_embed.files import atomic_write_json
 from neobert_embed.paths import recipe_path

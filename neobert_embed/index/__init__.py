@@ -19,7 +19,7 @@ from neobert_embed.lazy import lazy_exports
 _EXPORTS = {
     "add_documents": ".add",
     "BuildOptions": ".build", "ChunkDone": ".build", "build_index": ".build",
-    "CorpusFields": ".corpus", "read_corpus": ".corpus",
+    "CorpusFields": ".documents", "read_corpus": ".documents",
     "evaluate_index": ".evaluate",
     "IndexManifest": ".manifest", "read_manifest": ".manifest",
     "Hit": ".search", "SearchIndex": ".search", "open_index": ".search",

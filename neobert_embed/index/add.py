@@ -28,8 +28,8 @@ import numpy as np
 from neobert_embed.console import document_progress
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, remove_debris
-from neobert_embed.index.corpus import CorpusDocument, CorpusFields, corpus_kind, read_corpus
 from neobert_embed.index.distributed import encode_across_ranks, init_world, on_main
+from neobert_embed.index.documents import CorpusDocument, CorpusFields, read_corpus
 from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.index.factory import as_codes, write_faiss_index
 from neobert_embed.index.integrity import open_faiss, open_store, with_checksums
@@ -46,6 +46,7 @@ from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.locks import writer_lock
 from neobert_embed.model_files import check_model_files
+from neobert_embed.sources import source_format
 
 ADD_CHUNK = 4096
 
@@ -75,7 +76,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
         raise UserInputError(f"{index_dir}: an --on-disk index is built once from its shards; rebuild it with "
                              "`neobert-embed index build --on-disk` over the whole corpus")
     fields = fields or CorpusFields()
-    row_ids = fields.row_ids or corpus_kind(corpus) == "txt"
+    row_ids = fields.row_ids or source_format(corpus) == "txt"
     if row_ids and on_duplicate == "replace":
         raise UserInputError("--on-duplicate replace cannot be used with row-number ids (--row-ids or a .txt "
                              "corpus): they continue after the index's largest id, so they never name an "

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from neobert_embed.console import document_progress
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import remove_debris, replace_directory
-from neobert_embed.index.corpus import CorpusFields, corpus_fingerprint, read_corpus
 from neobert_embed.index.distributed import World, barrier, init_world, on_main
+from neobert_embed.index.documents import CorpusFields, read_corpus
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import (
     IndexSpec,
@@ -67,6 +67,7 @@ from neobert_embed.locks import LockHolder, writer_lock
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.runs import Interrupted, check_resume, write_record
+from neobert_embed.sources import fingerprint
 
 STATE_NAME = "build_state.json"
 SAMPLE_SEED = 0
@@ -122,7 +123,7 @@ def partial_directory(output: Path) -> Path:
 
 def _saved_state(options: BuildOptions, encoder: IndexEncoder) -> dict[str, Any]:
     state = {key: getattr(options, key) for key in RESUME_KEYS}
-    state.update(corpus_fingerprint=corpus_fingerprint(options.corpus), model_fingerprint=encoder.fingerprint)
+    state.update(corpus_fingerprint=fingerprint(options.corpus, options.split), model_fingerprint=encoder.fingerprint)
     return state
 
 

@@ -19,6 +19,8 @@ index_app = typer.Typer(help="Encode corpora into FAISS indexes, search them, an
                         no_args_is_help=True)
 logger = logging.getLogger(__name__)
 
+Corpus = Annotated[str, typer.Option(
+    "--corpus", help=".jsonl, .ndjson, .json, .csv, .parquet, .txt, a directory of them, or a HF dataset.")]
 TextField = Annotated[str, typer.Option("--text-field", help="Field holding the document text.")]
 IdField = Annotated[str, typer.Option("--id-field", help="Field holding the unique document id.")]
 TitleField = Annotated[str, typer.Option(
@@ -47,7 +49,7 @@ def _used_line(manifest, fields=None, kind: str = "document") -> str:
 @index_app.command("build")
 def build(
     model: Annotated[str, typer.Option("--model", help="Model name, hub id or local directory.")],
-    corpus: Annotated[str, typer.Option("--corpus", help=".jsonl, .parquet, .txt or HF dataset.")],
+    corpus: Corpus,
     output: Annotated[Path, typer.Option("--output", help="Index directory to create.")],
     text_field: TextField = "text",
     id_field: IdField = "_id",
@@ -97,7 +99,7 @@ def build(
                                          output=output, **options)
         else:
             manifest = build_index(model, corpus, output, device=device, **options)
-    from neobert_embed.index.corpus import CorpusFields
+    from neobert_embed.index.documents import CorpusFields
 
     logger.info(_used_line(manifest, CorpusFields(text_field, id_field, title_field, row_ids, split)))
     calibration = manifest.calibration
@@ -113,7 +115,7 @@ def build(
 @index_app.command("add")
 def add(
     index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
-    corpus: Annotated[str, typer.Option("--corpus", help=".jsonl, .parquet, .txt or HF dataset.")],
+    corpus: Corpus,
     text_field: TextField = "text",
     id_field: IdField = "_id",
     title_field: TitleField = "title",
@@ -131,7 +133,7 @@ def add(
     from neobert_embed.console import third_party_log
     from neobert_embed.errors import UserInputError
     from neobert_embed.index.add import add_documents
-    from neobert_embed.index.corpus import CorpusFields
+    from neobert_embed.index.documents import CorpusFields
 
     if on_duplicate not in ("error", "replace"):
         raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
@@ -143,28 +145,13 @@ def add(
     logger.info("%s now holds %d documents (%d replaced so far)", index_dir, manifest.documents, manifest.replaced)
 
 
-def _read_queries(path: Path) -> list[str]:
-    from neobert_embed.files import iter_jsonl, iter_text_lines
-
-    if path.suffix.lower() in (".jsonl", ".ndjson"):
-        from neobert_embed.errors import located
-
-        queries = []
-        for line, record in iter_jsonl(path):
-            if not isinstance(record.get("text"), str):
-                raise located(path, line, "field 'text' is missing or not a string")
-            queries.append(record["text"])
-        return queries
-    return [text for _, text in iter_text_lines(path)]
-
-
 @index_app.command("search")
 def search(
     index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
     query: Annotated[str | None, typer.Argument(help="Query text.")] = None,
     k: Annotated[int, typer.Option("--k", min=1, help="Results per query.")] = 10,
     queries: Annotated[Path | None, typer.Option(
-        "--queries", help="File of queries: .txt (one per line) or .jsonl with 'text'.")] = None,
+        "--queries", help="File of queries: .txt (one per line), or .jsonl/.json/.csv/.parquet… with 'text'.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a table.")] = False,
     model: ModelOverride = None,
     batch_size: opt.BatchSize = 32,
@@ -176,9 +163,9 @@ def search(
 
     if (query is None) == (queries is None):
         raise UserInputError("give either a QUERY argument or --queries FILE (not both)")
-    texts = [query] if query is not None else _read_queries(queries)
-    if not texts:
-        raise UserInputError(f"{queries}: no queries in the file")
+    from neobert_embed.encoding import read_texts
+
+    texts = [query] if query is not None else read_texts(queries, "text", keep_blank=False)
     from neobert_embed.console import json_only_stdout
 
     with json_only_stdout(as_json), open_index(index_dir, model=model, device=device,

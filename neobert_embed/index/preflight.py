@@ -20,30 +20,30 @@ from pathlib import Path
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.factory import choose_index_spec, create_index, ivf_lists
+from neobert_embed.sources import source_format
 
 _PQ = re.compile(r"PQ(\d+)(?:x(\d+))?")
 
 
 def count_documents(corpus: str | Path) -> int | None:
-    """Documents in a local corpus without parsing it (non-blank lines; parquet row counts);
-    None for Hugging Face datasets, which are counted when imported.
+    """Documents in a local corpus without parsing it (non-blank lines of JSON-lines and text
+    files; parquet row counts); None for other sources, which are counted when imported.
 
     Example:
         >>> count_documents("corpus.jsonl")
         300
     """
-    path = Path(corpus)
-    if not path.is_file():
-        return None
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
+    kind = source_format(corpus)
+    if kind == "parquet":
         import pyarrow.parquet as pq
 
         try:
-            return int(pq.ParquetFile(path).metadata.num_rows)
+            return int(pq.ParquetFile(corpus).metadata.num_rows)
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            raise UserInputError(f"{path}: not a readable parquet file ({exc})") from None
-    with open(path, "rb") as handle:
+            raise UserInputError(f"{corpus}: not a readable parquet file ({exc})") from None
+    if kind not in ("jsonl", "txt"):
+        return None
+    with open(corpus, "rb") as handle:
         return sum(1 for line in handle if line.strip())
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from neobert_embed.errors import UserInputError, located
-from neobert_embed.index.corpus import CorpusDocument
+from neobert_embed.errors import UserInputError
+from neobert_embed.index.documents import CorpusDocument
 
 COMMIT_EVERY = 10_000
 DUPLICATE_POLICIES = ("error", "replace")
@@ -160,7 +160,7 @@ class DocumentStore:
                     "index's largest id)")
         else:
             hint = "it is already in the index; pass --on-duplicate replace to overwrite it"
-        raise located(source, doc.line, f"duplicate id {doc.doc_id!r} (first at {first}); {hint}")
+        raise UserInputError(f"{doc.where or source}: duplicate id {doc.doc_id!r} (first at {first}); {hint}")
 
     def import_documents(self, documents: Iterable[CorpusDocument], source: str,
                          on_duplicate: str = "error",

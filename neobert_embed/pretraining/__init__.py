@@ -17,7 +17,7 @@ _EXPORTS = {
     "load_pretrain_recipe": "neobert_embed.pretraining.recipe",
     "PretrainRecipe": "neobert_embed.pretraining.recipe",
     "prepare_corpus": "neobert_embed.pretraining.prepare",
-    "load_prepared": "neobert_embed.pretraining.corpus",
+    "load_prepared": "neobert_embed.pretraining.prepared",
     "pretrain": "neobert_embed.pretraining.trainer",
     "PretrainResult": "neobert_embed.pretraining.trainer",
     "export_checkpoint": "neobert_embed.pretraining.export",

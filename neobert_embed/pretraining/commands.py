@@ -63,8 +63,8 @@ def pretrain_command(
 
 @pretrain_app.command("prepare")
 def prepare_command(
-    corpus: str = typer.Option(..., "--corpus", help=".txt (a document per line), .jsonl, .parquet, a "
-                               "directory of them, or a Hugging Face dataset id."),
+    corpus: str = typer.Option(..., "--corpus", help=".txt (a document per line), .jsonl, .json, .csv, "
+                               ".parquet, a directory of them, or a Hugging Face dataset id."),
     output: Path = typer.Option(..., "--output", help="Directory of the tokenized corpus."),
     tokenizer: str = typer.Option("google-bert/bert-base-uncased", "--tokenizer",
                                   help="Hub id, local directory, or 'train' (WordPiece on this corpus)."),

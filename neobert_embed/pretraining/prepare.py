@@ -33,10 +33,11 @@ from pathlib import Path
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
-from neobert_embed.pretraining.corpus import MANIFEST, PreparedCorpus, is_prepared, load_prepared
-from neobert_embed.pretraining.sources import iter_documents, source_fingerprint
+from neobert_embed.pretraining.documents import iter_documents
+from neobert_embed.pretraining.prepared import MANIFEST, PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
 from neobert_embed.runs import Interrupted, check_resume, write_record
+from neobert_embed.sources import fingerprint
 
 STATE = "prepare.json"
 
@@ -71,7 +72,7 @@ def prepare_corpus(
         return load_prepared(output)
     if tokenizer == "train" and not vocab_size:
         raise UserInputError("--tokenizer train needs --vocab-size (e.g. 8192)")
-    plan = {"corpus": str(corpus), "fingerprint": source_fingerprint(str(corpus), text_field),
+    plan = {"corpus": str(corpus), "fingerprint": fingerprint(corpus, split),
             "tokenizer": str(tokenizer), "vocab_size": vocab_size, "text_field": text_field,
             "split": split, "shard_documents": shard_documents}
     documents = functools.partial(iter_documents, corpus, text_field, split, streaming)

@@ -39,10 +39,10 @@ from neobert_embed.pretraining.checkpoint import (
     load_latest_checkpoint,
     save_checkpoint,
 )
-from neobert_embed.pretraining.corpus import PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.engine import TrainingEngine, build_engine, init_distributed, process_scope
 from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
+from neobert_embed.pretraining.prepared import PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
 from neobert_embed.runs import Interrupted, check_resume, is_main_process, write_record
 

@@ -1,0 +1,231 @@
+"""Records from any data source, each with the place it came from.
+
+Why: ``encode``, ``index build|add|search``, ``train-contrastive`` and ``pretrain prepare`` all
+read records (JSON-like mappings) from a user's data. One reader means every command accepts every
+format, and every error names the file and line (or row) the same way; each area keeps only the
+validation of its own fields. Records are streamed, so a corpus may be larger than memory.
+
+Formats, chosen by what the source is:
+    ``.jsonl`` / ``.ndjson``       one JSON object per line;
+    ``.json``                      a list of objects, an object holding one such list, or JSON lines;
+    ``.csv``                       a header row, then one record per row (values are strings);
+    ``.parquet`` / ``.pq``         one record per row;
+    ``.txt`` / ``.text`` / ``.tsv`` (or no suffix)  one record per line, in the field ``text``;
+    a directory                    a ``datasets.save_to_disk`` folder, else every file above inside
+                                   it (recursively, in name order);
+    anything else                  a Hugging Face hub dataset id (``subset``, ``split``, ``streaming``).
+
+A :class:`Location` prints as ``file:N`` where N is the line (JSON lines, csv, text) or the row
+(json lists, parquet, datasets; then the file is ``id[split]`` for a dataset).
+
+Example:
+    >>> for where, record in iter_records("corpus.jsonl"):
+    ...     print(where, record["text"][:20])
+    corpus.jsonl:1 The first document
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from neobert_embed.errors import UserInputError, located
+from neobert_embed.files import iter_jsonl, iter_text_lines
+
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet",
+           ".pq": "parquet", ".txt": "txt", ".text": "txt", ".tsv": "txt", "": "txt"}
+ACCEPTED = ".jsonl, .ndjson, .json, .csv, .parquet or .txt (one record per line)"
+HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+PARQUET_BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a record came from: ``source`` (a file, or ``id[split]``), its line or row ``number``
+    there, and ``row``, its 1-based position among all records of the source.
+
+    Example:
+        >>> str(Location("corpus.jsonl", 12, 10))
+        'corpus.jsonl:12'
+    """
+
+    source: str
+    number: int
+    row: int
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.number}"
+
+    def error(self, message: str) -> UserInputError:
+        """A :class:`UserInputError` prefixed with this location."""
+        return located(self.source, self.number, message)
+
+
+def source_format(source: str | Path) -> str:
+    """The format of ``source``: a file format (``jsonl``, ``json``, ``csv``, ``parquet``, ``txt``),
+    ``dataset`` (a save_to_disk folder), ``directory`` (of files) or ``hub``; a missing file or an
+    unknown suffix is an error naming what is accepted.
+
+    Example:
+        >>> source_format("docs.ndjson")
+        'jsonl'
+    """
+    path = Path(source)
+    if path.is_dir():
+        saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+        return "dataset" if saved else "directory"
+    if path.is_file():
+        if path.suffix.lower() not in FORMATS:
+            raise UserInputError(f"{path}: unknown format {path.suffix!r}; use {ACCEPTED}, a directory "
+                                 "of such files, a dataset saved with save_to_disk, or a hub dataset id")
+        return FORMATS[path.suffix.lower()]
+    if (path.suffix and path.suffix.lower() in FORMATS) or not HUB_ID.match(str(source)):
+        raise UserInputError(f"{source}: file not found; pass an existing {ACCEPTED} file, a directory, "
+                             "or a hub dataset id like 'org/name'")
+    return "hub"
+
+
+def iter_records(source: str | Path, *, split: str = "train", subset: str | None = None,
+                 streaming: bool = False, keep_blank: bool = False
+                 ) -> Iterator[tuple[Location, dict[str, Any]]]:
+    """Yield ``(location, record)`` for every record of ``source``, in a fixed order.
+
+    Args:
+        source: a file, a directory, or a hub dataset id (see the module docstring).
+        split, subset: which split (and configuration) of a dataset to read.
+        streaming: stream a hub dataset instead of downloading it whole.
+        keep_blank: text files only: blank lines are records too (``{"text": ""}``), so record
+            ``i`` is line ``i``; by default they are skipped.
+
+    Unreadable bytes, invalid JSON/CSV and unreadable parquet raise
+    :class:`~neobert_embed.errors.UserInputError` naming the file and line or row.
+
+    Example:
+        >>> [record["text"] for _, record in iter_records("queries.txt")]
+        ['what is a cat', 'how far is the moon']
+    """
+    kind = source_format(source)
+    if kind == "directory":
+        files = [p for p in sorted(Path(source).rglob("*")) if p.is_file() and p.suffix.lower() in FORMATS
+                 and p.suffix and not any(part.startswith(".") for part in p.relative_to(source).parts)]
+        if not files:
+            raise UserInputError(f"{source}: the directory holds no {ACCEPTED} files and is not a dataset "
+                                 "saved with save_to_disk")
+        numbered = ((str(f), n, r) for f in files for n, r in _file_records(f, FORMATS[f.suffix.lower()],
+                                                                              keep_blank))
+    elif kind in ("dataset", "hub"):
+        name = f"{source}[{split}]"
+        numbered = ((name, n, r) for n, r in enumerate(_dataset(str(source), kind, split, subset, streaming),
+                                                        start=1))
+    else:
+        numbered = ((str(source), n, r) for n, r in _file_records(Path(source), kind, keep_blank))
+    for row, (name, number, record) in enumerate(numbered, start=1):
+        yield Location(name, number, row), record
+
+
+def fingerprint(source: str | Path, split: str = "train") -> str:
+    """A short id of a source's version: path, size and modification time of every local file (or
+    the dataset id and split), so a resumed job can refuse data that changed underneath it.
+
+    Example:
+        >>> fingerprint("corpus.jsonl")
+        'a3f9c2d81b7e4f60'
+    """
+    path = Path(source)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        files = []
+    parts = [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files] or [f"hub:{source}"]
+    return hashlib.sha256("\n".join([f"split:{split}", *parts]).encode("utf-8")).hexdigest()[:16]
+
+
+def _file_records(path: Path, kind: str, keep_blank: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+    if kind == "txt":
+        return ((line, {"text": text}) for line, text in iter_text_lines(path, keep_blank=keep_blank))
+    readers = {"jsonl": iter_jsonl, "json": _json_records, "csv": _csv_records, "parquet": _parquet_records}
+    return readers[kind](path)
+
+
+def _json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A JSON list of objects (or ``{"key": [objects]}``), numbered by row; else JSON lines."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise located(path, line, "not valid UTF-8; re-encode the file as UTF-8") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if text.lstrip().startswith("["):
+            raise located(path, exc.lineno, f"invalid JSON ({exc.msg}, column {exc.colno})") from None
+        yield from iter_jsonl(path)  # JSON lines saved as .json
+        return
+    if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
+        data = next(iter(data.values()))
+    for row, record in enumerate(data if isinstance(data, list) else [data], start=1):
+        if not isinstance(record, dict):
+            raise located(path, row, f"row {row} is {type(record).__name__}, not a JSON object; a .json "
+                          "file holds a list of objects (or one object holding that list)")
+        yield row, record
+
+
+def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        try:
+            for record in reader:
+                if None in record:
+                    raise located(path, reader.line_num, f"{len(record) - 1 + len(record[None])} values but "
+                                  f"the header names {len(reader.fieldnames or [])} columns; quote values "
+                                  "that contain commas")
+                yield reader.line_num, record
+        except UnicodeDecodeError:
+            raise located(path, reader.line_num + 1, "not valid UTF-8; re-encode the file as UTF-8") from None
+        except csv.Error as exc:
+            raise located(path, reader.line_num, f"invalid CSV ({exc})") from None
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
+        raise UserInputError(f"{path}: not a readable parquet file ({exc})") from None
+    row = 0
+    for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        for record in batch.to_pylist():
+            row += 1
+            yield row, record
+
+
+def _dataset(source: str, kind: str, split: str, subset: str | None, streaming: bool):
+    """A save_to_disk folder's split, or a hub dataset's (downloaded, or streamed)."""
+    import datasets
+
+    try:
+        if kind == "dataset":
+            loaded = datasets.load_from_disk(source)
+        else:
+            loaded = datasets.load_dataset(source, subset, split=split, streaming=streaming)
+    except Exception as exc:  # datasets raises many unrelated types for "cannot load"
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        what = ("a folder saved with save_to_disk that cannot be loaded" if kind == "dataset" else
+                "not a local file or directory, and not loadable as a Hugging Face dataset")
+        raise UserInputError(f"{source}: {what} ({first_line}); check the path, or the dataset id, subset "
+                             "and split and your network/HF_HUB_OFFLINE") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise UserInputError(f"{source}: no split {split!r}; splits: {', '.join(loaded)} (pass --split)")
+        loaded = loaded[split]
+    return loaded

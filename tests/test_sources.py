@@ -1,0 +1,203 @@
+"""One record-source layer: the same corpus in every format gives the same result in every command
+that reads records (encode, index build, train-contrastive, pretrain prepare), and a bad record is
+reported with its file and line (or row) whatever the format.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from contrastive_helpers import ANIMALS, COLORS, TINY_RECIPE, one_torch_thread
+from safety_helpers import run_main
+from tiny_models import build_tiny_model
+
+_one_thread = pytest.fixture(autouse=True)(one_torch_thread)
+
+RECORDS = [{"_id": f"d{i}", "text": f"the {color} {animal} sleeps in the sun",
+            "anchor": f"where is the {color} {animal}", "positive": f"the {color} {animal} sleeps in the sun"}
+           for i, (color, animal) in enumerate(zip(COLORS + COLORS[:4], ANIMALS + ANIMALS[4:][::-1], strict=True))]
+FORMATS = ("ndjson", "json-list", "json-object", "csv", "parquet", "txt", "directory", "saved")
+RECORD_FORMATS = tuple(f for f in FORMATS if f != "txt")  # a .txt line holds only a text
+
+
+def _jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _csv(path: Path, records: list[dict]) -> Path:
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+    return path
+
+
+def write_format(root: Path, fmt: str, records: list[dict] = RECORDS) -> Path:
+    """``records`` written as ``fmt`` under ``root``; returns the path a command is given."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if fmt in ("jsonl", "ndjson"):
+        return _jsonl(root / f"corpus.{fmt}", records)
+    if fmt == "json-list":
+        (root / "list.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
+        return root / "list.json"
+    if fmt == "json-object":
+        (root / "object.json").write_text(json.dumps({"data": records}), encoding="utf-8")
+        return root / "object.json"
+    if fmt == "csv":
+        return _csv(root / "corpus.csv", records)
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(records), root / "corpus.parquet")
+        return root / "corpus.parquet"
+    if fmt == "txt":
+        (root / "corpus.txt").write_text("".join(r["text"] + "\n" for r in records), encoding="utf-8")
+        return root / "corpus.txt"
+    if fmt == "directory":  # files of two formats, read in name order
+        (root / "parts" / "b").mkdir(parents=True)
+        _jsonl(root / "parts" / "a.jsonl", records[:5])
+        _csv(root / "parts" / "b" / "rest.csv", records[5:])
+        return root / "parts"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(records)}).save_to_disk(str(root / "saved"))
+    return root / "saved"
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> dict[str, Path]:
+    """The same records in every format (the reference is JSON lines)."""
+    root = tmp_path_factory.mktemp("sources")
+    return {fmt: write_format(root, fmt) for fmt in ("jsonl", *FORMATS)}
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    return build_tiny_model("bert", tmp_path_factory.mktemp("model") / "bert")
+
+
+def _encode(model: Path, source: Path, output: Path, capsys) -> np.ndarray:
+    code, _, err = run_main(["encode", "--model", model, "--input", source, "--output", output], capsys)
+    assert code == 0, err
+    return np.load(output)
+
+
+@pytest.fixture(scope="module")
+def reference_vectors(tiny_bert, corpora, tmp_path_factory) -> np.ndarray:
+    from neobert_embed.encoding import read_texts
+    from neobert_embed.sentence import load_sentence_model
+
+    vectors = load_sentence_model(str(tiny_bert)).encode(read_texts(corpora["jsonl"]), convert_to_numpy=True)
+    assert vectors.shape == (len(RECORDS), 32)
+    return vectors
+
+
+@pytest.mark.parametrize("fmt", ("jsonl", *FORMATS))
+def test_encode_reads_every_format(fmt, corpora, tiny_bert, reference_vectors, tmp_path, capsys):
+    vectors = _encode(tiny_bert, corpora[fmt], tmp_path / "v.npy", capsys)
+    np.testing.assert_allclose(vectors, reference_vectors, atol=1e-6)
+
+
+def _index_hits(tiny_bert: Path, corpus: Path, output: Path, capsys) -> list[tuple[str, str, float]]:
+    from neobert_embed.index import open_index
+
+    code, _, err = run_main(["index", "build", "--model", tiny_bert, "--corpus", corpus, "--output", output], capsys)
+    assert code == 0, err
+    with open_index(output) as index:
+        hits = index.search([RECORDS[3]["anchor"]], k=len(RECORDS))[0]
+    return [(h.doc_id, h.text, round(h.score, 5)) for h in hits]
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    """Results on the JSON-lines corpus, computed once by the first test that needs each."""
+    return {}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_index_build_reads_every_format(fmt, corpora, tiny_bert, reference, tmp_path, capsys):
+    if "index" not in reference:
+        reference["index"] = _index_hits(tiny_bert, corpora["jsonl"], tmp_path / "reference", capsys)
+        assert sorted(h[0] for h in reference["index"]) == sorted(r["_id"] for r in RECORDS)
+    reference_hits = reference["index"]
+    hits = _index_hits(tiny_bert, corpora[fmt], tmp_path / "index", capsys)
+    if fmt == "txt":  # no ids in a text file: documents are numbered by row
+        by_row = {r["_id"]: str(i) for i, r in enumerate(RECORDS, start=1)}
+        reference_hits = [(by_row[doc_id], text, score) for doc_id, text, score in reference_hits]
+    assert hits == reference_hits
+
+
+def _train(tiny_bert: Path, data: Path, output: Path, capsys) -> list[float]:
+    code, _, err = run_main(["train-contrastive", "--model", tiny_bert, "--recipe", TINY_RECIPE, "--max-steps", "2",
+                             "--data", f"pets={data}", "--output", output], capsys)
+    assert code == 0, err
+    return [json.loads(line)["loss"] for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("fmt", RECORD_FORMATS)
+def test_train_contrastive_reads_every_format(fmt, corpora, tiny_bert, reference, tmp_path, capsys):
+    if "losses" not in reference:
+        reference["losses"] = _train(tiny_bert, corpora["jsonl"], tmp_path / "reference", capsys)
+        assert len(reference["losses"]) == 2 and all(np.isfinite(reference["losses"]))
+    losses = _train(tiny_bert, corpora[fmt], tmp_path / "run", capsys)
+    np.testing.assert_allclose(losses, reference["losses"], rtol=1e-5)  # same examples, batches, losses
+
+
+@pytest.mark.parametrize("fmt", ("jsonl", *FORMATS))
+def test_pretrain_prepare_reads_every_format(fmt, corpora, minilm_path, tmp_path, capsys):
+    output = tmp_path / "prepared"
+    code, _, err = run_main(["pretrain", "prepare", "--corpus", corpora[fmt], "--output", output,
+                             "--tokenizer", minilm_path], capsys)
+    assert code == 0, err
+    manifest = json.loads((output / "manifest.json").read_text())
+    from transformers import AutoTokenizer
+
+    expected = AutoTokenizer.from_pretrained(str(minilm_path))([r["text"] for r in RECORDS])["input_ids"]
+    assert manifest["num_documents"] == len(RECORDS)
+    assert manifest["num_tokens"] == sum(map(len, expected))
+
+
+def _bad_sources(root: Path) -> list[tuple[list[str], Path, str]]:
+    """(command, source, error): each source holds one bad record, the error must name where."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad_text = [*RECORDS[:2], {**RECORDS[2], "text": 7}]
+    (root / "dir").mkdir()
+    write_format(root, "jsonl", RECORDS[:3]).rename(root / "dir" / "a.jsonl")
+    _jsonl(root / "dir" / "b.ndjson", [RECORDS[3], {"_id": "x"}])
+    (root / "broken.ndjson").write_text('{"text": "ok"}\n{"text": "no end"\n', encoding="utf-8")
+    (root / "wide.csv").write_text("_id,text\nd0,fine\nd1,one,too many\n", encoding="utf-8")
+    pq.write_table(pa.table({"_id": ["a", "b"], "text": [1, 2]}), root / "numbers.parquet")
+    (root / "saved-bad").mkdir()
+    saved = write_format(root / "saved-bad", "saved", [{**r, "_id": r["_id"] if i != 4 else ""}
+                                                        for i, r in enumerate(RECORDS)])
+    encode = ["encode", "--model", "MODEL", "--output", root / "out.npy", "--input"]
+    index = ["index", "build", "--model", "MODEL", "--output", root / "index", "--corpus"]
+    prepare = ["pretrain", "prepare", "--tokenizer", "TOKENIZER", "--output", root / "prepared", "--corpus"]
+    train = ["train-contrastive", "--model", "MODEL", "--recipe", TINY_RECIPE, "--output", root / "run", "--data"]
+    return [
+        (encode, write_format(root, "json-list", bad_text), r"list\.json:3: field 'text' is int, not a string"),
+        (encode, root / "wide.csv", r"wide\.csv:3: 3 values but the header names 2 columns"),
+        (index, root / "dir", r"b\.ndjson:2: text field 'text' is missing"),
+        (index, saved, r"saved\[train\]:5: id field '_id' is empty"),
+        (prepare, root / "broken.ndjson", r"broken\.ndjson:2: invalid JSON"),
+        (prepare, root / "numbers.parquet", r"numbers\.parquet:1: field 'text' must be a string, got int"),
+        (train, write_format(root, "csv", [*RECORDS[:3], {**RECORDS[3], "positive": ""}]),
+         r"corpus\.csv:5: column 'positive' is empty"),
+        (train, write_format(root, "txt"), r"corpus\.txt .*no query column"),
+    ]
+
+
+def test_bad_records_are_named_by_file_and_line(tiny_bert, minilm_path, tmp_path, capsys):
+    for command, source, message in _bad_sources(tmp_path):
+        args = [{"MODEL": tiny_bert, "TOKENIZER": minilm_path}.get(str(a), a) for a in command]
+        value = f"x={source}" if command[0] == "train-contrastive" else source
+        code, _, err = run_main([*args, value], capsys)
+        assert code == 2, (command[0], source, err)
+        assert "Traceback" not in err and re.search(message, " ".join(err.split())), (message, err)
