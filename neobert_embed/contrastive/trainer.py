@@ -14,8 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +28,8 @@ from neobert_embed.console import progress_bar
 from neobert_embed.contrastive.recipe import ContrastiveRecipe
 from neobert_embed.contrastive.sampler import AlphaBatchSampler, no_duplicates_sampler
 from neobert_embed.runs import MetricsFile
+
+logger = logging.getLogger(__name__)
 
 
 def texts_per_example(dataset: Any) -> int:
@@ -172,8 +174,8 @@ class GracefulInterrupt(TrainerCallback):
     def _handle(self, signum, frame) -> None:
         self.requested = True
         signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
-        print("\ninterrupt received: finishing this step and saving a checkpoint "
-              "(press Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
+        logger.warning("interrupt received: finishing this step and saving a checkpoint (press Ctrl-C again to "
+                       "abort without saving)")
 
     def __enter__(self) -> GracefulInterrupt:
         if threading.current_thread() is threading.main_thread():
