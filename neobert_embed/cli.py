@@ -61,8 +61,12 @@ for _area in (general_commands, modeling_commands, contrastive_commands, evaluat
 
 
 @app.callback()
-def _root() -> None:
+def _root(ctx: typer.Context) -> None:
     """Build and judge text-embedding models (see each command's --help)."""
+    from neobert_embed.console import show_records
+
+    handler = show_records()  # the library's log records, on this command's stderr
+    ctx.call_on_close(handler.detach)
 
 
 def main() -> None:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from neobert_embed import options as opt
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.live import Live
@@ -20,33 +22,33 @@ def encode(
                                     ".parquet, a directory of them, or a dataset."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the embedding matrix (.npy)."),
     field: str = typer.Option("text", "--field", help="Field holding the text (not for .txt)."),
-    precision: str = typer.Option("float32", "--precision",
-                                  help="Stored precision: float32, float16, int8 or binary (packed bits)."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass."),
-    max_seq_length: int = typer.Option(None, "--max-length", help="Truncate inputs to this many tokens "
-                                       "(default: the model's own max_seq_length; for a plain encoder, what its "
-                                       "positions allow)."),
+    store_precision: opt.StorePrecision = None,
+    batch_size: opt.BatchSize = 32,
+    max_length: opt.MaxLength = None,
     prompt_name: str = typer.Option("document", "--prompt-name", help="Saved prompt to prepend (default "
                                     "'document' when the model saved one; '' for none)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON line."),
+    as_json: opt.AsJson = False,
     calibration: Path = typer.Option(None, "--calibration", help="int8/binary calibration to reuse: the "
                                      "OUTPUT.npy.json of an earlier encode (identical texts, identical codes)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by encode."),
+    verbose: opt.Verbose = False,
+    precision: opt.OldStorePrecision = None,
 ) -> None:
     """Encode a file of texts into an .npy matrix (length-batched, with progress).
 
     Beside OUTPUT, OUTPUT.json records the model, precision and (int8/binary) calibration.
     """
-    from neobert_embed.console import json_only_stdout
+    from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.encoding import STORAGE_PRECISIONS, encode_file, report_json
     from neobert_embed.errors import UserInputError
 
-    if precision not in STORAGE_PRECISIONS:
-        raise UserInputError(f"--precision {precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")
-    with json_only_stdout(as_json):
-        report = encode_file(model, input_path, output, field=field, precision=precision, batch_size=batch_size,
-                             max_seq_length=max_seq_length, prompt_name=prompt_name, show_progress=not as_json,
-                             calibration=calibration, overwrite=overwrite)
+    store_precision = opt.renamed("--store-precision", store_precision, "--precision", precision) or "float32"
+    if store_precision not in STORAGE_PRECISIONS:
+        raise UserInputError(f"--store-precision {store_precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")
+    with third_party_log(output, verbose), json_only_stdout(as_json):
+        report = encode_file(model, input_path, output, field=field, precision=store_precision,
+                             batch_size=batch_size, max_seq_length=max_length, prompt_name=prompt_name,
+                             show_progress=not as_json, calibration=calibration, overwrite=overwrite)
     typer.echo(report.used, err=True)
     if as_json:
         typer.echo(report_json(report))
@@ -60,8 +62,7 @@ def demo(
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of skipping finished stages."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long sizes for smoke tests (scores mean nothing)."),
     no_wait: bool = typer.Option(False, "--no-wait", help="Fail at once if another demo writes to --output."),
-    verbose: bool = typer.Option(False, "--verbose", "-v",
-                                 help="Show third-party warnings and progress bars instead of logging them."),
+    verbose: opt.Verbose = False,
 ) -> None:
     """Run the whole pipeline offline on the Python standard library's docstrings.
 

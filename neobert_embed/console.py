@@ -3,18 +3,20 @@
 Why: a long job drives transformers, sentence-transformers, mteb, datasets and DeepSpeed, each of
 which prints its own warnings (``FutureWarning``, ``UserWarning``), "Loading weights" bars and
 dataset-formatting bars. Left alone they bury the one line a user needs (what finished, where it
-went). :func:`capture_third_party` routes everything written through ``sys.stdout``/``sys.stderr``,
-Python warnings and terminal ``logging`` handlers into a log file for the duration of a job, while the console
-returned by :func:`user_console` keeps writing to the real terminal. ``verbose=True`` leaves
-everything on screen. :func:`json_only_stdout` keeps stdout pure JSON for ``--json`` (stray prints,
-DeepSpeed's op-builder warnings, even C code writing to descriptor 1, land on stderr).
+went). The toolkit itself never prints: library code logs through a module logger, and the command
+line renders those records on one user console (:func:`show_records`; process 0 only under
+torchrun/DeepSpeed). :func:`third_party_log` sends everything else written during a command
+(``sys.stdout``/``sys.stderr``, warnings, third-party log records) to ``OUTPUT.log`` and ends with
+one summary line; ``verbose=True`` leaves it on screen. :func:`progress_bar` draws on the user
+console without touching the streams. :func:`json_only_stdout` keeps stdout pure JSON for
+``--json`` (even C code writing to descriptor 1 lands on stderr).
 
 Example:
-    >>> console = user_console()
-    >>> with capture_third_party("runs/demo/demo.log") as log:
-    ...     console.print("training…")          # on screen
-    ...     import warnings; warnings.warn("noise", FutureWarning)   # in runs/demo/demo.log
-    >>> console.print(f"log: {log}")
+    >>> show_records()                                  # what neobert_embed.cli does once
+    >>> with third_party_log("runs/index"):
+    ...     logging.getLogger("neobert_embed.index").info("encoding…")   # on screen
+    ...     warnings.warn("noise", FutureWarning)                         # in runs/index.log
+    third-party output: 2 lines in runs/index.log
 """
 
 from __future__ import annotations
@@ -27,22 +29,167 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 
+from neobert_embed.runs import is_main_process
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, ProgressColumn, Task
+
+PACKAGE = "neobert_embed"
 PROGRESS_SWITCHES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
                      "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+logger = logging.getLogger(__name__)
+
+
+class ConsoleHandler(logging.Handler):
+    """Renders the toolkit's log records on the user console (below ERROR: process 0 only)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(logging.INFO)
+        self.console = Console(file=stream, highlight=False, soft_wrap=True)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < logging.ERROR and not is_main_process():
+            return
+        style = "bold red" if record.levelno >= logging.ERROR else "yellow" if record.levelno >= logging.WARNING \
+            else None
+        try:
+            self.console.print(self.format(record), style=style, markup=False)
+        except Exception:  # noqa: BLE001 - logging's contract: a broken stream must not break the job
+            self.handleError(record)
+
+    def detach(self) -> None:
+        logging.getLogger(PACKAGE).removeHandler(self)
+
+
+def _console_handler() -> ConsoleHandler | None:
+    return next((h for h in logging.getLogger(PACKAGE).handlers if isinstance(h, ConsoleHandler)), None)
+
+
+def show_records(stream: TextIO | None = None) -> ConsoleHandler:
+    """Render ``neobert_embed`` log records on ``stream`` (default: the current stderr), replacing
+    an earlier handler; while rendered, they stay out of the run's log (third-party output only).
+
+    Example:
+        >>> show_records().detach()
+    """
+    package = logging.getLogger(PACKAGE)
+    if (previous := _console_handler()) is not None:
+        previous.detach()
+    handler = ConsoleHandler(stream or sys.stderr)
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    return handler
 
 
 def user_console(stderr: bool = False) -> Console:
-    """A rich console bound to the real terminal stream, so capturing leaves it on screen.
+    """The console for the toolkit's own lines, unaffected by capturing: on stderr the one
+    :func:`show_records` renders on (else the real stderr), on stdout the real stdout.
 
     Example:
         >>> user_console().print("[green]✓[/] done")
     """
+    if stderr and (handler := _console_handler()) is not None:
+        return handler.console
     stream: TextIO = sys.__stderr__ if stderr else sys.__stdout__  # type: ignore[assignment]
     return Console(file=stream, highlight=False)
+
+
+def progress_bar(*columns: str | ProgressColumn, show: bool = True, transient: bool = False) -> Progress:
+    """A rich progress display on the user console (process 0 only) that leaves the streams alone
+    (rich's default proxies would put captured third-party output back on screen).
+
+    Example:
+        >>> with progress_bar(show=True) as bar:
+        ...     task = bar.add_task("tokenizing", total=None)
+    """
+    from rich.progress import Progress
+
+    return Progress(*columns, console=user_console(stderr=True), disable=not show or not is_main_process(),
+                    transient=transient, redirect_stdout=False, redirect_stderr=False)
+
+
+def document_progress(show: bool = True) -> Progress:
+    """Progress of a document job: description, bar, done/total, docs/s, elapsed, remaining.
+
+    Example:
+        >>> with document_progress() as progress:
+        ...     progress.advance(progress.add_task("encoding", total=1000), 100)
+    """
+    from rich import progress as bars
+    from rich.text import Text
+
+    class DocsPerSecond(bars.ProgressColumn):
+        def render(self, task: Task) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text(f"{speed:,.0f} docs/s" if speed else "… docs/s")
+
+    return progress_bar(bars.TextColumn("{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn(),
+                        DocsPerSecond(), bars.TimeElapsedColumn(), bars.TimeRemainingColumn(), show=show)
+
+
+@contextlib.contextmanager
+def third_party_log(output: str | Path, verbose: bool = False) -> Iterator[Path]:
+    """:func:`capture_third_party` into ``OUTPUT.log`` (beside the output file or run directory, so
+    it never makes a run look foreign and survives its atomic replacement), then one line on the
+    user console: ``third-party output: N lines in LOG``. Nothing with ``verbose`` (it stayed on
+    screen), nor when the command refuses its input (that error stays one line).
+
+    Example:
+        >>> with third_party_log("runs/index"):
+        ...     build_index(...)
+    """
+    from neobert_embed.errors import UserInputError
+
+    log_path = Path(output).with_name(Path(output).name + ".log")
+    before, refused = _line_count(log_path), False
+    try:
+        with capture_third_party(log_path, verbose=verbose):
+            yield log_path
+    except UserInputError:
+        refused = True
+        raise
+    finally:
+        lines = _line_count(log_path) - before
+        if not verbose and not refused:
+            logger.info("third-party output: %s", f"{lines} lines in {log_path}" if lines else "none")
+
+
+def _line_count(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.is_file() else 0
+
+
+class _LazyLog(io.TextIOBase):
+    """A log file created at its first write, so a command refused at once leaves no file behind."""
+
+    encoding = "utf-8"
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.file = path, None
+
+    def _open(self) -> TextIO:
+        if self.file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by close()
+        return self.file
+
+    def write(self, text: str) -> int:
+        return self._open().write(text) if text else 0
+
+    def fileno(self) -> int:  # a child process given this stream writes to the log file itself
+        return self._open().fileno()
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        super().close()  # flushes first
+        if self.file is not None:
+            self.file.close()
 
 
 @contextlib.contextmanager
@@ -50,8 +197,8 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
     """Send stdout, stderr, warnings and log records written inside the block to ``log_path``.
 
     Child processes started inside the block inherit the log as their stdout and stderr when they
-    are given ``stdout=sys.stdout, stderr=sys.stderr``. With ``verbose`` nothing is redirected (the
-    log still receives log records). Progress bars of the Hugging Face libraries and tqdm are
+    are given ``stdout=sys.stdout, stderr=sys.stderr``. With ``verbose`` nothing is touched: it all
+    stays on screen, as without this block. Progress bars of the Hugging Face libraries and tqdm are
     switched off inside the block, since a bar in a file is noise; the environment is restored.
 
     Example:
@@ -59,15 +206,16 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
         ...     print("goes to run.log")
     """
     log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a", encoding="utf-8", buffering=1) as log, _log_records_to(log):
-        if verbose:
-            yield log_path
-            return
-        with _environment(PROGRESS_SWITCHES), warnings.catch_warnings(), _terminal_handlers_to(log), \
-                contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            warnings.simplefilter("default")  # each distinct warning once per location
-            yield log_path
+    if verbose:
+        yield log_path
+        return
+    with contextlib.closing(_LazyLog(log_path)) as log, _log_records_to(log), _environment(PROGRESS_SWITCHES), \
+            warnings.catch_warnings(), _terminal_handlers_to(log), contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
+        warnings.simplefilter("default")  # each distinct warning once per location
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
+            warnings.formatwarning(message, category, filename, lineno, line))  # even under a warnings recorder
+        yield log_path
 
 
 @contextlib.contextmanager
@@ -88,6 +236,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 def _log_records_to(stream: TextIO) -> Iterator[None]:
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(lambda record: record.name.split(".")[0] != PACKAGE or _console_handler() is None)
     root = logging.getLogger()
     previous_level = root.level
     root.addHandler(handler)

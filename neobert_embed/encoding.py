@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from neobert_embed.files import atomic_write_bytes
 from neobert_embed.sources import iter_records, source_format
 
 logger = logging.getLogger(__name__)
+SLICE_BATCHES = 16  # batches per slice of a long-first encoding: the progress bar moves once per slice
 
 STORAGE_PRECISIONS = ("float32", "float16", "int8", "binary")
 
@@ -110,10 +111,36 @@ def encode_texts(
                        truncated, len(checked), model.max_seq_length)
     if prompt_name is not None and prompt_name not in model.prompts:
         prompt_name = None
-    embeddings = model.encode(checked, batch_size=batch_size, prompt_name=prompt_name,
-                              normalize_embeddings=normalize, convert_to_numpy=True,
-                              show_progress_bar=show_progress)
-    return np.asarray(embeddings, dtype=np.float32)
+    from neobert_embed.console import document_progress
+
+    with document_progress(show_progress) as bar:
+        task = bar.add_task("encoding", total=len(checked))
+        return encode_longest_first(
+            lambda part: model.encode(part, batch_size=batch_size, prompt_name=prompt_name, show_progress_bar=False,
+                                      normalize_embeddings=normalize, convert_to_numpy=True),
+            checked, model.get_sentence_embedding_dimension(), batch_size * SLICE_BATCHES,
+            lambda done: bar.advance(task, done))
+
+
+def encode_longest_first(encode: Callable[[list[Any]], np.ndarray], texts: Sequence[Any], dimension: int,
+                         step: int, advance: Callable[[int], None] | None = None) -> np.ndarray:
+    """Encode ``texts`` longest-first in slices of ``step``, telling ``advance``; rows in input order (float32).
+
+    Why: one length sort over all texts keeps padding as low as a single ``encode`` call would,
+    while the slices let a progress bar move during a long job.
+
+    Example:
+        >>> encode_longest_first(model.encode, ["a", "bb"], 384, step=512).shape
+        (2, 384)
+    """
+    order = np.argsort([-len(text) for text in texts], kind="stable")
+    out = np.empty((len(texts), dimension), dtype=np.float32)
+    for start in range(0, len(texts), step):
+        rows = order[start:start + step]
+        out[rows] = encode([texts[i] for i in rows])
+        if advance is not None:
+            advance(len(rows))
+    return out
 
 
 def used_line(model: Any, prompt_names: Sequence[str | None], field: str | None = None) -> str:
@@ -228,8 +255,8 @@ def encode_file(
         check_output_file(output_path, writer=ENCODE_WRITER, inputs=[input_path, calibration], overwrite=overwrite)
         loaded = load_calibration(calibration) if calibration is not None else None
         if loaded is not None and loaded.precision != precision:
-            raise UserInputError(f"--calibration {calibration} is for {loaded.precision} vectors but --precision "
-                                 f"is {precision}; pass --precision {loaded.precision}")
+            raise UserInputError(f"--calibration {calibration} is for {loaded.precision} vectors but --store-precision "
+                                 f"is {precision}; pass --store-precision {loaded.precision}")
         check_model_files(model_name)
         check_length_flag(model_name, max_seq_length, "--max-length")
         return loaded

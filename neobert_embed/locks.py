@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError
+
+logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
 
@@ -86,13 +88,9 @@ def _write_note(target: Path, command: str) -> None:
     os.replace(tmp, note)
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 @contextlib.contextmanager
 def writer_lock(target: str | Path, *, command: str, wait: bool = True,
-                on_wait: Callable[[str], None] | None = _say,
+                on_wait: Callable[[str], None] | None = logger.warning,
                 on_stale: Callable[[LockHolder], None] | None = None) -> Iterator[None]:
     """Hold the exclusive writer lock of ``target`` for the duration of the block.
 
@@ -102,7 +100,7 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
             with ``wait=False`` fail at once with a :class:`UserInputError` naming the holder.
         on_stale: called with the note of a previous holder that died without releasing
             cleanly (a crash or SIGKILL): the caller clears or resumes that writer's work
-            (default: say so on stderr).
+            (default: log a warning).
 
     Example:
         >>> with writer_lock("runs/x", command="train-contrastive", wait=False):
@@ -134,7 +132,8 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
             if on_stale is not None:
                 on_stale(previous)
             else:
-                _say(f"note: an earlier writer of {target}, {previous.describe()}, stopped without finishing")
+                logger.warning("note: an earlier writer of %s, %s, stopped without finishing", target,
+                               previous.describe())
         _write_note(target, command)
         yield
     finally:

@@ -1,17 +1,68 @@
-"""Command-line option values shared by several areas' commands.
+"""Command-line options shared by several areas' commands: one declaration, one meaning, one parser.
 
-Why: ``--data NAME=PATH`` is read by ``train-contrastive`` and by ``compare`` (which fine-tunes
-before it evaluates); one parser keeps their rules and messages identical, and no area imports
-another area's private helpers.
+Why: the same flag declared in five commands drifts (``--max-length`` here, ``--max-seq-length``
+there; ``--precision`` meaning the weight dtype in ``mteb`` but the vector format in ``encode``).
+Commands annotate their parameters with these types, a renamed flag keeps its old spelling as a
+hidden alias resolved by :func:`renamed` (one deprecation line), and ``--data NAME=PATH``, read by
+``train-contrastive`` and ``compare``, has one parser, so no area imports another's helpers.
 
 Example:
+    >>> def encode(max_length: MaxLength = None, verbose: Verbose = False): ...
     >>> parse_data_option(["snli=triplets.jsonl"])
     {'snli': 'triplets.jsonl'}
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Annotated, TypeVar
+
+import typer
+
 from neobert_embed.errors import UserInputError
+
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show third-party warnings and progress bars on "
+                                       "screen instead of writing them to the run's log (OUTPUT.log).")]
+MaxLength = Annotated[int | None, typer.Option("--max-length", min=1, help="Truncate inputs to this many tokens "
+                                               "(default: the model's own max_seq_length, or the recipe's).")]
+OldMaxLength = Annotated[int | None, typer.Option("--max-seq-length", min=1, hidden=True,
+                                                  help="Deprecated spelling of --max-length.")]
+StorePrecision = Annotated[str | None, typer.Option("--store-precision", help="How vectors are stored: float32 "
+                                                    "(default), float16, int8 or binary (packed bits).")]
+OldStorePrecision = Annotated[str | None, typer.Option("--precision", hidden=True,
+                                                       help="Deprecated spelling of --store-precision.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
+Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, mps… (default: automatic).")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+NoWait = Annotated[bool, typer.Option("--no-wait", help="Fail at once if another process writes the same output.")]
+
+
+def renamed(new_flag: str, new: T | None, old_flag: str, old: T | None) -> T | None:
+    """The value of a renamed option: the new spelling's, or the old one's with one deprecation line.
+
+    Example:
+        >>> renamed("--max-length", None, "--max-seq-length", 128)   # logs: --max-seq-length is deprecated…
+        128
+    """
+    if old is None:
+        return new
+    if new is not None and new != old:
+        raise UserInputError(f"{old_flag} is the old spelling of {new_flag}; give {new_flag} only")
+    logger.warning("%s is deprecated; use %s (same meaning)", old_flag, new_flag)
+    return old
+
+
+def comma_list(value: str | None) -> list[str] | None:
+    """``--tasks a, b,c`` as ``['a', 'b', 'c']``; None when nothing is given.
+
+    Example:
+        >>> comma_list("cola, sst2,")
+        ['cola', 'sst2']
+    """
+    return [item.strip() for item in value.split(",") if item.strip()] or None if value else None
 
 
 def parse_data_option(entries: list[str]) -> dict[str, str]:

@@ -76,7 +76,7 @@ class Calibration:
                 ranges = np.zeros(0)
             if ranges.shape != (2, dimension) or not np.isfinite(ranges).all():
                 raise UserInputError(f"{where}: key 'ranges' must be two rows of {dimension} finite numbers "
-                                     "(minima, maxima); re-create it with `neobert-embed encode --precision int8`")
+                                     "(minima, maxima); re-create it with `neobert-embed encode --store-precision int8`")
         return cls(precision, dimension, ranges, data.get("model"), int(data.get("vectors") or 0))
 
 

@@ -55,6 +55,17 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def small_inputs(root: Path) -> dict[str, Path]:
+    """A prompted tiny BERT and small inputs for every reading command: texts, an id'd corpus, pairs."""
+    texts = root / "texts.txt"
+    texts.write_text("".join(f"text number {i} about things\n" for i in range(30)), encoding="utf-8")
+    corpus = write_jsonl(root / "corpus.jsonl", [{"_id": f"d{i}", "text": f"doc {i} on topic {i % 4}"}
+                                                 for i in range(30)])
+    pairs = write_jsonl(root / "pairs.jsonl", [{"query": f"q {i}", "document": f"answer {i}"} for i in range(20)])
+    return {"root": root, "model": build_prompted_bert(root / "models"), "texts": texts, "corpus": corpus,
+            "pairs": pairs, "recipe": REPO / "recipes" / "contrastive-tiny.yaml"}
+
+
 def build_prompted_bert(directory: Path) -> Path:
     """A tiny BERT saved as a SentenceTransformer with query/document prompts."""
     from tiny_models import build_tiny_model

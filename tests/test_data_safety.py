@@ -201,7 +201,7 @@ def test_int8_codes_of_the_same_text_match_across_files_with_the_saved_calibrati
     first.write_text("\n".join(_texts(40)) + "\n", encoding="utf-8")
     second.write_text("\n".join(_texts(40, offset=20) + ["zzz unrelated outlier " * 20]) + "\n", encoding="utf-8")
     # batch size 1: a text's float vector is then bit-identical in any file (no padding differences)
-    encode = ["encode", "--model", model, "--precision", "int8", "--json", "--batch-size", "1"]
+    encode = ["encode", "--model", model, "--store-precision", "int8", "--json", "--batch-size", "1"]
     code, out, _ = run_main([*encode, "--input", first, "--output", tmp_path / "first.npy"], capsys)
     assert code == 0 and json.loads(out)["calibration"] == str(tmp_path / "first.npy.json")
     sidecar = json.loads((tmp_path / "first.npy.json").read_text())
@@ -216,16 +216,16 @@ def test_int8_codes_of_the_same_text_match_across_files_with_the_saved_calibrati
     assert np.abs(own - a[20:40]).max() > 1  # its own ranges: the reported mismatch
     # Batched encoding pads differently per file; float rounding may then move a value across a
     # bucket boundary, never further.
-    batched = ["encode", "--model", model, "--precision", "int8", "--batch-size", "16"]
+    batched = ["encode", "--model", model, "--store-precision", "int8", "--batch-size", "16"]
     run_main([*batched, "--input", first, "--output", tmp_path / "f16.npy"], capsys)
     run_main([*batched, "--input", second, "--output", tmp_path / "s16.npy", "--calibration",
               tmp_path / "f16.npy.json"], capsys)
     drift = np.abs(np.load(tmp_path / "f16.npy")[20:40].astype(int) - np.load(tmp_path / "s16.npy")[:20])
     assert drift.max() <= 1
-    code, _, err = run_main(["encode", "--model", model, "--precision", "binary", "--input", second,
+    code, _, err = run_main(["encode", "--model", model, "--store-precision", "binary", "--input", second,
                              "--output", tmp_path / "bin.npy", "--calibration", tmp_path / "first.npy.json"],
                             capsys)
-    assert code == 2 and "--precision int8" in err
+    assert code == 2 and "--store-precision int8" in err
 
 
 # 5. replace that destroys --------------------------------------------------------------------------

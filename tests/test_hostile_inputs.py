@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safety_helpers import build_prompted_bert, run_main, snapshot, write_jsonl
+from safety_helpers import run_main, small_inputs, snapshot, write_jsonl
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,8 @@ class World(dict):
 def world(tmp_path_factory) -> World:
     from neobert_embed.index import build_index
 
-    root = tmp_path_factory.mktemp("hostile")
-    model = build_prompted_bert(root / "models")
-    texts = root / "texts.txt"
-    texts.write_text("".join(f"text number {i} about things\n" for i in range(30)), encoding="utf-8")
-    corpus = write_jsonl(root / "corpus.jsonl", [{"_id": f"d{i}", "text": f"doc {i} on topic {i % 4}"}
-                                                 for i in range(30)])
-    pairs = write_jsonl(root / "pairs.jsonl", [{"query": f"q {i}", "document": f"answer {i}"} for i in range(20)])
+    inputs = small_inputs(tmp_path_factory.mktemp("hostile"))
+    root, model, corpus = inputs["root"], inputs["model"], inputs["corpus"]
     index = root / "index"
     build_index(model, corpus, index, index_type="flat", show_progress=False)
     other = root / "other-index"
@@ -54,9 +49,7 @@ def world(tmp_path_factory) -> World:
     (foreign / "notes.txt").write_text("mine", encoding="utf-8")
     a_file = root / "a-file"
     a_file.write_text("not a directory", encoding="utf-8")
-    return World(root=root, model=model, texts=texts, corpus=corpus, pairs=pairs, index=index, other=other,
-                 foreign=foreign, file=a_file, recipe=Path(__file__).resolve().parents[1] / "recipes"
-                 / "contrastive-tiny.yaml")
+    return World(**inputs, index=index, other=other, foreign=foreign, file=a_file)
 
 
 def _broken_model(kind: str) -> Callable[[dict[str, Path]], None]:
@@ -187,12 +180,12 @@ CASES = [
     Case("factory not faiss", (*BUILD, "--model", M, "--factory", "Bogus77"), "{case}/new-index"),
     Case("factory pq needs 256", (*BUILD, "--model", M, "--factory", "PQ4"), "{case}/new-index"),
     Case("unknown index type", (*BUILD, "--model", M, "--index-type", "magic"), "{case}/new-index"),
-    Case("unknown precision", ("encode", "--model", M, *ENCODE[1:], "--precision", "int4"), OUT),
-    Case("calibration missing", ("encode", "--model", M, *ENCODE[1:], "--precision", "int8", "--calibration",
+    Case("unknown precision", ("encode", "--model", M, *ENCODE[1:], "--store-precision", "int4"), OUT),
+    Case("calibration missing", ("encode", "--model", M, *ENCODE[1:], "--store-precision", "int8", "--calibration",
                                  "{case}/none.json"), OUT),
-    Case("calibration corrupt", ("encode", "--model", M, *ENCODE[1:], "--precision", "int8", "--calibration",
+    Case("calibration corrupt", ("encode", "--model", M, *ENCODE[1:], "--store-precision", "int8", "--calibration",
                                  "{case}/cal.json"), OUT, _calibration("{oops")),
-    Case("calibration wrong shape", ("encode", "--model", M, *ENCODE[1:], "--precision", "int8",
+    Case("calibration wrong shape", ("encode", "--model", M, *ENCODE[1:], "--store-precision", "int8",
                                      "--calibration", "{case}/cal.json"), OUT,
          _calibration('{"precision": "int8", "dimension": 32, "ranges": [[0, 1]]}')),
     Case("row ids with replace", (*ADD, "--row-ids", "--on-duplicate", "replace"), "{case}/index",
@@ -205,7 +198,7 @@ CASES = [
     Case("encode batch 0", ("encode", "--model", M, *ENCODE[1:], "--batch-size", "0"), OUT),
     Case("mine batch 0", (*MINE, "--model", M, "--batch-size", "0"), "{case}/mined.jsonl"),
     Case("mine negatives 0", (*MINE, "--model", M, "--num-negatives", "0"), "{case}/mined.jsonl"),
-    Case("build max length", (*BUILD, "--model", M, "--max-seq-length", "100000"), "{case}/new-index"),
+    Case("build max length", (*BUILD, "--model", M, "--max-length", "100000"), "{case}/new-index"),
     Case("build chunk 0", (*BUILD, "--model", M, "--chunk-size", "0"), "{case}/new-index"),
     Case("build batch -1", (*BUILD, "--model", M, "--batch-size", "-1"), "{case}/new-index"),
     Case("search k 0", (*SEARCH, "--k", "0"), "{case}/index", _broken_index("none")),

@@ -306,10 +306,10 @@ def test_index_types_precisions_and_calibrated_recall(tiny_bert, corpus, flat_in
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"index_type": "ivfpq", "precision": "int8"}, "--precision does not apply to --index-type ivfpq"),
+    ({"index_type": "ivfpq", "precision": "int8"}, "--store-precision does not apply to --index-type ivfpq"),
     ({"index_type": "hnsw", "factory": "HNSW16"}, "either --index-type or --factory"),
-    ({"factory": "IVF4,Flat", "precision": "float16"}, "--precision cannot be combined with --factory"),
-    ({"index_type": "ivf", "precision": "binary"}, "--precision binary works with"),
+    ({"factory": "IVF4,Flat", "precision": "float16"}, "--store-precision cannot be combined with --factory"),
+    ({"index_type": "ivf", "precision": "binary"}, "--store-precision binary works with"),
     ({"index_type": "annoy"}, "--index-type 'annoy' is unknown"),
     ({"index_type": "ivfpq"}, "ivfpq needs at least 624 vectors to train its codebooks, the corpus has 120"),
     ({"factory": "NotAnIndex"}, "--factory 'NotAnIndex' is not a valid FAISS factory string"),

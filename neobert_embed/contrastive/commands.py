@@ -7,12 +7,15 @@ negatives to a pairs file. Heavy imports happen inside the commands so ``--help`
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import typer
 
+from neobert_embed import options as opt
 from neobert_embed.errors import UserInputError
-from neobert_embed.options import parse_data_option
+
+logger = logging.getLogger(__name__)
 
 
 def _parse_range(value: str | None) -> tuple[int, int | None]:
@@ -41,20 +44,21 @@ def train_contrastive_command(
     batch_size: int = typer.Option(None, "--batch-size", min=1, help="Examples per step (clears text_budget)."),
     learning_rate: float = typer.Option(None, "--lr", help="Override the recipe's learning_rate."),
     temperature: float = typer.Option(None, "--temperature", help="Override the InfoNCE temperature."),
-    max_length: int = typer.Option(None, "--max-length", min=1, help="Override the maximum input length."),
+    max_length: opt.MaxLength = None,
     cached: bool = typer.Option(None, "--cached/--no-cached", help="GradCache loss (large batches, low memory)."),
     seed: int = typer.Option(None, "--seed", help="Override the recipe's seed."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --output."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --output."),
-    as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON on stdout."),
-    no_wait: bool = typer.Option(False, "--no-wait", help="Fail at once if another process trains into --output."),
+    as_json: opt.AsJson = False,
+    no_wait: opt.NoWait = False,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Fine-tune an encoder into an embedding model with the contrastive recipe.
 
     Multi-GPU: torchrun --nproc_per_node N -m neobert_embed.cli train-contrastive ... (DDP);
     DeepSpeed: set 'deepspeed: ds_config.json' in the recipe.
     """
-    from neobert_embed.console import json_only_stdout
+    from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
     from neobert_embed.model_files import check_length_flag, check_model_files
 
@@ -66,8 +70,8 @@ def train_contrastive_command(
                  "cached": cached, "seed": seed}
     given = recipe is not None or any(v is not None for v in overrides.values())
     loaded = load_contrastive_recipe(recipe, **overrides) if given else None
-    with json_only_stdout(as_json):
-        out = train_contrastive(model=model, data=parse_data_option(data or []) or None, output=output,
+    with third_party_log(output, verbose), json_only_stdout(as_json):
+        out = train_contrastive(model=model, data=opt.parse_data_option(data or []) or None, output=output,
                                 recipe=loaded, resume=resume, overwrite=overwrite, wait=not no_wait)
     if not (out / "summary.json").is_file():  # a non-zero rank under torchrun: rank 0 reports
         return
@@ -88,21 +92,23 @@ def mine_negatives_command(
     rank_range: str = typer.Option(None, "--range",
                                    help="Candidate ranks MIN:MAX (skip the top MIN to avoid false negatives)."),
     margin: float = typer.Option(None, "--margin", help="Keep candidates scoring ≥ margin below the positive."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Encoding batch size."),
+    batch_size: opt.BatchSize = 32,
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by mine-negatives."),
-    max_length: int = typer.Option(None, "--max-length", help="Truncate to this many tokens (default: the "
-                                   "model's own max_seq_length)."),
+    max_length: opt.MaxLength = None,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Mine hard negatives with FAISS; the output is ready for train-contrastive.
 
     The model encodes with its own max_seq_length and its saved "query"/"document" prompts.
     """
+    from neobert_embed.console import third_party_log
     from neobert_embed.contrastive.mining import mine_negatives
 
     range_min, range_max = _parse_range(rank_range)
-    out = mine_negatives(model, data, output, num_negatives=num_negatives, range_min=range_min,
-                         range_max=range_max, margin=margin, batch_size=batch_size, max_seq_length=max_length,
-                         overwrite=overwrite, on_model=lambda line: typer.echo(line, err=True))
+    with third_party_log(output, verbose):
+        out = mine_negatives(model, data, output, num_negatives=num_negatives, range_min=range_min,
+                             range_max=range_max, margin=margin, batch_size=batch_size, max_seq_length=max_length,
+                             overwrite=overwrite, on_model=logger.info)
     typer.echo(f"wrote {out}")
 
 

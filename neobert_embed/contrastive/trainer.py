@@ -14,8 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,11 +23,13 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformerTrainer
 from transformers import TrainerCallback
-from transformers.trainer_callback import ProgressCallback
 
+from neobert_embed.console import progress_bar
 from neobert_embed.contrastive.recipe import ContrastiveRecipe
 from neobert_embed.contrastive.sampler import AlphaBatchSampler, no_duplicates_sampler
 from neobert_embed.runs import MetricsFile
+
+logger = logging.getLogger(__name__)
 
 
 def texts_per_example(dataset: Any) -> int:
@@ -107,12 +109,28 @@ class MetricsFileCallback(TrainerCallback):
         self.metrics.write(record)
 
 
-class QuietProgressCallback(ProgressCallback):
-    """The trainer's progress bar, showing the latest loss instead of printing every log dict."""
+class QuietProgressCallback(TrainerCallback):
+    """The training bar on the user console (not tqdm's, which capturing hides), with the latest loss."""
+
+    bar = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+
+        self.bar = progress_bar(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                TextColumn("{task.fields[loss]}"), show=state.is_world_process_zero)
+        self.bar.add_task("", total=state.max_steps, completed=state.global_step, loss="")
+        self.bar.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.bar.update(self.bar.task_ids[0], completed=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and logs and "loss" in logs:
-            self.training_bar.set_postfix(loss=f"{logs['loss']:.4f}", refresh=False)
+        if logs and "loss" in logs:
+            self.bar.update(self.bar.task_ids[0], loss=f"loss {logs['loss']:.4f}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.bar.stop()
 
 
 class KeepSpecialTokenIds(TrainerCallback):
@@ -156,8 +174,8 @@ class GracefulInterrupt(TrainerCallback):
     def _handle(self, signum, frame) -> None:
         self.requested = True
         signal.signal(signal.SIGINT, self._previous or signal.default_int_handler)
-        print("\ninterrupt received: finishing this step and saving a checkpoint "
-              "(press Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
+        logger.warning("interrupt received: finishing this step and saving a checkpoint (press Ctrl-C again to "
+                       "abort without saving)")
 
     def __enter__(self) -> GracefulInterrupt:
         if threading.current_thread() is threading.main_thread():

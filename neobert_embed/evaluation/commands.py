@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from neobert_embed.options import parse_data_option
+from neobert_embed import options as opt
 
 TASK_DIR_HELP = ("Local task: a directory with task.json, or a folder of them (repeatable). task.json is "
                  '{"mteb_task": "STSBenchmark"} (registered task, data from the directory) or {"name": ..., '
@@ -22,10 +23,8 @@ TASK_DIR_HELP = ("Local task: a directory with task.json, or a folder of them (r
                  "corpus.jsonl, queries.jsonl, qrels/test.tsv; Reranking adds candidates.jsonl.")
 
 
-def _split(value: str | None) -> list[str] | None:
-    return [item.strip() for item in value.split(",") if item.strip()] if value else None
-
-
+WeightPrecision = Annotated[str | None, typer.Option("--precision", help="Weight dtype of the evaluated model: "
+                                                   "fp32 | fp16 | bf16 (default: fp32 / the recipe's).")]
 PROTOCOL_HELP = ("model: each model as its authors configured it (its saved prompts resolved per task as mteb "
                  "does, its max_seq_length, pooling and normalization; mteb's own loader for models mteb knows), "
                  "which reproduces published scores. uniform: the paper's protocol, the evaluation recipe's "
@@ -107,15 +106,15 @@ def mteb_command(
     task_dir: list[Path] = typer.Option(None, "--task-dir", help=TASK_DIR_HELP),
     recipe: Path = typer.Option(None, "--recipe", "-r", help="Evaluation recipe YAML for --protocol uniform "
                                 "(default recipes/mteb-eval.yaml)."),
-    batch_size: int = typer.Option(None, "--batch-size", help="Encoding batch size."),
-    max_length: int = typer.Option(None, "--max-length", help="Maximum tokens per input (default: the model's "
-                                   "own max_seq_length; uniform: the recipe's 1024, capped by the positions)."),
-    precision: str = typer.Option(None, "--precision", help="fp32 | fp16 | bf16 (default: fp32 / the recipe's)."),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Encoding batch size."),
+    max_length: opt.MaxLength = None,
+    precision: WeightPrecision = None,
     no_instructions: bool = typer.Option(False, "--no-instructions", help="Uniform protocol: encode without the "
                                          "recipe's task instructions."),
     revision: str = typer.Option(None, "--revision", help="Hub revision (default: the cached commit)."),
-    device: str = typer.Option(None, "--device", help="cpu, cuda, ... (default: automatic)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    device: opt.Device = None,
+    as_json: opt.AsJson = False,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Evaluate a model on MTEB (hub or local tasks); by default exactly as its authors configured it.
 
@@ -124,6 +123,7 @@ def mteb_command(
     Rerunning the same command skips finished tasks; after Ctrl-C, rerun it to resume. A failing task is
     reported while the others continue; the exit status is 1 when any failed.
     """
+    from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.errors import UserInputError
     from neobert_embed.evaluation.runner import run_mteb
 
@@ -133,9 +133,11 @@ def mteb_command(
     if model is None or output is None:
         raise UserInputError("give --model and --output (or --list-benchmarks)")
     loaded, overrides = _protocol_settings(protocol, recipe, batch_size, max_length, precision, no_instructions)
-    report = run_mteb(model, output=output, protocol=protocol, benchmark=benchmark, tasks=_split(tasks),
-                      task_types=_split(task_types), task_dirs=task_dir or None, recipe=loaded,
-                      revision=revision, device=device, **overrides)
+    with third_party_log(output, verbose), json_only_stdout(as_json):
+        report = run_mteb(model, output=output, protocol=protocol, benchmark=benchmark,
+                          tasks=opt.comma_list(tasks), task_types=opt.comma_list(task_types),
+                          task_dirs=task_dir or None, recipe=loaded,
+                          revision=revision, device=device, **overrides)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:
@@ -144,8 +146,6 @@ def mteb_command(
             score = "" if outcome.score is None else f"{outcome.main_score} {outcome.score:.4f}"
             typer.echo(f"{outcome.task:40s} {outcome.status:7s} {score}")
         typer.echo(f"results in {report.results_dir}; table in {Path(output) / 'summary.md'} and summary.csv")
-    for notice in report.notices:
-        typer.echo(f"mteb notice: {notice}", err=True)
     _finish(report.failures, "task(s)")
 
 
@@ -164,11 +164,12 @@ def compare_command(
     task_types: str = typer.Option(None, "--task-types", help="Comma-separated task types."),
     task_dir: list[Path] = typer.Option(None, "--task-dir", help=TASK_DIR_HELP),
     eval_recipe: Path = typer.Option(None, "--eval-recipe", help="Evaluation recipe YAML."),
-    batch_size: int = typer.Option(None, "--batch-size", help="Encoding batch size for evaluation."),
-    max_length: int = typer.Option(None, "--max-length", help="Evaluation maximum tokens per input."),
-    precision: str = typer.Option(None, "--precision", help="Evaluation precision: fp32 | fp16 | bf16."),
-    device: str = typer.Option(None, "--device", help="Evaluation device."),
-    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON on stdout."),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Encoding batch size for evaluation."),
+    max_length: opt.MaxLength = None,
+    precision: WeightPrecision = None,
+    device: opt.Device = None,
+    as_json: opt.AsJson = False,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Fine-tune every backbone with one recipe, evaluate each identically: table + one plot per category.
 
@@ -176,14 +177,17 @@ def compare_command(
 
     Resumable: rerun the same command; finished trainings and task results are reused.
     """
+    from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.evaluation.compare import compare_models
     from neobert_embed.evaluation.protocol import check_protocol
 
     check_protocol(protocol)
     evaluation = _evaluation_recipe(eval_recipe, batch_size, max_length, precision, False)
-    result = compare_models(_split(models) or [], output=output, recipe=recipe, data=parse_data_option(data or []) or None,
-                            benchmark=benchmark, tasks=_split(tasks), task_types=_split(task_types),
-                            task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol)
+    with third_party_log(output, verbose), json_only_stdout(as_json):
+        result = compare_models(opt.comma_list(models) or [], output=output, recipe=recipe,
+                                data=opt.parse_data_option(data or []) or None, benchmark=benchmark,
+                                tasks=opt.comma_list(tasks), task_types=opt.comma_list(task_types),
+                                task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol)
     if as_json:
         typer.echo(json.dumps({"summary_md": str(result.summary_md), "summary_csv": str(result.summary_csv),
                                "plots": [str(p) for p in result.plots],

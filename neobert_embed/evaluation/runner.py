@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, load_task_dirs
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
@@ -292,7 +293,6 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
         >>> report = run_mteb("bert", tasks=["STSBenchmark"], output="runs/mteb", protocol="uniform")
     """
     from mteb import ResultCache
-    from rich.progress import Progress
 
     from neobert_embed.evaluation.encoder import model_identity
     from neobert_embed.evaluation.notices import collect_mteb_notices
@@ -318,7 +318,7 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
     logger.info("results of %s (protocol %s) go to %s", identity.name, protocol, report.results_dir)
     lazy = _LazyEncoder(identity, protocol, recipe, device, overrides)
     try:
-        with Progress(disable=not show_progress, transient=True) as progress, \
+        with progress_bar(show=show_progress, transient=True) as progress, \
                 collect_mteb_notices() as report.notices:
             bar = progress.add_task(f"MTEB {identity.name}", total=len(selected))
             for task in selected:

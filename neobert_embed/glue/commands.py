@@ -12,11 +12,8 @@ from pathlib import Path
 
 import typer
 
+from neobert_embed import options as opt
 from neobert_embed.errors import UserInputError
-
-
-def _split(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
 def glue_command(
@@ -32,14 +29,14 @@ def glue_command(
     preset: str = typer.Option("quick", "--preset", "-p", help="quick, paper or a YAML grid file."),
     seeds: int = typer.Option(None, "--seeds", help="Run seeds 0..N-1 for every configuration."),
     epochs: float = typer.Option(None, "--epochs", help="Override the preset's epochs."),
-    max_length: int = typer.Option(None, "--max-length", help="Truncate inputs to N tokens (default: the preset's, "
-                                                                "else what the model can take)."),
+    max_length: opt.MaxLength = None,
     batch_size: int = typer.Option(None, "--batch-size", help="One batch size instead of the preset's grid."),
     learning_rate: float = typer.Option(None, "--lr", help="One learning rate instead of the preset's grid."),
     devices: str = typer.Option(None, "--devices", help="Parallel trials, one per device: cuda:0,cuda:1 (or cpu,cpu)."),
     predict_test: bool = typer.Option(False, "--predict-test",
                                       help="Write GLUE-server TSVs for tasks with (unlabelled) test files."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the scores at the end."),
+    as_json: opt.AsJson = False,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Fine-tune on GLUE with the paper's protocol (any backbone) and write its table.
 
@@ -55,12 +52,13 @@ def glue_command(
     loaded = load_glue_preset(preset, seeds=list(range(seeds)) if seeds else None, epochs=epochs,
                               max_length=max_length, batch_size=[batch_size] if batch_size else None,
                               learning_rate=[learning_rate] if learning_rate else None)
-    device_list = _split(devices) or None
-    from neobert_embed.console import json_only_stdout
+    device_list = opt.comma_list(devices)
+    from neobert_embed.console import json_only_stdout, third_party_log
 
-    with json_only_stdout(as_json):  # library banners (DeepSpeed's logger writes to stdout) go to stderr
-        result = run_glue(model, output, tasks=_split(tasks), task_dirs=task_dir or [], preset=loaded,
-                          devices=device_list, predict_test=predict_test, progress=not as_json or sys.stderr.isatty(),
+    show_progress = not as_json or sys.stderr.isatty()
+    with third_party_log(output, verbose), json_only_stdout(as_json):
+        result = run_glue(model, output, tasks=opt.comma_list(tasks), task_dirs=task_dir or [], preset=loaded,
+                          devices=device_list, predict_test=predict_test, progress=show_progress,
                           preset_name=Path(preset).stem)
     first = next(iter(result.scores.values()), {})
     if as_json:

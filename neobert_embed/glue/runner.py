@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import statistics
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
 from neobert_embed.glue.data import GlueData, load_glue_data
@@ -41,6 +43,8 @@ from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
 from neobert_embed.outputs import model_label
 from neobert_embed.runs import Interrupted, is_main_process
+
+logger = logging.getLogger(__name__)
 
 _WORKER: dict[str, Any] = {}
 
@@ -155,17 +159,15 @@ def execute_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Progress:
-    """Rich progress on stderr: trial i/N, the task, the best score so far per task."""
+    """Progress on the user console: trial i/N, the task, the best score so far per task."""
 
     def __init__(self, total: int, enabled: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True)
         self.best: dict[str, float] = {}
         self.done = 0
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console, disable=not enabled)
+        self.progress = progress_bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), show=enabled)
         self.bar = self.progress.add_task("GLUE", total=total)
         self.enabled = enabled
 
@@ -181,8 +183,8 @@ class _Progress:
         key = f"{label}/{task.name}"
         self.best[key] = max(value, self.best.get(key, float("-inf")))
         if self.enabled:
-            self.console.print(f"{label} {task.title} {outcome['key']}: {task.selection_metric} {100 * value:.2f} "
-                               f"(best {100 * self.best[key]:.2f})", highlight=False)
+            logger.info("%s %s %s: %s %.2f (best %.2f)", label, task.title, outcome["key"], task.selection_metric,
+                        100 * value, 100 * self.best[key])
         self.done += 1
         self.progress.advance(self.bar)
 
@@ -329,7 +331,6 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
         raise Interrupted(f"{skipped + tracker.done} of {total} trials are finished and kept in "
                           f"{journal.output / 'trials'}; the trial in flight was discarded",
                           resume_args=()) from None
-
     shutil.rmtree(journal.output / ".work", ignore_errors=True)
     choices = {label: {t: select_best(journal.results(label, t), TASKS[t].selection_metric) for t in task_names}
                for label in labels}

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neobert_embed.console import document_progress
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, remove_debris
 from neobert_embed.index.distributed import encode_across_ranks, init_world, on_main
@@ -40,7 +41,6 @@ from neobert_embed.index.manifest import (
     read_manifest,
     write_manifest,
 )
-from neobert_embed.index.progress import document_progress
 from neobert_embed.index.rerank import RERANK_NAME, append_rerank_vectors
 from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from neobert_embed.console import document_progress
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import remove_debris, replace_directory
 from neobert_embed.index.distributed import World, barrier, init_world, on_main
@@ -52,7 +53,6 @@ from neobert_embed.index.manifest import (
 )
 from neobert_embed.index.ondisk import build_on_disk, check_on_disk, train_index
 from neobert_embed.index.preflight import check_factory_for_corpus, count_documents
-from neobert_embed.index.progress import document_progress
 from neobert_embed.index.rerank import (
     RERANK_K_FACTOR,
     RERANK_NAME,
@@ -364,7 +364,7 @@ def _preflight(opts: BuildOptions, output: Path) -> None:
     here when the model's width can be read from its files, else again after the import)."""
     check_output_directory(output, record=MANIFEST_NAME, inputs=[opts.corpus, opts.model], what="index")
     check_model_files(opts.model)
-    check_length_flag(opts.model, opts.max_seq_length, "--max-seq-length")
+    check_length_flag(opts.model, opts.max_seq_length, "--max-length")
     dimension = embedding_dimension(opts.model)
     check_options(opts.index_type, opts.precision, opts.factory, dimension or 8)
     documents = count_documents(opts.corpus) if opts.factory is not None else None

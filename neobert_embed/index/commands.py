@@ -7,13 +7,17 @@ heavy imports happen inside the commands so ``--help`` stays instant.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from neobert_embed import options as opt
+
 index_app = typer.Typer(help="Encode corpora into FAISS indexes, search them, and evaluate them.",
                         no_args_is_help=True)
+logger = logging.getLogger(__name__)
 
 Corpus = Annotated[str, typer.Option(
     "--corpus", help=".jsonl, .ndjson, .json, .csv, .parquet, .txt, a directory of them, or a HF dataset.")]
@@ -24,24 +28,11 @@ TitleField = Annotated[str, typer.Option(
     "one; --title-field '' leaves titles out.")]
 RowIds = Annotated[bool, typer.Option("--row-ids", help="Use line/row numbers as ids (corpus without ids).")]
 Split = Annotated[str, typer.Option("--split", help="Split to read when the corpus is a HF dataset.")]
-BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
-Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, mps… (default: auto).")]
 Devices = Annotated[str | None, typer.Option(
     "--devices", help="Encode with one worker per device, e.g. cuda:0,cuda:1 (or cpu,cpu); under torchrun "
     "every rank already takes its share.")]
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
-NoWait = Annotated[bool, typer.Option("--no-wait", help="Fail at once if another process writes this index.")]
-
-
-def _console():
-    """The command's console; silent on torchrun ranks other than 0 (rank 0 reports for all)."""
-    from rich.console import Console
-
-    from neobert_embed.index.distributed import current_world
-
-    return Console(stderr=True, quiet=not current_world().is_main)
-
 
 def _used_line(manifest, fields=None, kind: str = "document") -> str:
     """One line: the length, prompt and fields the index's model encodes with."""
@@ -68,54 +59,57 @@ def build(
     index_type: Annotated[str, typer.Option("--index-type", help="flat | ivf | hnsw | ivfpq | auto")] = "auto",
     factory: Annotated[str | None, typer.Option(
         "--factory", help="Explicit FAISS factory string, e.g. 'IVF4096,PQ64'.")] = None,
-    precision: Annotated[str, typer.Option(
-        "--precision", help="Stored precision: float32 | float16 | int8 | binary.")] = "float32",
+    store_precision: opt.StorePrecision = None,
     chunk_size: Annotated[int, typer.Option("--chunk-size", min=1,
                                             help="Documents encoded and persisted per chunk.")] = 8192,
-    batch_size: BatchSize = 32,
-    max_seq_length: Annotated[int | None, typer.Option("--max-seq-length", min=1, help="Truncate documents to this many tokens (default: the model's maximum).")] = None,
-    device: Device = None,
+    batch_size: opt.BatchSize = 32,
+    max_length: opt.MaxLength = None,
+    device: opt.Device = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub revision of the model.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted build.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing index.")] = False,
-    no_wait: NoWait = False,
+    no_wait: opt.NoWait = False,
     devices: Devices = None,
     on_disk: Annotated[bool, typer.Option(
         "--on-disk", help="IVF indexes only: merge per-shard indexes into memory-mapped on-disk lists "
         "(index.ivfdata), so RAM holds the coarse quantizer, not the corpus.")] = False,
+    verbose: opt.Verbose = False,
+    precision: opt.OldStorePrecision = None,
+    max_seq_length: opt.OldMaxLength = None,
 ) -> None:
     """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest.
 
     Runs data-parallel under `torchrun --nproc-per-node N` or with --devices (rank r encodes chunks
     i = r mod N; rank 0 builds the index).
     """
+    from neobert_embed.console import third_party_log
     from neobert_embed.index.build import build_index
     from neobert_embed.index.distributed import launch_on_devices, parse_devices
 
-    console = _console()
+    precision = opt.renamed("--store-precision", store_precision, "--precision", precision) or "float32"
+    max_seq_length = opt.renamed("--max-length", max_length, "--max-seq-length", max_seq_length)
     options = dict(resume=resume, overwrite=overwrite, text_field=text_field, id_field=id_field,
                    title_field=title_field, row_ids=row_ids, split=split, index_type=index_type,
                    factory=factory, precision=precision, chunk_size=chunk_size, batch_size=batch_size,
                    max_seq_length=max_seq_length, revision=revision, on_disk=on_disk,
                    wait=not no_wait)
-    if devices is not None:
-        manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
-                                     output=output, **options)
-    else:
-        manifest = build_index(model, corpus, output, device=device, **options)
+    with third_party_log(output, verbose):
+        if devices is not None:
+            manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
+                                         output=output, **options)
+        else:
+            manifest = build_index(model, corpus, output, device=device, **options)
     from neobert_embed.index.documents import CorpusFields
 
-    console.print(_used_line(manifest, CorpusFields(text_field, id_field, title_field, row_ids, split)),
-                  highlight=False, soft_wrap=True)
+    logger.info(_used_line(manifest, CorpusFields(text_field, id_field, title_field, row_ids, split)))
     calibration = manifest.calibration
     recall = f", recall@10 {calibration.recall_at_10:.3f} vs exact" if calibration else ""
     trained = (f"; trained on {manifest.train_vectors} sampled vectors in {manifest.train_seconds:.1f} s"
                if manifest.train_vectors else "")
     extras = "".join([", lists on disk (mmap)" if manifest.on_disk else "",
                       f", top-{manifest.rerank_k_factor}x re-ranked exactly" if manifest.rerank_k_factor else ""])
-    console.print(f"index of {manifest.documents} documents written to {output} "
-                  f"({manifest.factory}, {manifest.search_params or 'exact'}{recall}{extras}{trained})",
-                  highlight=False)
+    logger.info("index of %d documents written to %s (%s, %s%s%s%s)", manifest.documents, output, manifest.factory,
+                manifest.search_params or "exact", recall, extras, trained)
 
 
 @index_app.command("add")
@@ -130,11 +124,13 @@ def add(
     on_duplicate: Annotated[str, typer.Option(
         "--on-duplicate", help="error: refuse ids already indexed; replace: overwrite them.")] = "error",
     model: ModelOverride = None,
-    batch_size: BatchSize = 32,
-    device: Device = None,
-    no_wait: NoWait = False,
+    batch_size: opt.BatchSize = 32,
+    device: opt.Device = None,
+    no_wait: opt.NoWait = False,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Append documents to an index (all or nothing); duplicate ids are refused or replaced."""
+    from neobert_embed.console import third_party_log
     from neobert_embed.errors import UserInputError
     from neobert_embed.index.add import add_documents
     from neobert_embed.index.documents import CorpusFields
@@ -142,11 +138,11 @@ def add(
     if on_duplicate not in ("error", "replace"):
         raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
     fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
-    manifest = add_documents(index_dir, corpus, fields=fields, on_duplicate=on_duplicate, model=model,
-                             batch_size=batch_size, device=device, wait=not no_wait)
-    _console().print(_used_line(manifest, fields), highlight=False, soft_wrap=True)
-    _console().print(f"{index_dir} now holds {manifest.documents} documents "
-                     f"({manifest.replaced} replaced so far)", highlight=False)
+    with third_party_log(index_dir, verbose):
+        manifest = add_documents(index_dir, corpus, fields=fields, on_duplicate=on_duplicate, model=model,
+                                 batch_size=batch_size, device=device, wait=not no_wait)
+    logger.info(_used_line(manifest, fields))
+    logger.info("%s now holds %d documents (%d replaced so far)", index_dir, manifest.documents, manifest.replaced)
 
 
 @index_app.command("search")
@@ -158,8 +154,8 @@ def search(
         "--queries", help="File of queries: .txt (one per line), or .jsonl/.json/.csv/.parquet… with 'text'.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a table.")] = False,
     model: ModelOverride = None,
-    batch_size: BatchSize = 32,
-    device: Device = None,
+    batch_size: opt.BatchSize = 32,
+    device: opt.Device = None,
 ) -> None:
     """Search with the index's model and query prompt: a table (rank, score, id, snippet) or JSON lines."""
     from neobert_embed.errors import UserInputError
@@ -174,7 +170,7 @@ def search(
 
     with json_only_stdout(as_json), open_index(index_dir, model=model, device=device,
                                                batch_size=batch_size) as index:
-        _console().print(_used_line(index.manifest, kind="query"), highlight=False, soft_wrap=True)
+        logger.info(_used_line(index.manifest, kind="query"))
         results = index.search(texts, k=k)
     if as_json:
         for text, hits in zip(texts, results, strict=True):
@@ -209,8 +205,8 @@ def evaluate(
     split: Annotated[str, typer.Option("--split", help="Which qrels/<split>.tsv to use.")] = "test",
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON object of all metrics.")] = False,
     model: ModelOverride = None,
-    batch_size: BatchSize = 32,
-    device: Device = None,
+    batch_size: opt.BatchSize = 32,
+    device: opt.Device = None,
 ) -> None:
     """Score the index on a BEIR-layout task: nDCG@k, recall@k/100, MRR@k (mteb's implementation)."""
     from rich.console import Console
@@ -220,7 +216,7 @@ def evaluate(
     from neobert_embed.index.evaluate import evaluate_index
     from neobert_embed.index.manifest import read_manifest
 
-    _console().print(_used_line(read_manifest(index_dir), kind="query"), highlight=False, soft_wrap=True)
+    logger.info(_used_line(read_manifest(index_dir), kind="query"))
     with json_only_stdout(as_json):
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
                                 device=device)
@@ -240,6 +236,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Check an index's files against the checksums in its manifest (exit 1 when any differs)."""
+    from neobert_embed.console import user_console
     from neobert_embed.index.integrity import verify_index
 
     report = verify_index(index_dir)
@@ -247,7 +244,7 @@ def verify(
         typer.echo(json.dumps({"directory": report.directory, "ok": report.ok, "checked": report.checked,
                                "problems": report.problems}, sort_keys=True))
     else:
-        console = _console()
+        console = user_console(stderr=True)
         for problem in report.problems:
             console.print(f"[red]✗[/] {problem}", highlight=False, soft_wrap=True)
         if report.ok:

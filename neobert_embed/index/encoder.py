@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from neobert_embed.encoding import SLICE_BATCHES, encode_longest_first
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.manifest import IndexManifest
 
 PROMPT_KINDS = ("query", "document")
 SUPPORTED_SIMILARITIES = ("cosine", "dot")
-SLICE_BATCHES = 16
 
 
 def model_fingerprint(model: Any) -> str:
@@ -100,15 +100,8 @@ class IndexEncoder:
             >>> encoder.encode_in_length_order(chunk_texts, "document", advance=bar.advance).shape
             (8192, 384)
         """
-        order = np.argsort([-len(text) for text in texts], kind="stable")
-        out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        step = self.batch_size * SLICE_BATCHES
-        for start in range(0, len(texts), step):
-            rows = order[start:start + step]
-            out[rows] = self.encode([texts[i] for i in rows], kind)
-            if advance is not None:
-                advance(len(rows))
-        return out
+        return encode_longest_first(lambda part: self.encode(part, kind), texts, self.dimension,
+                                    self.batch_size * SLICE_BATCHES, advance)
 
     def check_matches(self, manifest: IndexManifest, index_dir: str | Path) -> None:
         """Refuse to use this model with an index built by another one.

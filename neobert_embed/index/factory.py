@@ -3,7 +3,7 @@
 Why: the right index depends on the corpus size. Exact search is best below ~100k vectors;
 above, an inverted file (IVF) or a graph (HNSW) trades a little recall for a lot of speed, and the
 stored precision (float16, int8 scalar quantizer, binary codes, product quantization) trades more
-recall for memory. This module turns ``--index-type``/``--precision``/``--factory`` into one FAISS
+recall for memory. This module turns ``--index-type``/``--store-precision``/``--factory`` into one FAISS
 factory string, refusing combinations FAISS cannot do, and runs every search the same way
 (search-time parameters, exclusion of replaced rows, binary codes).
 
@@ -90,31 +90,31 @@ def _pq_layout(dimension: int, n_vectors: int) -> str:
 
 
 def check_options(index_type: str, precision: str, factory: str | None, dimension: int) -> None:
-    """Refuse unknown or incompatible ``--index-type``/``--precision``/``--factory`` before any work.
+    """Refuse unknown or incompatible ``--index-type``/``--store-precision``/``--factory`` before any work.
 
     Example:
         >>> check_options("ivfpq", "int8", None, 384)
         Traceback (most recent call last):
-        UserInputError: --precision does not apply to --index-type ivfpq ...
+        UserInputError: --store-precision does not apply to --index-type ivfpq ...
     """
     if index_type not in INDEX_TYPES:
         raise UserInputError(f"--index-type {index_type!r} is unknown; choose one of {', '.join(INDEX_TYPES)}")
     if precision not in PRECISIONS:
-        raise UserInputError(f"--precision {precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
+        raise UserInputError(f"--store-precision {precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
     if factory is not None and index_type != "auto":
         raise UserInputError("pass either --index-type or --factory, not both: the factory string "
                              "already names the index type")
     if factory is not None and precision != "float32":
-        raise UserInputError("--precision cannot be combined with --factory; put the storage in the "
+        raise UserInputError("--store-precision cannot be combined with --factory; put the storage in the "
                              "factory string instead (e.g. 'IVF1024,SQ8' or 'HNSW32,SQfp16')")
     if index_type == "ivfpq" and precision != "float32":
-        raise UserInputError("--precision does not apply to --index-type ivfpq (product quantization "
-                             "already compresses the vectors); drop --precision or use flat/ivf/hnsw")
+        raise UserInputError("--store-precision does not apply to --index-type ivfpq (product quantization "
+                             "already compresses the vectors); drop --store-precision or use flat/ivf/hnsw")
     if precision == "binary" and index_type in ("ivf", "ivfpq"):
-        raise UserInputError(f"--precision binary works with --index-type flat, hnsw or auto, not "
+        raise UserInputError(f"--store-precision binary works with --index-type flat, hnsw or auto, not "
                              f"{index_type} (FAISS's binary IVF cannot skip replaced documents)")
     if precision == "binary" and dimension % 8:
-        raise UserInputError(f"--precision binary needs a dimension divisible by 8; the model has {dimension}")
+        raise UserInputError(f"--store-precision binary needs a dimension divisible by 8; the model has {dimension}")
 
 
 def _custom_spec(factory: str, n_vectors: int) -> IndexSpec:

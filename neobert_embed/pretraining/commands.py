@@ -11,6 +11,8 @@ from pathlib import Path
 
 import typer
 
+from neobert_embed import options as opt
+
 pretrain_app = typer.Typer(
     help="MLM pretraining of NeoBERT (DeepSpeed ZeRO 0-3, or plain PyTorch). Run with --recipe/--corpus/"
     "--output to train, or use the prepare / export subcommands.",
@@ -27,7 +29,8 @@ def pretrain_command(
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest usable checkpoint."),
     stop_after_steps: int = typer.Option(None, "--stop-after-steps",
                                          help="Leave after N steps of this session (checkpointed); --resume later."),
-    no_wait: bool = typer.Option(False, "--no-wait", help="Fail at once if another process trains into --output."),
+    no_wait: opt.NoWait = False,
+    verbose: opt.Verbose = False,
 ) -> None:
     """Pretrain NeoBERT with masked language modelling.
 
@@ -46,6 +49,7 @@ def pretrain_command(
         raise UserInputError(f"pretrain needs {', '.join(missing)} (see `neobert-embed pretrain --help`)")
     import contextlib
 
+    from neobert_embed.console import third_party_log
     from neobert_embed.locks import writer_lock
     from neobert_embed.outputs import check_directory_path
     from neobert_embed.pretraining.trainer import pretrain
@@ -53,7 +57,7 @@ def pretrain_command(
 
     check_directory_path(output, what="pretraining run")
     with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if is_main_process()
-          else contextlib.nullcontext()):  # one lock per torchrun job, held by rank 0
+          else contextlib.nullcontext()), third_party_log(output, verbose):  # one lock per job, held by rank 0
         pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
 
 
@@ -71,12 +75,15 @@ def prepare_command(
     streaming: bool = typer.Option(False, "--streaming", help="Stream a Hugging Face dataset."),
     shard_documents: int = typer.Option(20_000, "--shard-documents", min=1,
                                         help="Documents per shard (the unit of resumption)."),
+    verbose: opt.Verbose = False,
 ) -> None:
     """Tokenize a corpus into an on-disk dataset; rerun the same command to resume."""
+    from neobert_embed.console import third_party_log
     from neobert_embed.pretraining.prepare import prepare_corpus
 
-    prepare_corpus(corpus, output, tokenizer=tokenizer, vocab_size=vocab_size, text_field=text_field,
-                   num_proc=num_proc, split=split, streaming=streaming, shard_documents=shard_documents)
+    with third_party_log(output, verbose):
+        prepare_corpus(corpus, output, tokenizer=tokenizer, vocab_size=vocab_size, text_field=text_field,
+                       num_proc=num_proc, split=split, streaming=streaming, shard_documents=shard_documents)
 
 
 @pretrain_app.command("export")

@@ -12,11 +12,13 @@ Example:
 
 from __future__ import annotations
 
-import warnings
+import logging
 from pathlib import Path
 from typing import Any
 
 from neobert_embed.runs import MetricsFile
+
+logger = logging.getLogger(__name__)
 
 
 class MetricsLog(MetricsFile):
@@ -48,8 +50,8 @@ def _tensorboard_writer(directory: Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        warnings.warn("training.tensorboard is on but tensorboard is not installed; "
-                      "logging to metrics.jsonl only (pip install tensorboard)", stacklevel=3)
+        logger.warning("training.tensorboard is on but tensorboard is not installed; "
+                       "logging to metrics.jsonl only (pip install tensorboard)")
         return None
     return SummaryWriter(str(directory / "tensorboard"))
 
@@ -58,7 +60,6 @@ def _wandb_run(name: str):
     try:
         import wandb
     except ImportError:
-        warnings.warn("training.wandb is on but wandb is not installed; logging to metrics.jsonl only",
-                      stacklevel=3)
+        logger.warning("training.wandb is on but wandb is not installed; logging to metrics.jsonl only")
         return None
     return wandb.init(project="neobert-embed", name=name)

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import multiprocessing
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
 from neobert_embed.pretraining.documents import iter_documents
@@ -40,6 +42,7 @@ from neobert_embed.sources import fingerprint
 STATE = "prepare.json"
 
 __all__ = ["prepare_corpus", "load_prepared", "is_prepared", "PreparedCorpus"]
+logger = logging.getLogger(__name__)
 
 
 def prepare_corpus(
@@ -79,7 +82,7 @@ def prepare_corpus(
     tokenizer_dir = output / "tokenizer"
     if not tokenizer_dir.is_dir():
         if tokenizer == "train":
-            _say(progress, f"learning a {vocab_size}-piece WordPiece vocabulary on {corpus}")
+            logger.info("learning a %d-piece WordPiece vocabulary on %s", vocab_size, corpus)
             train_wordpiece(documents(), vocab_size, tokenizer_dir)
         else:
             load_tokenizer(tokenizer).save_pretrained(str(tokenizer_dir))
@@ -96,7 +99,7 @@ def prepare_corpus(
     atomic_write_json(output / MANIFEST, {
         "shards": [name for name, _, _ in shards], "num_documents": num_documents,
         "num_tokens": num_tokens, **plan})
-    _say(progress, f"prepared {num_documents:,} documents, {num_tokens:,} tokens -> {output}")
+    logger.info("prepared %s documents, %s tokens -> %s", f"{num_documents:,}", f"{num_tokens:,}", output)
     return load_prepared(output)
 
 
@@ -121,13 +124,11 @@ def _chunks(documents: Iterator[str], size: int) -> Iterator[tuple[int, list[str
 def _tokenize_shards(documents: Iterator[str], output: Path, shard_documents: int, num_proc: int,
                      progress: bool) -> list[tuple[str, int, int]]:
     """Tokenize every missing shard; return (file name, documents, tokens) for all shards."""
-    from rich.progress import Progress
-
     shard_dir = output / "shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
     jobs = ((index, chunk, str(output)) for index, chunk in _chunks(documents, shard_documents))
     results = []
-    with Progress(disable=not progress, transient=True) as bar:
+    with progress_bar(show=progress, transient=True) as bar:
         task = bar.add_task("tokenizing documents", total=None)
         if num_proc > 1:
             context = multiprocessing.get_context("spawn")
@@ -177,9 +178,3 @@ def _read_lengths(path: Path) -> list[int]:
     with pa.memory_map(str(path)) as source:
         return pa.ipc.open_stream(source).read_all().column("length").to_pylist()
 
-
-def _say(enabled: bool, message: str) -> None:
-    if enabled:
-        from rich.console import Console
-
-        Console(stderr=True).print(message, highlight=False)

@@ -20,16 +20,17 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.pretraining.batches import BatchMaker
 from neobert_embed.pretraining.checkpoint import (
@@ -51,6 +52,8 @@ OPERATIONAL_KEYS = frozenset({
     "training.max_steps", "training.cpu_threads", "training.max_bad_steps", "training.log_every_steps",
     "training.tensorboard", "training.wandb", "checkpoint.every_steps", "checkpoint.keep_last", "data.num_proc",
 })
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -149,20 +152,20 @@ def _run(recipe: PretrainRecipe, corpus: str | Path, output: Path, resume: bool,
     if resume and existing:
         restored, path = load_latest_checkpoint(engine, checkpoints)
         state = RunState.from_dict(restored)
-        _say(engine, f"resumed from {path} (step {state.step})")
+        logger.info("resumed from %s (step %d)", path, state.step)
         if restored.get("max_steps", recipe.training.max_steps) != recipe.training.max_steps:
-            warnings.warn(f"the checkpoint's learning-rate schedule was planned for {restored['max_steps']} "
-                          f"steps and is kept; training now stops at {recipe.training.max_steps}", stacklevel=2)
+            logger.warning("the checkpoint's learning-rate schedule was planned for %s steps and is kept; "
+                           "training now stops at %d", restored["max_steps"], recipe.training.max_steps)
     elif resume:
-        warnings.warn(f"--resume: no checkpoint in {checkpoints} yet; starting from step 0", stacklevel=2)
+        logger.warning("--resume: no checkpoint in %s yet; starting from step 0", checkpoints)
     loop = _Loop(recipe, prepared, engine, output, state)
     return loop.run(stop_after_steps, progress)
 
 
 def _warn_short_schedule(recipe: PretrainRecipe) -> None:
     if recipe.schedule.warmup_steps >= recipe.training.max_steps:
-        warnings.warn(f"schedule.warmup_steps ({recipe.schedule.warmup_steps}) >= training.max_steps "
-                      f"({recipe.training.max_steps}): the learning rate never reaches its peak", stacklevel=3)
+        logger.warning("schedule.warmup_steps (%d) >= training.max_steps (%d): the learning rate never reaches "
+                       "its peak", recipe.schedule.warmup_steps, recipe.training.max_steps)
 
 
 def _resolve_corpus(recipe: PretrainRecipe, corpus: str | Path, output: Path) -> PreparedCorpus:
@@ -181,13 +184,6 @@ def _resolve_corpus(recipe: PretrainRecipe, corpus: str | Path, output: Path) ->
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return load_prepared(target)
-
-
-def _say(engine: TrainingEngine, message: str) -> None:
-    if engine.rank == 0:
-        from rich.console import Console
-
-        Console(stderr=True).print(message, highlight=False)
 
 
 @dataclass
@@ -219,7 +215,7 @@ class _Loop:
         self.stats_lr = 0.0
 
     def run(self, stop_after_steps: int | None, progress: bool) -> PretrainResult:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
         training = self.recipe.training
         end = training.max_steps if stop_after_steps is None else min(training.max_steps,
@@ -227,7 +223,7 @@ class _Loop:
         columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                    TextColumn("{task.fields[info]}")]
         try:
-            with Progress(*columns, disable=not progress or self.engine.rank != 0) as bar:
+            with progress_bar(*columns, show=progress) as bar:
                 task = bar.add_task("", total=training.max_steps, completed=self.state.step, info="")
                 window = _Window()
                 while self.state.step < end:
@@ -324,9 +320,8 @@ class _Loop:
         export_dir = None
         if finished and self.engine.rank == 0:
             export_dir = export_checkpoint(checkpoint, self.output / "final", progress=False)
-        _say(self.engine, f"step {self.state.step}: metrics in {self.output / 'metrics.jsonl'}, checkpoint "
-             f"{checkpoint}" + (f", model exported to {export_dir}" if export_dir else
-                                "; continue with --resume"))
+        logger.info("step %d: metrics in %s, checkpoint %s%s", self.state.step, self.output / "metrics.jsonl",
+                    checkpoint, f", model exported to {export_dir}" if export_dir else "; continue with --resume")
         return PretrainResult(self.output, self.state.step, finished, self.state.skipped_steps,
                               self.output / "metrics.jsonl", checkpoint, export_dir, self.engine.module.mlm)
 

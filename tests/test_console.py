@@ -1,0 +1,167 @@
+"""One console: every long command keeps third-party chatter in OUTPUT.log, says so in one line,
+and shows it with --verbose; renamed flags work and their old spellings still work with a warning."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from safety_helpers import small_inputs, write_jsonl
+from typer.testing import CliRunner
+
+from neobert_embed.cli import app
+
+PRINTED, LOGGED, WARNED = "chatty print from a library", "chatty log record", "chatty FutureWarning"
+TASK = {"name": "ConsoleSTS", "type": "STS"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    from neobert_embed.index import build_index
+
+    inputs = small_inputs(tmp_path_factory.mktemp("console"))
+    build_index(inputs["model"], inputs["corpus"], inputs["root"] / "index", index_type="flat", show_progress=False)
+    task = inputs["root"] / "task"
+    task.mkdir()
+    (task / "task.json").write_text(json.dumps(TASK), encoding="utf-8")
+    write_jsonl(task / "test.jsonl", [{"sentence1": f"a {i}", "sentence2": f"b {i % 3}", "score": float(i % 5)}
+                                      for i in range(12)])
+    from glue_helpers import tiny_task_dir
+    from pretraining_helpers import tiny_recipe
+
+    from neobert_embed.pretraining import prepare_corpus
+
+    recipe = inputs["root"] / "pretrain.yaml"
+    recipe.write_text(yaml.safe_dump(tiny_recipe(max_steps=2)), encoding="utf-8")
+    prepared = prepare_corpus(inputs["corpus"], inputs["root"] / "prepared", tokenizer=str(inputs["model"]),
+                              progress=False).path
+    glue = tiny_task_dir(inputs["root"], "stsb", train=16, validation=8)
+    return inputs | {"task": task, "pretrain_recipe": recipe, "prepared": prepared, "glue": glue}
+
+
+# (command, output) with {placeholders}; each loads a tokenizer through transformers inside the run.
+COMMANDS = {
+    "encode": ("encode --model {model} --input {texts} --output {out}/e.npy", "{out}/e.npy"),
+    "index build": ("index build --model {model} --corpus {corpus} --output {out}/idx --index-type flat",
+                    "{out}/idx"),
+    "index add": ("index add {out}/index --corpus {more}", "{out}/index"),
+    "mine-negatives": ("mine-negatives --model {model} --data {pairs} --output {out}/mined.jsonl -n 1",
+                       "{out}/mined.jsonl"),
+    "train-contrastive": ("train-contrastive --model {model} --data p={pairs} --recipe {recipe} --max-steps 1 "
+                          "--output {out}/run", "{out}/run"),
+    "pretrain prepare": ("pretrain prepare --corpus {corpus} --output {out}/prepared --tokenizer {model}",
+                         "{out}/prepared"),
+    "mteb": ("mteb --model {model} --task-dir {task} --output {out}/mteb", "{out}/mteb"),
+    "pretrain": ("pretrain --recipe {pretrain_recipe} --corpus {prepared} --output {out}/pretrain", "{out}/pretrain"),
+    "glue": ("glue --model {model} --task-dir {glue} --output {out}/glue --seeds 1 --epochs 1 --batch-size 8 "
+             "--lr 1e-3", "{out}/glue"),
+}
+
+
+@pytest.fixture
+def chatty(monkeypatch):
+    """Make transformers' config/tokenizer loading print, log and warn, as real libraries do."""
+    import transformers
+
+    def wrap(cls):
+        original = cls.from_pretrained.__func__
+
+        def from_pretrained(klass, *args, **kwargs):
+            print(PRINTED, file=sys.stderr)
+            logging.getLogger("thirdparty.chatty").warning(LOGGED)
+            warnings.warn(WARNED, FutureWarning, stacklevel=2)
+            return original(klass, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(from_pretrained))
+
+    wrap(transformers.AutoConfig)
+    wrap(transformers.AutoTokenizer)
+
+
+def _run(world: dict[str, Path], tmp_path: Path, name: str, extra: list[str]) -> tuple[object, Path]:
+    import shutil
+
+    shutil.copytree(world["root"] / "index", tmp_path / "index")
+    more = write_jsonl(tmp_path / "more.jsonl", [{"_id": "new", "text": "fresh news"}])
+    values = {key: str(value) for key, value in world.items()} | {"out": str(tmp_path), "more": str(more)}
+    args, output = (part.format(**values) for part in COMMANDS[name])
+    result = CliRunner().invoke(app, args.split() + extra)
+    assert result.exit_code == 0, result.output
+    return result, Path(output + ".log")
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_third_party_output_goes_to_the_runs_log_with_one_summary_line(name, world, tmp_path, chatty, capfd):
+    result, log = _run(world, tmp_path, name, [])
+    screen = result.output + "".join(capfd.readouterr())
+    for chatter in (PRINTED, LOGGED, WARNED):
+        assert chatter not in screen, screen
+        assert chatter in log.read_text(encoding="utf-8")
+    lines = log.read_bytes().count(b"\n")
+    assert f"third-party output: {lines} lines in {log}" in " ".join(screen.split())
+
+
+@pytest.mark.parametrize("name", ["encode", "index add", "pretrain prepare"])
+def test_verbose_leaves_third_party_output_on_screen(name, world, tmp_path, chatty):
+    result, log = _run(world, tmp_path, name, ["--verbose"])
+    assert PRINTED in result.output and "third-party output" not in result.output  # warnings: pytest keeps them
+    assert not log.exists()
+
+
+def test_store_precision_and_its_old_spelling(world, tmp_path):
+    base = ["encode", "--model", str(world["model"]), "--input", str(world["texts"])]
+    new = CliRunner().invoke(app, [*base, "--output", str(tmp_path / "a.npy"), "--store-precision", "float16"])
+    assert new.exit_code == 0 and "deprecated" not in new.output, new.output
+    old = CliRunner().invoke(app, [*base, "--output", str(tmp_path / "b.npy"), "--precision", "float16"])
+    assert old.exit_code == 0, old.output
+    assert old.output.count("--precision is deprecated; use --store-precision") == 1
+    assert np.load(tmp_path / "a.npy").dtype == np.load(tmp_path / "b.npy").dtype == np.float16
+    both = CliRunner().invoke(app, [*base, "--output", str(tmp_path / "c.npy"), "--precision", "int8",
+                                    "--store-precision", "float16"])
+    assert both.exit_code != 0 and not (tmp_path / "c.npy").exists()
+    help_text = CliRunner().invoke(app, ["encode", "--help"]).output
+    assert "--store-precision" in help_text and "--precision " not in help_text
+
+
+def test_index_build_max_length_and_its_old_spelling(world, tmp_path):
+    from neobert_embed.index.manifest import read_manifest
+
+    base = ["index", "build", "--model", str(world["model"]), "--corpus", str(world["corpus"]),
+            "--index-type", "flat"]
+    new = CliRunner().invoke(app, [*base, "--output", str(tmp_path / "a"), "--max-length", "16",
+                                   "--store-precision", "float16"])
+    assert new.exit_code == 0 and "deprecated" not in new.output, new.output
+    old = CliRunner().invoke(app, [*base, "--output", str(tmp_path / "b"), "--max-seq-length", "16",
+                                   "--precision", "float16"])
+    assert old.exit_code == 0, old.output
+    assert "--max-seq-length is deprecated; use --max-length" in old.output
+    assert "--precision is deprecated; use --store-precision" in old.output
+    first, second = read_manifest(tmp_path / "a"), read_manifest(tmp_path / "b")
+    assert first.max_seq_length == second.max_seq_length == 16 and first.precision == second.precision == "float16"
+    help_text = CliRunner().invoke(app, ["index", "build", "--help"]).output
+    assert "--max-length" in help_text and "--max-seq-length" not in help_text
+
+
+@pytest.mark.parametrize(("rank", "shown"), [("0", {"status", "careful", "broken"}), ("1", {"broken"})])
+def test_status_lines_come_from_process_zero_only_and_errors_from_every_process(rank, shown, monkeypatch):
+    import io
+
+    from neobert_embed.console import show_records
+
+    monkeypatch.setenv("RANK", rank)
+    screen = io.StringIO()
+    handler = show_records(screen)
+    try:
+        log = logging.getLogger("neobert_embed.pretraining.trainer")
+        log.info("status")
+        log.warning("careful")
+        log.error("broken")
+    finally:
+        handler.detach()
+    assert {word for word in ("status", "careful", "broken") if word in screen.getvalue()} == shown
