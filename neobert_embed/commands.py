@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.live import Live
 
-    from neobert_embed.demo.pipeline import Stage
+    from neobert_embed.demo.run import Stage
 
 
 def encode(
@@ -72,7 +72,7 @@ def demo(
     stages are skipped when the command is rerun (after Ctrl-C, say); --fresh starts over.
     """
     from neobert_embed.console import user_console
-    from neobert_embed.demo.pipeline import LOG_NAME, DemoSettings, run_demo
+    from neobert_embed.demo.run import LOG_NAME, DemoSettings, run_demo
     from neobert_embed.demo.summary import print_summary
 
     console = user_console()

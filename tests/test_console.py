@@ -158,7 +158,7 @@ def test_status_lines_come_from_process_zero_only_and_errors_from_every_process(
     screen = io.StringIO()
     handler = show_records(screen)
     try:
-        log = logging.getLogger("neobert_embed.pretraining.trainer")
+        log = logging.getLogger("neobert_embed.pretraining.train")
         log.info("status")
         log.warning("careful")
         log.error("broken")

@@ -264,7 +264,7 @@ def test_interrupt_keeps_finished_tasks_and_rerun_resumes(tmp_path, tiny_bert, m
 
 
 def test_summary_never_averages_silently_over_fewer_tasks(tmp_path):
-    from neobert_embed.evaluation.runner import EvaluationReport, TaskOutcome
+    from neobert_embed.evaluation.run import EvaluationReport, TaskOutcome
 
     full = EvaluationReport("a", "a", "r1", "x", "", [TaskOutcome("S1", "STS", "done", "m", 0.5),
                                                       TaskOutcome("S2", "STS", "done", "m", 0.7)])

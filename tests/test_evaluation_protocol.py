@@ -152,7 +152,7 @@ def test_default_protocol_equals_plain_mteb_and_uniform_differs(tmp_path, senten
 
 
 def test_mixing_protocols_in_one_summary_is_refused(tmp_path):
-    from neobert_embed.evaluation.runner import EvaluationReport, TaskOutcome
+    from neobert_embed.evaluation.run import EvaluationReport, TaskOutcome
 
     outcome = [TaskOutcome("S1", "STS", "done", "m", 0.5)]
     model = EvaluationReport("a", "a", "r1", "", "", list(outcome), protocol="model")

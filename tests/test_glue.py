@@ -18,7 +18,7 @@ from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
 from neobert_embed.glue import trial as trial_module
 from neobert_embed.glue.presets import expand_trials, load_glue_preset
-from neobert_embed.glue.runner import run_glue
+from neobert_embed.glue.run import run_glue
 from neobert_embed.glue.tasks import TASKS, compute_metrics
 from neobert_embed.glue.trial import eval_every
 from neobert_embed.runs import Interrupted

@@ -19,7 +19,7 @@ from neobert_embed.charts import png_bytes, subplots
 from neobert_embed.files import atomic_write_bytes, atomic_write_json
 
 if TYPE_CHECKING:
-    from neobert_embed.demo.pipeline import DemoReport
+    from neobert_embed.demo.run import DemoReport
 
 LOSS_CURVES = {"MLM (tiny NeoBERT)": ("pretrain",), "InfoNCE (tiny NeoBERT)": ("models", "fine-tuned"),
                "InfoNCE (all-MiniLM-L6-v2)": ("models", "minilm-fine-tuned")}

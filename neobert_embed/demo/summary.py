@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from neobert_embed.demo.pipeline import MINILM, DemoReport
+from neobert_embed.demo.run import MINILM, DemoReport
 
 
 def print_summary(report: DemoReport, console: Console) -> None:

@@ -17,8 +17,8 @@ from neobert_embed.lazy import lazy_exports
 _EXPORTS = {
     "EvaluationRecipe": "recipe", "load_evaluation_recipe": "recipe",
     "load_task_dir": "local_tasks", "load_task_dirs": "local_tasks",
-    "run_mteb": "runner", "select_tasks": "runner", "EvaluationReport": "runner", "TaskOutcome": "runner",
-    "list_benchmarks": "runner", "PROTOCOLS": "protocol", "load_model_encoder": "protocol",
+    "run_mteb": "run", "select_tasks": "run", "EvaluationReport": "run", "TaskOutcome": "run",
+    "list_benchmarks": "run", "PROTOCOLS": "protocol", "load_model_encoder": "protocol",
     "prompts_used": "protocol",
     "write_summary": "summary", "summarize": "summary",
     "UniformEncoder": "encoder", "model_identity": "encoder",

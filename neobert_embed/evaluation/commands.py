@@ -59,7 +59,7 @@ def _protocol_settings(protocol: str, recipe: Path | None, batch_size: int | Non
 
 
 def _print_benchmarks() -> None:
-    from neobert_embed.evaluation.runner import list_benchmarks
+    from neobert_embed.evaluation.run import list_benchmarks
 
     for name, count in list_benchmarks():
         typer.echo(f"{name:40s} {count:4d} tasks")
@@ -125,7 +125,7 @@ def mteb_command(
     """
     from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.errors import UserInputError
-    from neobert_embed.evaluation.runner import run_mteb
+    from neobert_embed.evaluation.run import run_mteb
 
     if list_benchmarks:
         _print_benchmarks()

@@ -31,7 +31,7 @@ from typing import Any
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
-from neobert_embed.evaluation.runner import EvaluationReport, TaskOutcome, run_mteb, select_tasks
+from neobert_embed.evaluation.run import EvaluationReport, TaskOutcome, run_mteb, select_tasks
 from neobert_embed.outputs import model_label
 
 logger = logging.getLogger(__name__)

@@ -162,7 +162,7 @@ def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[An
     Raises :class:`UserInputError` (nothing written) when the reports mix evaluation protocols.
 
     Args:
-        reports: :class:`~neobert_embed.evaluation.runner.EvaluationReport` objects (one per model).
+        reports: :class:`~neobert_embed.evaluation.run.EvaluationReport` objects (one per model).
         output: directory for the two files (written atomically).
         tasks: the selected mteb tasks; default: every task any report attempted.
 

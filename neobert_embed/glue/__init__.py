@@ -4,7 +4,7 @@ Modules: :mod:`.tasks` (the eight tasks, metrics), :mod:`.data` (hub or local ta
 :mod:`.presets` (validated grids, trial expansion and MNLI→target ordering), :mod:`.trial` (one
 fine-tuning run with ``transformers.Trainer``), :mod:`.journal` (per-trial results on disk),
 :mod:`.selection` (best configuration on validation), :mod:`.summary` (table and chart),
-:mod:`.server` (GLUE-server TSVs) and :mod:`.runner` (the whole protocol).
+:mod:`.server` (GLUE-server TSVs) and :mod:`.run` (the whole protocol).
 
 Nothing heavy is imported here, so the CLI stays light.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from neobert_embed.lazy import lazy_exports
 
-_HOMES = {"GluePreset": ".presets", "load_glue_preset": ".presets", "run_glue": ".runner"}
+_HOMES = {"GluePreset": ".presets", "load_glue_preset": ".presets", "run_glue": ".run"}
 
 __all__ = sorted(_HOMES)
 

@@ -43,7 +43,7 @@ def glue_command(
     Each task's reported figure is its best configuration on validation, as in the paper (optimistic).
     """
     from neobert_embed.glue.presets import load_glue_preset
-    from neobert_embed.glue.runner import run_glue
+    from neobert_embed.glue.run import run_glue
 
     if not tasks and not task_dir:
         raise UserInputError("no tasks: pass --tasks cola,sst2,... (hub) or --task-dir DIR (local)")

@@ -18,8 +18,8 @@ _EXPORTS = {
     "PretrainRecipe": "neobert_embed.pretraining.recipe",
     "prepare_corpus": "neobert_embed.pretraining.prepare",
     "load_prepared": "neobert_embed.pretraining.prepared",
-    "pretrain": "neobert_embed.pretraining.trainer",
-    "PretrainResult": "neobert_embed.pretraining.trainer",
+    "pretrain": "neobert_embed.pretraining.train",
+    "PretrainResult": "neobert_embed.pretraining.train",
     "export_checkpoint": "neobert_embed.pretraining.export",
 }
 

@@ -52,7 +52,7 @@ def pretrain_command(
     from neobert_embed.console import third_party_log
     from neobert_embed.locks import writer_lock
     from neobert_embed.outputs import check_directory_path
-    from neobert_embed.pretraining.trainer import pretrain
+    from neobert_embed.pretraining.train import pretrain
     from neobert_embed.runs import is_main_process
 
     check_directory_path(output, what="pretraining run")
