@@ -19,7 +19,8 @@ from pretraining_helpers import ctrl_c_at_step, losses, single_thread, tiny_reci
 from typer.testing import CliRunner
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.pretraining import export_checkpoint, prepare_corpus, pretrain, trainer
+from neobert_embed.pretraining import export_checkpoint, prepare_corpus, pretrain
+from neobert_embed.pretraining import train as pretrain_module
 from neobert_embed.pretraining.checkpoint import consolidated_state_dict, find_checkpoint
 from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
 from neobert_embed.pretraining.recipe import parse_pretrain_recipe
@@ -262,8 +263,8 @@ def test_sigint_to_the_cli_checkpoints_and_says_how_to_resume(corpus, tmp_path):
 @pytest.mark.parametrize(("engine", "zero_stage"), [("torch", 0), ("deepspeed", 0), ("deepspeed", 2)])
 def test_every_engine_is_a_training_engine_whose_checkpoints_export(corpus, tmp_path, monkeypatch, engine,
                                                                      zero_stage):
-    real_build, built = trainer.build_engine, []
-    monkeypatch.setattr(trainer, "build_engine", lambda *args: built.append(real_build(*args)) or built[-1])
+    real_build, built = pretrain_module.build_engine, []
+    monkeypatch.setattr(pretrain_module, "build_engine", lambda *args: built.append(real_build(*args)) or built[-1])
     result = pretrain(parse_pretrain_recipe(tiny_recipe(engine=engine, zero_stage=zero_stage, max_steps=2)),
                       corpus, tmp_path / "run", progress=False)
     assert isinstance(built[0], TrainingEngine) and CHECKPOINT_FORMATS[engine] is type(built[0])
