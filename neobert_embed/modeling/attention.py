@@ -260,7 +260,7 @@ def _documents_tiling(lengths: list[int], starts: list[int]) -> _Tiling:
     return _Tiling(lengths, starts, [[n] for n in lengths])
 
 
-def _rows_tiling(lengths: list[int], starts: list[int], doc_rows: list[int], rows: int) -> _Tiling:
+def _tiling_for(lengths: list[int], starts: list[int], doc_rows: list[int], rows: int) -> _Tiling:
     per_row: list[list[int]] = [[] for _ in range(rows)]
     for length, row in zip(lengths, doc_rows, strict=True):
         if length:
@@ -303,7 +303,7 @@ def _plan_groups(tiling: _Tiling, device: torch.device | None) -> tuple[tuple[At
     return tuple(groups), restore.to(device)
 
 
-def _rows_aligned(cu_seqlens: list[int], batch: int, length: int) -> bool:
+def _aligned_to_rows(cu_seqlens: list[int], batch: int, length: int) -> bool:
     boundaries = set(cu_seqlens)
     return all(r * length in boundaries for r in range(1, batch))
 
@@ -365,12 +365,12 @@ def build_varlen_batch(
     chosen = "documents"
     if (cu_seqlens is not None and layout == "auto") or layout == "rows":
         original = [0, total] if cu_seqlens is None else cu_seqlens.tolist()
-        if not _rows_aligned(original, batch, length):
+        if not _aligned_to_rows(original, batch, length):
             if layout == "rows":
                 raise ValueError("layout 'rows' needs every row boundary to be a document boundary")
         else:
             doc_rows = [start // length for start in original[:-1]]
-            rows = _rows_tiling(host_lengths, tiling.starts, doc_rows, batch)
+            rows = _tiling_for(host_lengths, tiling.starts, doc_rows, batch)
             if layout == "rows" or rows.cost() < tiling.cost():
                 tiling, chosen = rows, "rows"
     groups, restore = _plan_groups(tiling, device)
