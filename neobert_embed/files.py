@@ -155,10 +155,32 @@ def sha256_file(path: str | Path) -> str:
         64
     """
     digest = hashlib.sha256()
+    _feed(digest, path)
+    return digest.hexdigest()
+
+
+def directory_digest(directory: str | Path, skip: tuple[str, ...] = ()) -> str:
+    """Short SHA-256 of a directory's files (relative names and contents): a local model's or
+    task's "revision" in results. Hidden files and top-level folders named in ``skip`` are left out.
+
+    Example:
+        >>> directory_digest("runs/my-embedder", skip=("checkpoints",))
+        '3f9a0c2b71de'
+    """
+    directory, digest = Path(directory), hashlib.sha256()
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        relative = file.relative_to(directory)
+        if relative.parts[0] in skip or any(part.startswith(".") for part in relative.parts):
+            continue
+        digest.update(str(relative).encode("utf-8"))
+        _feed(digest, file)
+    return digest.hexdigest()[:12]
+
+
+def _feed(digest: Any, path: str | Path) -> None:
     with open(path, "rb") as handle:
         while block := handle.read(1 << 20):
             digest.update(block)
-    return digest.hexdigest()
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from mteb.types import PromptType
 
 from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.evaluation.recipe import EvaluationRecipe
+from neobert_embed.files import directory_digest
 from neobert_embed.sentence import load_sentence_model
 
 
@@ -57,24 +57,6 @@ class ModelIdentity:
         return (base or ModelMeta.create_empty()).model_copy(update=update)
 
 
-def directory_fingerprint(directory: Path) -> str:
-    """Hash of the files of a model directory (weights, config, tokenizer).
-
-    Hidden files and a ``checkpoints/`` folder (training state kept by ``train-contrastive``,
-    not part of the model) are left out, so hashing stays cheap and stable.
-    """
-    digest = hashlib.sha256()
-    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
-        relative = file.relative_to(directory)
-        if relative.parts[0] == "checkpoints" or any(part.startswith(".") for part in relative.parts):
-            continue
-        digest.update(str(relative).encode("utf-8"))
-        with open(file, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()[:12]
-
-
 def _hub_revision(repo_id: str, revision: str | None) -> str:
     """Commit of a hub model in the local cache (exact), else the requested revision or ``main``."""
     try:
@@ -97,7 +79,7 @@ def model_identity(name_or_path: str | Path, revision: str | None = None) -> Mod
     source = str(name_or_path)
     path = Path(source)
     if path.is_dir():
-        return ModelIdentity(source, path.resolve().name, revision or directory_fingerprint(path))
+        return ModelIdentity(source, path.resolve().name, revision or directory_digest(path, skip=("checkpoints",)))
     name = resolve_model_name(source)
     return ModelIdentity(source, name, _hub_revision(name, revision))
 

@@ -29,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -39,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import task_data
 from neobert_embed.evaluation.task_data import LABEL, NUMBER, TEXT
+from neobert_embed.files import directory_digest
 from neobert_embed.recipes import load_spec
 
 TASK_TYPES = ("STS", "PairClassification", "Classification", "Clustering", "Retrieval", "Reranking")
@@ -83,15 +83,6 @@ class TaskSpec(BaseModel):
 
 class LocalTask:
     """Mixin marking every task built here: its data come from a directory, never the hub."""
-
-
-def data_fingerprint(directory: Path) -> str:
-    """Hash of the directory's files: the local data's "revision", stored in every result."""
-    digest = hashlib.sha256()
-    for file in sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        digest.update(str(file.relative_to(directory)).encode("utf-8"))
-        digest.update(file.read_bytes())
-    return "local-" + digest.hexdigest()[:12]
 
 
 def _read_split(task_type: str, directory: Path, split: str, columns: dict[str, str]) -> Any:
@@ -176,7 +167,7 @@ def _registered_task(spec: TaskSpec, directory: Path) -> Any:
     splits = [spec.eval_split] if spec.eval_split else default_splits
     base = type(official)
     metadata = base.metadata.model_copy(update={
-        "dataset": {"path": str(directory.resolve()), "revision": data_fingerprint(directory)},
+        "dataset": {"path": str(directory.resolve()), "revision": "local-" + directory_digest(directory)},
         "eval_splits": splits})
     task_class = type(base.__name__, (base, LocalTask), {
         "metadata": metadata, "load_data": _make_loader(directory, task_type, splits, subset),
@@ -206,7 +197,7 @@ def _new_task(spec: TaskSpec, directory: Path) -> Any:
     metadata = TaskMetadata(
         name=spec.name, type=spec.type, main_score=spec.main_score or DEFAULT_MAIN_SCORES[spec.type],
         description=spec.description or f"Local {spec.type} task read from {directory}",
-        dataset={"path": str(directory.resolve()), "revision": data_fingerprint(directory)},
+        dataset={"path": str(directory.resolve()), "revision": "local-" + directory_digest(directory)},
         category="t2t", modalities=["text"], eval_splits=[split], eval_langs=["eng-Latn"], prompt=prompt,
     )
     # New clustering tasks embed every text and bootstrap samples of the data's own size: mteb's
