@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from neobert_embed.console import document_progress
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, remove_debris
 from neobert_embed.index.distributed import encode_across_ranks, init_world, on_main
-from neobert_embed.index.documents import CorpusDocument, CorpusFields, read_corpus
+from neobert_embed.index.documents import CorpusFields, read_corpus
 from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.index.factory import as_codes, write_faiss_index
 from neobert_embed.index.integrity import open_faiss, open_store, with_checksums
@@ -113,25 +113,19 @@ class _Staged:
     replaced: int
 
 
-def _renumbered(documents: Iterator[CorpusDocument], offset: int) -> Iterator[CorpusDocument]:
-    for doc in documents:
-        yield dataclasses.replace(doc, doc_id=str(offset + int(doc.doc_id)))
-
-
 def _stage(index_dir: Path, work: Path, corpus: str | Path, fields: CorpusFields, row_ids: bool,
            on_duplicate: str) -> _Staged:
     """Rank 0: copy the index into ``work`` and import the new documents into its store."""
     manifest = read_manifest(index_dir)
     open_store(index_dir, manifest).close()
-    for entry in index_dir.iterdir():  # the index files (vectors.f16.npy too), and what the user keeps there
-        if entry.is_dir():
-            shutil.copytree(entry, work / entry.name)
-        elif entry.name != MANIFEST_NAME:
-            shutil.copy2(entry, work / entry.name)
+    # the index files (vectors.f16.npy too), and what the user keeps there; the manifest is written last
+    shutil.copytree(index_dir, work, dirs_exist_ok=True,
+                    ignore=lambda folder, names: [MANIFEST_NAME] if Path(folder) == index_dir else [])
     with DocumentStore(work / STORE_NAME) as store:
         documents = read_corpus(corpus, fields)
-        if row_ids:
-            documents = _renumbered(documents, store.largest_numeric_id())
+        if row_ids:  # row numbers continue after the index's largest numeric id
+            offset = store.largest_numeric_id()
+            documents = (dataclasses.replace(doc, doc_id=str(offset + int(doc.doc_id))) for doc in documents)
         result = store.import_documents(documents, str(corpus), on_duplicate, ids_are_rows=row_ids)
     if result.added == 0:
         raise UserInputError(f"{corpus}: the corpus is empty (no documents); nothing to add")

@@ -121,12 +121,6 @@ def partial_directory(output: Path) -> Path:
     return output.with_name(output.name + ".partial")
 
 
-def _saved_state(options: BuildOptions, encoder: IndexEncoder) -> dict[str, Any]:
-    state = {key: getattr(options, key) for key in RESUME_KEYS}
-    state.update(corpus_fingerprint=fingerprint(options.corpus, options.split), model_fingerprint=encoder.fingerprint)
-    return state
-
-
 def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrite: bool) -> Path:
     """Create, reuse (``resume``) or refuse the work directory; refuse to clobber a finished index."""
     partial = partial_directory(output)
@@ -176,8 +170,6 @@ def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexE
             vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], "document",
                                                      advance=lambda n: progress.advance(task, n * world.size))
             shards.write(chunk, vectors)
-            if not store.read_only:
-                store.mark_chunk_finished(chunk, first, len(documents))
             if on_chunk is not None:
                 on_chunk(ChunkDone(chunk, n_chunks, first + len(documents), total))
     return n_chunks
@@ -187,6 +179,16 @@ def _sample_rows(total: int, size: int, seed: int) -> np.ndarray:
     if size >= total:
         return np.arange(total, dtype=np.int64)
     return np.sort(np.random.default_rng(seed).choice(total, size=size, replace=False)).astype(np.int64)
+
+
+def _trained(spec: IndexSpec, dimension: int, sample: Callable[[np.ndarray], np.ndarray], total: int,
+             report: dict | None) -> Any:
+    """An empty ``spec`` index trained on a seeded sample; ``report`` gets the sample size and time."""
+    index, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
+    if report is not None:
+        report.update(train_vectors=min(total, spec.train_size) if spec.train_size else 0,
+                      train_seconds=round(seconds, 3))
+    return index
 
 
 def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
@@ -203,10 +205,7 @@ def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
     Example:
         >>> index = fill_index(spec, 384, lambda: [(0, x)], lambda rows: x[rows], len(x))
     """
-    index, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
-    if report is not None:
-        report.update(train_vectors=min(total, spec.train_size) if spec.train_size else 0,
-                      train_seconds=round(seconds, 3))
+    index = _trained(spec, dimension, sample, total, report)
     for _, block in blocks():
         index.add(as_codes(spec, np.asarray(block, dtype=np.float32)))
     return index
@@ -264,7 +263,7 @@ def _encode(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progr
             on_chunk: Callable[[ChunkDone], None] | None, world: World) -> tuple[int, int]:
     """Import (rank 0), then encode the missing chunks (every rank its share); returns (rows, chunks)."""
     total = on_main(world, lambda: _import_and_check(partial, opts, encoder.dimension, show_progress))
-    with DocumentStore(partial / STORE_NAME, read_only=world.distributed) as store:
+    with DocumentStore(partial / STORE_NAME, read_only=True) as store:
         n_chunks = _encode_chunks(store, ShardDirectory(partial / "shards"), encoder, opts, total, show_progress,
                                   on_chunk, world)
     barrier(world)
@@ -284,9 +283,7 @@ def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: in
     details: dict[str, Any] = {"on_disk": opts.on_disk,
                                "rerank_k_factor": RERANK_K_FACTOR if needs_rerank(spec.factory) else None}
     if opts.on_disk:
-        trained, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
-        details.update(train_vectors=min(total, spec.train_size), train_seconds=round(seconds, 3))
-        index = build_on_disk(trained, spec, blocks(), partial)
+        index = build_on_disk(_trained(spec, dimension, sample, total, details), spec, blocks(), partial)
     else:
         index = fill_index(spec, dimension, blocks, sample, total, report=details)
     if details["rerank_k_factor"]:
@@ -386,7 +383,8 @@ def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: boo
     check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
     if opts.factory is not None:
         create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)
-    state = _saved_state(opts, encoder)
+    state = {**opts.model_dump(include=set(RESUME_KEYS)), "corpus_fingerprint": fingerprint(opts.corpus, opts.split),
+             "model_fingerprint": encoder.fingerprint}
     partial = on_main(world, lambda: _prepare_partial(output, state, resume, overwrite))
     try:
         total, n_chunks = _encode(partial, opts, encoder, show_progress, on_chunk, world)

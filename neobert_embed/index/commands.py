@@ -6,6 +6,7 @@ heavy imports happen inside the commands so ``--help`` stays instant.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -85,23 +86,21 @@ def build(
     from neobert_embed.console import third_party_log
     from neobert_embed.index.build import build_index
     from neobert_embed.index.distributed import launch_on_devices, parse_devices
+    from neobert_embed.index.documents import CorpusFields
 
     precision = opt.renamed("--store-precision", store_precision, "--precision", precision) or "float32"
     max_seq_length = opt.renamed("--max-length", max_length, "--max-seq-length", max_seq_length)
-    options = dict(resume=resume, overwrite=overwrite, text_field=text_field, id_field=id_field,
-                   title_field=title_field, row_ids=row_ids, split=split, index_type=index_type,
+    fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
+    options = dict(resume=resume, overwrite=overwrite, **dataclasses.asdict(fields), index_type=index_type,
                    factory=factory, precision=precision, chunk_size=chunk_size, batch_size=batch_size,
-                   max_seq_length=max_seq_length, revision=revision, on_disk=on_disk,
-                   wait=not no_wait)
+                   max_seq_length=max_seq_length, revision=revision, on_disk=on_disk, wait=not no_wait)
     with third_party_log(output, verbose):
         if devices is not None:
             manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
                                          output=output, **options)
         else:
             manifest = build_index(model, corpus, output, device=device, **options)
-    from neobert_embed.index.documents import CorpusFields
-
-    logger.info(_used_line(manifest, CorpusFields(text_field, id_field, title_field, row_ids, split)))
+    logger.info(_used_line(manifest, fields))
     calibration = manifest.calibration
     recall = f", recall@10 {calibration.recall_at_10:.3f} vs exact" if calibration else ""
     trained = (f"; trained on {manifest.train_vectors} sampled vectors in {manifest.train_seconds:.1f} s"
@@ -158,16 +157,14 @@ def search(
     device: opt.Device = None,
 ) -> None:
     """Search with the index's model and query prompt: a table (rank, score, id, snippet) or JSON lines."""
+    from neobert_embed.console import json_only_stdout
+    from neobert_embed.encoding import read_texts
     from neobert_embed.errors import UserInputError
     from neobert_embed.index.search import open_index
 
     if (query is None) == (queries is None):
         raise UserInputError("give either a QUERY argument or --queries FILE (not both)")
-    from neobert_embed.encoding import read_texts
-
     texts = [query] if query is not None else read_texts(queries, "text", keep_blank=False)
-    from neobert_embed.console import json_only_stdout
-
     with json_only_stdout(as_json), open_index(index_dir, model=model, device=device,
                                                batch_size=batch_size) as index:
         logger.info(_used_line(index.manifest, kind="query"))
@@ -241,8 +238,7 @@ def verify(
 
     report = verify_index(index_dir)
     if as_json:
-        typer.echo(json.dumps({"directory": report.directory, "ok": report.ok, "checked": report.checked,
-                               "problems": report.problems}, sort_keys=True))
+        typer.echo(json.dumps({**dataclasses.asdict(report), "ok": report.ok}, sort_keys=True))
     else:
         console = user_console(stderr=True)
         for problem in report.problems:

@@ -157,13 +157,9 @@ def on_main(world: World, work: Callable[[], T]) -> T:
     if world.is_main:
         try:
             outcome = ("ok", work())
-        except UserInputError as exc:
-            outcome = ("user", str(exc))
-            broadcast_from_main(world, outcome)
-            raise
         except BaseException as exc:
-            outcome = ("error", f"{type(exc).__name__}: {exc}")
-            broadcast_from_main(world, outcome)
+            user = isinstance(exc, UserInputError)
+            broadcast_from_main(world, ("user", str(exc)) if user else ("error", f"{type(exc).__name__}: {exc}"))
             raise
     kind, payload = broadcast_from_main(world, outcome)
     if kind == "user":
@@ -201,15 +197,13 @@ def encode_across_ranks(world: World, n_texts: int, encode: Callable[[int, int],
     return matrix
 
 
-def parse_devices(devices: str | None) -> list[str]:
+def parse_devices(devices: str) -> list[str]:
     """Split ``--devices cuda:0,cuda:1`` (or ``cpu,cpu``) into a list, refusing empty entries.
 
     Example:
         >>> parse_devices("cuda:0, cuda:1")
         ['cuda:0', 'cuda:1']
     """
-    if devices is None:
-        return []
     names = [name.strip() for name in devices.split(",")]
     if not all(names):
         raise UserInputError(f"--devices {devices!r}: give a comma-separated list such as cuda:0,cuda:1 or cpu,cpu")
@@ -256,10 +250,9 @@ def launch_on_devices(devices: Sequence[str], work: Callable[..., T], **kwargs: 
     try:
         results = elastic_launch(config, _device_worker)(list(devices), work, kwargs)
     except Exception as exc:  # ChildFailedError carries each rank's error file and traceback
-        message = str(exc).strip()
-        if "UserInputError" in message:
-            detail = next((line.split("UserInputError:", 1)[1].strip() for line in message.splitlines()
-                           if "UserInputError:" in line), message)
-            raise UserInputError(detail) from None
-        raise
+        if "UserInputError" not in str(exc):
+            raise
+        detail = next((line.split("UserInputError:", 1)[1].strip() for line in str(exc).splitlines()
+                       if "UserInputError:" in line), str(exc).strip())
+        raise UserInputError(detail) from None
     return results[0]

@@ -51,11 +51,7 @@ def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, 
         documents = index.manifest.documents
     results = {qid: {hit.doc_id: hit.score for hit in ranked} for qid, ranked in zip(query_ids, hits, strict=True)}
     scores = calculate_retrieval_scores(results, task.qrels, k_values)
-    table = {"ndcg": scores.ndcg, "map": scores.map, "recall": scores.recall,
-             "precision": scores.precision, "mrr": scores.mrr}
-    out: dict[str, float] = {}
-    for metric in METRICS:
-        for key, value in table[metric].items():
-            out[f"{metric}_at_{key.split('@')[1]}"] = float(value)
+    out: dict[str, float] = {f"{metric}_at_{key.split('@')[1]}": float(value)
+                             for metric in METRICS for key, value in getattr(scores, metric).items()}
     out.update(queries=len(query_ids), documents=documents, k=k)
     return out

@@ -59,11 +59,7 @@ class IndexSpec:
     @property
     def candidates(self) -> tuple[int, ...]:
         """Values of the tuned parameter tried in increasing cost order."""
-        if self.tuned_parameter == "nprobe":
-            return NPROBE_CANDIDATES
-        if self.tuned_parameter == "efSearch":
-            return EF_SEARCH_CANDIDATES
-        return ()
+        return {"nprobe": NPROBE_CANDIDATES, "efSearch": EF_SEARCH_CANDIDATES}.get(self.tuned_parameter or "", ())
 
 
 def ivf_lists(n_vectors: int) -> int:
@@ -249,10 +245,8 @@ def write_faiss_index(index: Any, path: Path) -> None:
     import faiss
 
     tmp = path.with_name(path.name + ".tmp")
-    if isinstance(index, faiss.IndexBinary):
-        faiss.write_index_binary(index, str(tmp))
-    else:
-        faiss.write_index(index, str(tmp))
+    write = faiss.write_index_binary if isinstance(index, faiss.IndexBinary) else faiss.write_index
+    write(index, str(tmp))
     os.replace(tmp, path)
 
 

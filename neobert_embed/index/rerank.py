@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -116,16 +116,6 @@ class RerankVectors:
         return np.frombuffer(data, dtype=self.dtype).reshape(len(rows), self.shape[1])
 
 
-def open_rerank_vectors(directory: Path) -> RerankVectors:
-    """An index's float16 vectors for random access by row.
-
-    Example:
-        >>> len(open_rerank_vectors(Path("runs/big")))
-        1000000
-    """
-    return RerankVectors(Path(directory) / RERANK_NAME)
-
-
 class RerankedIndex:
     """A FAISS index whose top ``k * k_factor`` candidates are re-scored exactly (inner product).
 
@@ -164,11 +154,11 @@ class RerankedIndex:
         return np.where(np.isfinite(best_scores), best_scores, -np.inf).astype(np.float32), best_ids
 
 
-def with_rerank(index: Any, directory: Path, k_factor: int | None,
-                vectors: Callable[[Path], np.ndarray | RerankVectors] = open_rerank_vectors) -> Any:
-    """Wrap ``index`` for re-ranking when the manifest asks for it (``k_factor`` set).
+def with_rerank(index: Any, directory: Path, k_factor: int | None) -> Any:
+    """Wrap ``index`` for re-ranking against ``directory``'s float16 vectors when the manifest asks
+    for it (``k_factor`` set).
 
     Example:
         >>> index = with_rerank(faiss.read_index("index.faiss"), Path("runs/big"), 8)
     """
-    return index if not k_factor else RerankedIndex(index, vectors(directory), k_factor)
+    return index if not k_factor else RerankedIndex(index, RerankVectors(Path(directory) / RERANK_NAME), k_factor)

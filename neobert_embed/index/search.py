@@ -44,8 +44,10 @@ def spec_of(manifest: IndexManifest) -> IndexSpec:
 
 
 def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | None = None,
-                device: str | None = None, batch_size: int = 32) -> IndexEncoder:
+                device: str | None = None, batch_size: int = 32, loaded: IndexEncoder | None = None) -> IndexEncoder:
     """Load the index's model (or ``model``), refuse it if its weights differ, use the saved prompts.
+
+    ``loaded`` is an already-loaded model (a server's), checked like a loaded one.
 
     Example:
         >>> encoder = encoder_for(read_manifest(d), d, model="runs/other")  # raises if different
@@ -57,8 +59,8 @@ def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | No
     else:
         name = manifest.model
     try:
-        encoder = load_encoder(name, device=device, batch_size=batch_size,
-                               max_seq_length=manifest.max_seq_length, revision=manifest.model_revision)
+        encoder = loaded or load_encoder(name, device=device, batch_size=batch_size,
+                                         max_seq_length=manifest.max_seq_length, revision=manifest.model_revision)
     except UserInputError as exc:
         raise UserInputError(f"{directory}: cannot load the index's model: {exc}. If the model moved, "
                              "pass --model with its new location") from None
@@ -80,12 +82,7 @@ class SearchIndex:
         self.store = open_store(self.directory, self.manifest)
         self.excluded = self.store.deleted_rows()
         try:
-            if encoder is None:
-                self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size)
-            else:  # an already-loaded model (a server's), checked like a loaded one
-                encoder.check_matches(self.manifest, self.directory)
-                encoder.prompts = dict(self.manifest.prompts)
-                self.encoder = encoder
+            self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size, loaded=encoder)
         except BaseException:
             self.store.close()
             raise
@@ -126,11 +123,10 @@ class SearchIndex:
         scores, rows = self.search_vectors(vectors, k)
         results = []
         for score_row, id_row in zip(scores, rows, strict=True):
-            kept = [(float(s), int(r)) for s, r in zip(score_row, id_row, strict=True) if r >= 0]
-            documents = self.store.get([r for _, r in kept])
-            results.append([Hit(rank, score, doc.doc_id, doc.title, doc.text)
-                            for rank, ((score, _), doc) in enumerate(zip(kept, documents, strict=True),
-                                                                     start=1)])
+            found = id_row >= 0  # -1 pads missing hits
+            documents = self.store.get(id_row[found])
+            results.append([Hit(rank, float(score), doc.doc_id, doc.title, doc.text) for rank, (score, doc)
+                            in enumerate(zip(score_row[found], documents, strict=True), start=1)])
         return results
 
 

@@ -13,12 +13,14 @@ Example:
 
 from __future__ import annotations
 
-import os
+import io
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from neobert_embed.files import atomic_write_bytes
 
 
 class ShardDirectory:
@@ -34,13 +36,9 @@ class ShardDirectory:
 
     def write(self, chunk: int, vectors: np.ndarray) -> None:
         """Persist one chunk atomically (temporary file, fsync, rename)."""
-        final = self.path(chunk)
-        tmp = final.with_suffix(".tmp")
-        with open(tmp, "wb") as handle:
-            np.save(handle, np.ascontiguousarray(vectors, dtype=np.float32))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, final)
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(vectors, dtype=np.float32))
+        atomic_write_bytes(self.path(chunk), buffer.getvalue())
 
     def finished(self) -> set[int]:
         """Chunks whose shard is on disk (written atomically, so present means complete).

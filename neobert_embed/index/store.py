@@ -2,9 +2,9 @@
 
 Why: FAISS only knows integer positions. The store maps position ``row`` (the FAISS id) to the
 user's document id, title and text, enforces unique ids (a duplicate is reported with the file
-and line of both occurrences), remembers which rows were replaced (FAISS cannot delete from every
-index type, so replaced rows are tombstoned and filtered at search time), and records which
-encoding chunks of an interrupted build are finished, in the same transactions as the rows.
+and line of both occurrences), and remembers which rows were replaced (FAISS cannot delete from
+every index type, so replaced rows are tombstoned and filtered at search time). Which encoding
+chunks of an interrupted build are finished is told by their shard files, not by the store.
 
 Example:
     >>> store = DocumentStore("index/documents.sqlite")
@@ -41,9 +41,8 @@ CREATE TABLE IF NOT EXISTS documents (
     deleted INTEGER NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX IF NOT EXISTS live_doc_ids ON documents(doc_id) WHERE deleted = 0;
-CREATE TABLE IF NOT EXISTS encoded_chunks (chunk INTEGER PRIMARY KEY, first_row INTEGER NOT NULL,
-                                           n_rows INTEGER NOT NULL);
 """
+_INSERT = "INSERT INTO documents (row, doc_id, title, text, import_id, line) VALUES (?, ?, ?, ?, ?, ?)"
 
 
 @dataclass(frozen=True)
@@ -186,27 +185,22 @@ class DocumentStore:
         earliest = self._db.execute("SELECT MIN(row) FROM documents WHERE import_id = ?",
                                     (import_id,)).fetchone()[0]
         first_row = self.total_rows() if earliest is None else int(earliest)
-        row, replaced, pending = self.total_rows(), 0, 0
+        row, replaced = self.total_rows(), 0
         self._db.execute("BEGIN")
         try:
             for number, doc in enumerate(documents, start=1):
                 if number <= skip:
                     continue
+                values = (row, doc.doc_id, doc.title, doc.text, import_id, doc.line)
                 try:
-                    self._db.execute("INSERT INTO documents (row, doc_id, title, text, import_id, line) "
-                                     "VALUES (?, ?, ?, ?, ?, ?)",
-                                     (row, doc.doc_id, doc.title, doc.text, import_id, doc.line))
+                    self._db.execute(_INSERT, values)
                 except sqlite3.IntegrityError:
                     replaced += self._duplicate(doc, source, import_id, on_duplicate, ids_are_rows)
-                    self._db.execute("INSERT INTO documents (row, doc_id, title, text, import_id, line) "
-                                     "VALUES (?, ?, ?, ?, ?, ?)",
-                                     (row, doc.doc_id, doc.title, doc.text, import_id, doc.line))
+                    self._db.execute(_INSERT, values)
                 row += 1
-                pending += 1
-                if pending >= COMMIT_EVERY:
+                if (number - skip) % COMMIT_EVERY == 0:  # one row inserted per document after ``skip``
                     self._db.execute("COMMIT")
                     self._db.execute("BEGIN")
-                    pending = 0
                     if progress:
                         progress(number)
             self._db.execute("UPDATE imports SET complete = 1 WHERE import_id = ?", (import_id,))
@@ -236,12 +230,3 @@ class DocumentStore:
         return [StoredDocument(*r) for r in self._db.execute(
             "SELECT row, doc_id, title, text FROM documents WHERE row >= ? AND row < ? ORDER BY row",
             (first_row, end_row))]
-
-    def finished_chunks(self) -> int:
-        """How many leading encoding chunks of a build are persisted."""
-        return int(self._db.execute("SELECT COUNT(*) FROM encoded_chunks").fetchone()[0])
-
-    def mark_chunk_finished(self, chunk: int, first_row: int, n_rows: int) -> None:
-        """Record that chunk ``chunk``'s vectors are on disk (called after the shard is written)."""
-        self._db.execute("INSERT INTO encoded_chunks (chunk, first_row, n_rows) VALUES (?, ?, ?)",
-                         (chunk, first_row, n_rows))

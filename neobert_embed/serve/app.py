@@ -130,9 +130,8 @@ def create_app(settings: ServeSettings, served: ServedModel | None = None) -> An
         if body.model not in {state.settings.name, state.settings.model}:
             raise APIError(404, f"model {body.model!r} is not served here; use {state.settings.name!r} "
                            "(GET /v1/models)", "model_not_found")
-        texts = body.texts
         prompt = state.engine.prompt_for(body.prompt_name)
-        vectors, tokens = await _embed(state, "/v1/embeddings", texts, prompt, state.settings.truncate)
+        vectors, tokens = await _embed(state, "/v1/embeddings", body.texts, prompt, state.settings.truncate)
         if body.dimensions is not None:
             vectors = _normalized(_truncated(vectors, body.dimensions, state.engine.dimension))
         if body.encoding_format == "base64":
@@ -235,8 +234,9 @@ async def _search(state: ServerState, entry: OpenIndex, texts: list[str], k: int
         _check_texts(state, texts)
         state.metrics.observe_inputs("/search", len(texts), 0)
         return await state.batcher.run_exclusive(lambda: entry.search(texts, k))  # type: ignore[return-value]
-    vectors, _ = await _embed(state, "/search", texts, entry.query_prompt, truncate=True)
-    if entry.normalized:
+    manifest = entry.index.manifest  # queries get the index's prompt and normalization
+    vectors, _ = await _embed(state, "/search", texts, manifest.prompts.get("query") or None, truncate=True)
+    if manifest.normalized:
         vectors = _normalized(vectors)
     return await run_in_threadpool(entry.hits, vectors, k)
 

@@ -142,9 +142,8 @@ class DynamicBatcher:
         return batches
 
     def _budget_filled(self) -> bool:
-        if not self._waiting:
-            return False
-        return len(self._waiting) * max(item.tokens for item in self._waiting) >= self.max_batch_tokens
+        waiting = self._waiting
+        return bool(waiting) and len(waiting) * max(item.tokens for item in waiting) >= self.max_batch_tokens
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

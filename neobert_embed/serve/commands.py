@@ -45,6 +45,7 @@ def serve(
     Concurrent requests are merged into token-budgeted batches; SIGTERM stops accepting
     connections, finishes the requests in flight and exits 0. Docs at /docs, metrics at /metrics.
     """
+    options = dict(locals())  # every flag but --index is the ServeSettings field of the same name
     import signal
 
     import uvicorn
@@ -53,11 +54,7 @@ def serve(
     from neobert_embed.serve.app import create_app
     from neobert_embed.serve.settings import ServeSettings
 
-    settings = ServeSettings(model=model, indexes=list(index or []), host=host, port=port, api_key=api_key,
-                             served_name=served_name, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
-                             max_inputs=max_inputs, max_input_tokens=max_input_tokens, max_queue=max_queue,
-                             max_request_bytes=max_request_bytes, truncate=truncate, precision=precision,
-                             device=device)
+    settings = ServeSettings(indexes=list(options.pop("index") or []), **options)
     console = user_console(stderr=True)
     app = create_app(settings)
     state = app.app.state.server

@@ -62,34 +62,35 @@ def _validation_message(errors: list[dict]) -> str:
     return "invalid request body: " + "; ".join(parts) + more
 
 
+def _refusal(exc: Exception) -> tuple[int, str, str, dict[str, str] | None]:
+    """Status, message, type and headers of a refused request."""
+    if isinstance(exc, APIError):
+        return exc.status, exc.message, exc.kind, exc.headers
+    if isinstance(exc, UnknownIndex):
+        return 404, str(exc), "not_found", None
+    if isinstance(exc, QueueFull):
+        return 503, str(exc), "server_busy", {"Retry-After": str(exc.retry_after)}
+    if isinstance(exc, UserInputError):
+        return 422, str(exc), "invalid_request_error", None
+    return exc.status_code, str(exc.detail), "invalid_request_error", getattr(exc, "headers", None)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every exception type the server raises to a JSON error response."""
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return _response(exc.status, exc.message, exc.kind, exc.headers)
-
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _response(422, _validation_message(list(exc.errors())), "invalid_request_error")
 
+    @app.exception_handler(APIError)
     @app.exception_handler(UnknownIndex)
-    async def _unknown_index(request: Request, exc: UnknownIndex) -> JSONResponse:
-        return _response(404, str(exc), "not_found")
-
     @app.exception_handler(UserInputError)
-    async def _user_error(request: Request, exc: UserInputError) -> JSONResponse:
-        return _response(422, str(exc), "invalid_request_error")
-
     @app.exception_handler(QueueFull)
-    async def _busy(request: Request, exc: QueueFull) -> JSONResponse:
-        return _response(503, str(exc), "server_busy", {"Retry-After": str(exc.retry_after)})
-
     @app.exception_handler(HTTPException)
-    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        return _response(exc.status_code, str(exc.detail), "invalid_request_error", getattr(exc, "headers", None))
+    async def _refused(request: Request, exc: Exception) -> JSONResponse:
+        return _response(*_refusal(exc))
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

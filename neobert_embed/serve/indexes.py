@@ -54,16 +54,6 @@ class OpenIndex:
     shared: bool  # True: queries are encoded by the served model through the batcher
     lock: threading.Lock = field(default_factory=threading.Lock)  # FAISS params and SQLite: one at a time
 
-    @property
-    def query_prompt(self) -> str | None:
-        """The prompt the index's queries get (from its manifest)."""
-        return self.index.manifest.prompts.get("query") or None
-
-    @property
-    def normalized(self) -> bool:
-        """Whether vectors were normalized at build time (cosine indexes)."""
-        return self.index.manifest.normalized
-
     def hits(self, vectors: Any, k: int) -> list[list[Hit]]:
         """Top-``k`` documents for query vectors encoded the index's way."""
         with self.lock:
@@ -139,7 +129,6 @@ class IndexRegistry:
         served = self.served
         if served is None or served.fingerprint is None:
             return None
-        model: Any = served.model
-        return IndexEncoder(model=model, name=self.model_name, path=None, revision=None,
+        return IndexEncoder(model=served.model, name=self.model_name, path=None, revision=None,
                             fingerprint=served.fingerprint,
-                            similarity=getattr(model, "similarity_fn_name", None) or "cosine")
+                            similarity=getattr(served.model, "similarity_fn_name", None) or "cosine")

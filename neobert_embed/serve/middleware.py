@@ -71,7 +71,8 @@ class EdgeMiddleware:
                 chunks.append(chunk)
             more = message.get("more_body", False)
         if size > self.max_body:
-            await self._too_large(send, size)
+            await _reject(send, 413, f"request body has {size} bytes or more; the limit is {self.max_body} "
+                          "(--max-request-bytes): send fewer or shorter inputs", "request_too_large")
             return None
         body, sent = b"".join(chunks), False
 
@@ -83,10 +84,6 @@ class EdgeMiddleware:
             return await receive()
 
         return replay
-
-    async def _too_large(self, send: Any, size: int) -> None:
-        await _reject(send, 413, f"request body has {size} bytes or more; the limit is {self.max_body} "
-                      "(--max-request-bytes): send fewer or shorter inputs", "request_too_large")
 
 
 async def _reject(send: Any, status: int, message: str, kind: str) -> None:

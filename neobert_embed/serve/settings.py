@@ -14,7 +14,6 @@ import os
 from dataclasses import dataclass, field
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.serve.precision import SERVING_PRECISIONS
 
 API_KEY_ENV = "NEOBERT_EMBED_API_KEY"
 
@@ -49,15 +48,13 @@ class ServeSettings:
         return self.api_key or os.environ.get(API_KEY_ENV) or None
 
     def check(self) -> None:
-        """Refuse inconsistent limits, naming the flag.
+        """Refuse inconsistent limits, naming the flag (``--precision`` is checked by ``load_for_serving``).
 
         Example:
             >>> ServeSettings(model="m", max_inputs=10, max_queue=5).check()
             Traceback (most recent call last):
             neobert_embed.errors.UserInputError: --max-queue (5) must be at least --max-inputs (10) ...
         """
-        if self.precision not in SERVING_PRECISIONS:
-            raise UserInputError(f"--precision {self.precision!r} is not one of {', '.join(SERVING_PRECISIONS)}")
         for flag, value in (("--max-batch-tokens", self.max_batch_tokens), ("--max-inputs", self.max_inputs),
                             ("--max-queue", self.max_queue), ("--max-request-bytes", self.max_request_bytes)):
             if value < 1:
