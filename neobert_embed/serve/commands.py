@@ -60,7 +60,7 @@ def serve(
     state = app.app.state.server
     engine = state.engine
     console.print(f"[bold]neobert-embed serve[/] {settings.name}: {engine.dimension}-d, "
-                  f"max_seq_length {engine.max_seq_length}, prompts {engine.prompts or 'none'} "
+                  f"max_seq_length {engine.max_seq_length}, prompts {engine.model.prompts or 'none'} "
                   f"(default {engine.model.default_prompt_name or 'none'}), "
                   f"{'normalized by the model' if engine.normalizes else 'not normalized by the model'}, "
                   f"{engine.served.method}")

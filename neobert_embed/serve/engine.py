@@ -49,11 +49,6 @@ class Embedder:
         self.max_seq_length = int(length)
 
     @property
-    def prompts(self) -> dict[str, str]:
-        """The model's named prompts (``{"query": "query: ", ...}``)."""
-        return dict(self.model.prompts)
-
-    @property
     def normalizes(self) -> bool:
         """True when the model's pipeline ends in a Normalize module (its outputs are unit vectors)."""
         return any(type(module).__name__ == "Normalize" for module in self.model)
