@@ -108,25 +108,10 @@ def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
     return model, _sources(data, recipe), recipe
 
 
-def _device_flags(precision: str) -> dict[str, Any]:
-    """Mixed precision ("auto": bf16 where the GPU supports it), the AdamW kernel and the device.
-
-    The fused AdamW kernel is the trainer's default but is several times slower than the
-    multi-tensor one on CPU, so it is used only on GPUs.
-    """
-    import torch
-
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    cuda = torch.cuda.is_available()
-    cpu_only = not cuda and not torch.backends.mps.is_available()
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16", "dataloader_pin_memory": cuda,
-            "optim": "adamw_torch_fused" if cuda else "adamw_torch",
-            "use_cpu": cpu_only}  # lets torchrun run DDP over gloo on CPU-only machines
-
-
 def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, prompts: dict | None):
     from sentence_transformers import SentenceTransformerTrainingArguments
+
+    from neobert_embed.contrastive.trainer import device_flags
 
     return SentenceTransformerTrainingArguments(
         output_dir=str(output / CHECKPOINTS), max_steps=recipe.max_steps,
@@ -136,7 +121,7 @@ def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, pro
         max_grad_norm=recipe.max_grad_norm, seed=recipe.seed, data_seed=recipe.seed,
         logging_steps=recipe.logging_steps, save_strategy="steps", save_steps=recipe.save_steps,
         save_total_limit=recipe.save_total_limit, report_to="none", deepspeed=recipe.deepspeed,
-        dataloader_num_workers=0, prompts=prompts, **_device_flags(recipe.precision))
+        dataloader_num_workers=0, prompts=prompts, **device_flags(recipe.precision))
 
 
 def _instruction(recipe: ContrastiveRecipe, source: DataSource, side: str) -> str:

@@ -52,13 +52,12 @@ def glue_command(
     loaded = load_glue_preset(preset, seeds=list(range(seeds)) if seeds else None, epochs=epochs,
                               max_length=max_length, batch_size=[batch_size] if batch_size else None,
                               learning_rate=[learning_rate] if learning_rate else None)
-    device_list = opt.comma_list(devices)
     from neobert_embed.console import json_only_stdout, third_party_log
 
     show_progress = not as_json or sys.stderr.isatty()
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = run_glue(model, output, tasks=opt.comma_list(tasks), task_dirs=task_dir or [], preset=loaded,
-                          devices=device_list, predict_test=predict_test, progress=show_progress,
+                          devices=opt.comma_list(devices), predict_test=predict_test, progress=show_progress,
                           preset_name=Path(preset).stem)
     first = next(iter(result.scores.values()), {})
     if as_json:

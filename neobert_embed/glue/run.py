@@ -78,19 +78,17 @@ def _sources(tasks: Sequence[str] | None, task_dirs: Sequence[str | Path] | None
     """Load and check every task up front; a task named twice is an error."""
     from neobert_embed.glue.tasks import get_task
 
+    hub = [_Source(get_task(t).name) for t in tasks or []]  # every name is checked before anything loads
     loaded: dict[str, tuple[_Source, GlueData]] = {}
-    specs = [_Source(get_task(t).name) for t in tasks or []]
     for directory in task_dirs or []:
         data = load_glue_data(task_dir=directory)
-        specs.append(_Source(data.task.name, str(Path(directory).resolve())))
         if data.task.name in loaded:
             raise UserInputError(f"{directory}: task {data.task.name!r} is given twice; give each task once")
-        loaded[data.task.name] = (specs[-1], data)
-    for spec in specs:
-        if spec.task_dir is None:
-            if spec.task in loaded:
-                raise UserInputError(f"--tasks: task {spec.task!r} is given twice (or also as --task-dir)")
-            loaded[spec.task] = (spec, spec.load())
+        loaded[data.task.name] = (_Source(data.task.name, str(Path(directory).resolve())), data)
+    for spec in hub:
+        if spec.task in loaded:
+            raise UserInputError(f"--tasks: task {spec.task!r} is given twice (or also as --task-dir)")
+        loaded[spec.task] = (spec, spec.load())
     if not loaded:
         raise UserInputError("no tasks: pass --tasks cola,sst2,... (hub) or --task-dir DIR (local)")
     return loaded
