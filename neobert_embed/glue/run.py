@@ -116,12 +116,6 @@ def _check_model(model: str) -> None:
                              "(HF_HUB_OFFLINE=1 allows only local and cached models)") from None
 
 
-def _default_devices() -> list[str]:
-    import torch
-
-    return ["cuda"] if torch.cuda.is_available() else ["cpu"]
-
-
 def _init_worker(devices: Any, threads: int) -> None:
     """Pin this worker process to one device before torch starts (spawned workers only)."""
     device = devices.get()
@@ -288,6 +282,8 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
         UserInputError: bad task, data, preset or output conflict — before anything is written.
         Interrupted: after Ctrl-C, once finished trials are safely on disk (rerun to continue).
     """
+    import torch
+
     from neobert_embed.glue.summary import write_glue_summary
 
     if not models:
@@ -303,7 +299,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     task_names = list(sources)
     journal = Journal(output)
     journal.check_run(preset, labels)
-    devices = list(devices or _default_devices())
+    devices = list(devices or (["cuda"] if torch.cuda.is_available() else ["cpu"]))
     in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
 
     plans = {}
