@@ -55,8 +55,7 @@ def same_path(a: str | Path, b: str | Path) -> bool:
 
 
 def _inside(child: Path, parent: Path) -> bool:
-    child, parent = child.resolve(), parent.resolve()
-    return child == parent or parent in child.parents
+    return child.resolve().is_relative_to(parent.resolve())
 
 
 def check_writable_location(path: str | Path, flag: str = "--output") -> None:

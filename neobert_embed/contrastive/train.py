@@ -72,10 +72,7 @@ def last_checkpoint(output: Path) -> Path | None:
         >>> last_checkpoint(Path("runs/x"))
         PosixPath('runs/x/checkpoints/checkpoint-500')
     """
-    folder = output / CHECKPOINTS
-    if not folder.is_dir():
-        return None
-    complete = [p for p in folder.glob("checkpoint-*")
+    complete = [p for p in (output / CHECKPOINTS).glob("checkpoint-*")  # none when the folder is absent
                 if (p / "trainer_state.json").is_file() and p.name.split("-")[-1].isdigit()]
     return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
