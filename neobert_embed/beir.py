@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import iter_jsonl
+from neobert_embed.files import iter_jsonl, iter_text_lines
 
 
 @dataclass
@@ -52,11 +52,7 @@ def _read_id_text_file(path: Path, with_title: bool) -> dict:
         if doc_id in rows:
             raise located(path, line, f"duplicate _id {doc_id!r}; ids must be unique")
         text = _required_text(path, line, record, "text")
-        if with_title:
-            title = record.get("title") or ""
-            rows[doc_id] = {"title": str(title), "text": text}
-        else:
-            rows[doc_id] = text
+        rows[doc_id] = {"title": str(record.get("title") or ""), "text": text} if with_title else text
     if not rows:
         raise UserInputError(f"{path}: no rows; the file is empty")
     return rows
@@ -73,14 +69,9 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     if not path.is_file():
         raise UserInputError(f"{path}: file not found (expected qrels/<split>.tsv in the BEIR layout)")
     qrels: dict[str, dict[str, int]] = {}
-    with open(path, encoding="utf-8", errors="strict") as handle:
-        try:
-            lines = handle.read().splitlines()
-        except UnicodeDecodeError as exc:
-            raise UserInputError(f"{path}: not valid UTF-8 ({exc.reason}); re-encode the file") from None
-    for number, text in enumerate(lines[1:], start=2):
-        if not text.strip():
-            continue
+    for number, text in iter_text_lines(path):  # blank lines skipped; a line that is not UTF-8 is named
+        if number == 1:
+            continue  # the header line
         parts = text.split("\t")
         if len(parts) != 3:
             raise located(path, number, f"expected 3 tab-separated fields (query-id, corpus-id, score), "

@@ -90,7 +90,6 @@ def encode_texts(
     *,
     batch_size: int = 32,
     prompt_name: str | None = None,
-    normalize: bool = False,
     show_progress: bool = False,
 ) -> np.ndarray:
     """Encode ``texts`` with a SentenceTransformer after validating them; returns float32 (n, dim).
@@ -117,7 +116,7 @@ def encode_texts(
         task = bar.add_task("encoding", total=len(checked))
         return encode_longest_first(
             lambda part: model.encode(part, batch_size=batch_size, prompt_name=prompt_name, show_progress_bar=False,
-                                      normalize_embeddings=normalize, convert_to_numpy=True),
+                                      convert_to_numpy=True),
             checked, model.get_sentence_embedding_dimension(), batch_size * SLICE_BATCHES,
             lambda done: bar.advance(task, done))
 

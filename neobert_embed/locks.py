@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -81,22 +82,18 @@ def read_holder(target: str | Path) -> LockHolder | None:
 
 
 def _write_note(target: Path, command: str) -> None:
-    note = _note_path(target)
-    tmp = note.with_name(note.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                               "since": datetime.now(timezone.utc).isoformat()}), encoding="utf-8")
-    os.replace(tmp, note)
+    atomic_write_json(_note_path(target), {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                                           "since": datetime.now(timezone.utc).isoformat()})
 
 
 @contextlib.contextmanager
 def writer_lock(target: str | Path, *, command: str, wait: bool = True,
-                on_wait: Callable[[str], None] | None = logger.warning,
                 on_stale: Callable[[LockHolder], None] | None = None) -> Iterator[None]:
     """Hold the exclusive writer lock of ``target`` for the duration of the block.
 
     Args:
         command: what this writer is doing (shown to anyone who has to wait).
-        wait: when another writer holds the lock, wait for it (saying so through ``on_wait``);
+        wait: when another writer holds the lock, wait for it (saying so in a log warning);
             with ``wait=False`` fail at once with a :class:`UserInputError` naming the holder.
         on_stale: called with the note of a previous holder that died without releasing
             cleanly (a crash or SIGKILL): the caller clears or resumes that writer's work
@@ -119,9 +116,8 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
         if not wait:
             raise UserInputError(f"{target} is being written by {who}; wait until it finishes, or rerun "
                                  "without --no-wait to wait for it") from None
-        if on_wait is not None:
-            on_wait(f"waiting for {who} to finish writing {target} (Ctrl-C to give up; --no-wait fails "
-                    "at once instead)")
+        logger.warning("waiting for %s to finish writing %s (Ctrl-C to give up; --no-wait fails at once instead)",
+                       who, target)
         lock.acquire()
     except OSError as exc:
         raise UserInputError(f"{target}: cannot create its writer lock {lock_path(target)} ({exc.strerror or exc}); "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -55,8 +55,7 @@ def same_path(a: str | Path, b: str | Path) -> bool:
 
 
 def _inside(child: Path, parent: Path) -> bool:
-    child, parent = child.resolve(), parent.resolve()
-    return child == parent or parent in child.parents
+    return child.resolve().is_relative_to(parent.resolve())
 
 
 def check_writable_location(path: str | Path, flag: str = "--output") -> None:
@@ -144,14 +143,12 @@ def write_sidecar(path: str | Path, writer: str, **fields: Any) -> None:
 
 
 def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | Path | None] = (),
-                      overwrite: bool = False, flag: str = "--output",
-                      owned: Callable[[Path], bool] | None = None) -> None:
+                      overwrite: bool = False, flag: str = "--output") -> None:
     """Check a file output before any work: right kind, writable, not an input, and an existing
     file replaced only with ``overwrite`` *and* proof that ``writer`` made it.
 
     Args:
         writer: the command that writes it (``neobert-embed encode``), as in its sidecar.
-        owned: another proof of ownership for files without a sidecar (a content check).
 
     Example:
         >>> check_output_file("docs.npy", writer="neobert-embed encode", inputs=["docs.txt"])
@@ -168,8 +165,7 @@ def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | P
         raise UserInputError(f"{flag} {path} already exists; pass --overwrite to replace it (only a file "
                              f"written by {writer} is ever replaced) or choose another path")
     record = read_sidecar(path)
-    mine = (record is not None and record.get("writer") == writer) or (owned is not None and owned(path))
-    if not mine:
+    if record is None or record.get("writer") != writer:
         raise UserInputError(f"{flag} {path} was not written by {writer} (no {sidecar_path(path).name} "
                              "record); nothing was replaced: choose another path or remove it yourself")
 

@@ -202,11 +202,8 @@ def _parquet_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         parquet = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
         raise UserInputError(f"{path}: not a readable parquet file ({exc})") from None
-    row = 0
-    for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-        for record in batch.to_pylist():
-            row += 1
-            yield row, record
+    records = (record for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS) for record in batch.to_pylist())
+    yield from enumerate(records, start=1)
 
 
 def _dataset(source: str, kind: str, split: str, subset: str | None, streaming: bool):

@@ -7,15 +7,12 @@ negatives to a pairs file. Heavy imports happen inside the commands so ``--help`
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import typer
 
 from neobert_embed import options as opt
 from neobert_embed.errors import UserInputError
-
-logger = logging.getLogger(__name__)
 
 
 def _parse_range(value: str | None) -> tuple[int, int | None]:
@@ -108,7 +105,7 @@ def mine_negatives_command(
     with third_party_log(output, verbose):
         out = mine_negatives(model, data, output, num_negatives=num_negatives, range_min=range_min,
                              range_max=range_max, margin=margin, batch_size=batch_size, max_seq_length=max_length,
-                             overwrite=overwrite, on_model=logger.info)
+                             overwrite=overwrite)
     typer.echo(f"wrote {out}")
 
 

@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import logging
 from pathlib import Path
 
 from neobert_embed.contrastive.data import load_examples
@@ -22,17 +22,18 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_text
 
 MINE_WRITER = "neobert-embed mine-negatives"
+logger = logging.getLogger(__name__)
 
 
 def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_negatives: int = 3,
                    range_min: int = 0, range_max: int | None = None, margin: float | None = None,
-                   batch_size: int = 32, max_seq_length: int | None = None, overwrite: bool = False,
-                   on_model: Callable[[str], None] | None = None) -> Path:
+                   batch_size: int = 32, max_seq_length: int | None = None, overwrite: bool = False) -> Path:
     """Mine ``num_negatives`` hard negatives per row of ``data`` and write them to ``output``.
 
     Args:
         model: anything ``load_sentence_model`` accepts; its own ``max_seq_length`` and its
-            "query"/"document" prompts (when saved) are used, as for training and search.
+            "query"/"document" prompts (when saved) are used, as for training and search (one
+            log line says what it encodes with).
         data: a file/dataset readable by ``train-contrastive`` (existing negatives are ignored).
         output: JSON-lines file to write (atomically).
         num_negatives: negatives per row; rows without enough candidates are dropped.
@@ -40,7 +41,6 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
             skipping the very top avoids false negatives (unlabelled positives).
         margin: keep a candidate only if its similarity is at least this far below the positive's.
         max_seq_length: override the model's own length.
-        on_model: called with one line saying what the model encodes with (length, prompts).
         overwrite: replace an existing ``output`` (only one that mine-negatives wrote; the output
             is checked, like every input, before the model is loaded).
 
@@ -72,8 +72,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     sentence_model = load_sentence_model(model, max_seq_length=max_seq_length)
     prompts = {"query_prompt_name": "query" if sentence_model.prompts.get("query") else None,
                "corpus_prompt_name": "document" if sentence_model.prompts.get("document") else None}
-    if on_model is not None:
-        on_model(used_line(sentence_model, ["query", "document"], field="anchor/positive"))
+    logger.info(used_line(sentence_model, ["query", "document"], field="anchor/positive"))
     mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",
                                 positive_column_name="positive", range_min=range_min, range_max=range_max,
                                 absolute_margin=margin, num_negatives=num_negatives, sampling_strategy="top",

@@ -72,10 +72,7 @@ def last_checkpoint(output: Path) -> Path | None:
         >>> last_checkpoint(Path("runs/x"))
         PosixPath('runs/x/checkpoints/checkpoint-500')
     """
-    folder = output / CHECKPOINTS
-    if not folder.is_dir():
-        return None
-    complete = [p for p in folder.glob("checkpoint-*")
+    complete = [p for p in (output / CHECKPOINTS).glob("checkpoint-*")  # none when the folder is absent
                 if (p / "trainer_state.json").is_file() and p.name.split("-")[-1].isdigit()]
     return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
@@ -108,25 +105,10 @@ def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
     return model, _sources(data, recipe), recipe
 
 
-def _device_flags(precision: str) -> dict[str, Any]:
-    """Mixed precision ("auto": bf16 where the GPU supports it), the AdamW kernel and the device.
-
-    The fused AdamW kernel is the trainer's default but is several times slower than the
-    multi-tensor one on CPU, so it is used only on GPUs.
-    """
-    import torch
-
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    cuda = torch.cuda.is_available()
-    cpu_only = not cuda and not torch.backends.mps.is_available()
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16", "dataloader_pin_memory": cuda,
-            "optim": "adamw_torch_fused" if cuda else "adamw_torch",
-            "use_cpu": cpu_only}  # lets torchrun run DDP over gloo on CPU-only machines
-
-
 def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, prompts: dict | None):
     from sentence_transformers import SentenceTransformerTrainingArguments
+
+    from neobert_embed.contrastive.trainer import device_flags
 
     return SentenceTransformerTrainingArguments(
         output_dir=str(output / CHECKPOINTS), max_steps=recipe.max_steps,
@@ -136,18 +118,19 @@ def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, pro
         max_grad_norm=recipe.max_grad_norm, seed=recipe.seed, data_seed=recipe.seed,
         logging_steps=recipe.logging_steps, save_strategy="steps", save_steps=recipe.save_steps,
         save_total_limit=recipe.save_total_limit, report_to="none", deepspeed=recipe.deepspeed,
-        dataloader_num_workers=0, prompts=prompts, **_device_flags(recipe.precision))
+        dataloader_num_workers=0, prompts=prompts, **device_flags(recipe.precision))
+
+
+def _instruction(recipe: ContrastiveRecipe, source: DataSource, side: str) -> str:
+    """The dataset's own ``query``/``document`` instruction, else the recipe's."""
+    own = getattr(source, f"{side}_instruction")
+    return getattr(recipe, f"{side}_instruction") if own is None else own
 
 
 def _training_prompts(sources: dict[str, DataSource], recipe: ContrastiveRecipe, sets: dict[str, Any]):
     """Per-dataset, per-column instructions for the collator (None when there are none)."""
-    prompts = {}
-    for name, source in sources.items():
-        query = recipe.query_instruction if source.query_instruction is None else source.query_instruction
-        document = (recipe.document_instruction if source.document_instruction is None
-                    else source.document_instruction)
-        prompts[name] = {column: query if column == "anchor" else document
-                         for column in sets[name].column_names}
+    prompts = {name: {column: _instruction(recipe, source, "query" if column == "anchor" else "document")
+                      for column in sets[name].column_names} for name, source in sources.items()}
     return prompts if any(p for cols in prompts.values() for p in cols.values()) else None
 
 
@@ -165,8 +148,7 @@ def trained_prompts(sources: dict[str, DataSource], recipe: ContrastiveRecipe) -
     prompts = {}
     for side in ("query", "document"):
         key = f"{side}_instruction"
-        used = {name: getattr(recipe, key) if getattr(source, key) is None else getattr(source, key)
-                for name, source in sources.items()}
+        used = {name: _instruction(recipe, source, side) for name, source in sources.items()}
         values = set(used.values())
         if len(values) > 1:
             logger.warning("datasets use different %s instructions (%s); the saved model's %r prompt is the "
@@ -263,8 +245,10 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     loss = build_contrastive_loss(sentence_model, recipe)
     checkpoint = last_checkpoint(output) if resume else None
     fresh = checkpoint is None and (state is not DirectoryState.OWNED or overwrite)
-    if runs.is_main_process():
-        _prepare_output(output, overwrite and not resume, model_name, sources, recipe)
+    if runs.is_main_process():  # record what the run is (run.json), clearing an overwritten run first
+        if overwrite and not resume:
+            _discard_new_run(output)
+        runs.write_record(output, _record(model_name, sources, recipe))
     try:
         trainer, interrupt = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
         started = time.perf_counter()
@@ -282,7 +266,8 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     elapsed = time.perf_counter() - started
     summary = {
         "model": model_name, "output": str(output), "steps": trainer.state.global_step,
-        "final_loss": _last_logged_loss(trainer), "train_loss": result.training_loss,
+        "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
+        "train_loss": result.training_loss,
         "wall_s": round(elapsed, 2), "examples_per_s": round(trainer.examples_seen / max(elapsed, 1e-9), 2),
         "datasets": {name: d.num_rows for name, d in sets.items()}, "world_size": trainer.args.world_size,
         "resumed_from": str(checkpoint) if checkpoint else None,
@@ -316,14 +301,6 @@ def _discard_new_run(output: Path, remove_directory: bool = False) -> None:
         output.rmdir()
 
 
-def _prepare_output(output: Path, start_over: bool, model_name: str, sources: dict[str, DataSource],
-                    recipe: ContrastiveRecipe) -> None:
-    """Create the run directory and record what the run is (run.json), clearing an overwritten run."""
-    if start_over:
-        _discard_new_run(output)
-    runs.write_record(output, _record(model_name, sources, recipe))
-
-
 def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str, DataSource],
                    recipe: ContrastiveRecipe, output: Path, callbacks: list[Any] | None):
     """The recipe's trainer with its callbacks: metrics file, quiet progress bar, graceful Ctrl-C."""
@@ -350,8 +327,3 @@ def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str
     interrupt = GracefulInterrupt()
     trainer.add_callback(interrupt)
     return trainer, interrupt
-
-
-def _last_logged_loss(trainer) -> float | None:
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return losses[-1] if losses else None

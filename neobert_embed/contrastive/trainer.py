@@ -32,6 +32,28 @@ from neobert_embed.runs import MetricsFile
 logger = logging.getLogger(__name__)
 
 
+def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
+    """``TrainingArguments`` flags for mixed precision ("auto": bf16 where the GPU supports it), the
+    AdamW kernel and the device (``device``: "cpu" or "cuda"; None: the GPU, else MPS, else the CPU).
+
+    The fused AdamW kernel is the trainer's default but is several times slower than the
+    multi-tensor one on CPU, so it is used only on GPUs. ``use_cpu`` on a CPU-only machine lets
+    torchrun run DDP over gloo.
+
+    Example:
+        >>> device_flags("auto", "cpu")
+        {'bf16': False, 'fp16': False, 'dataloader_pin_memory': False, 'optim': 'adamw_torch', 'use_cpu': True}
+    """
+    import torch
+
+    cuda = device != "cpu" and torch.cuda.is_available()
+    if precision == "auto":
+        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16", "dataloader_pin_memory": cuda,
+            "optim": "adamw_torch_fused" if cuda else "adamw_torch",
+            "use_cpu": not cuda and (device is not None or not torch.backends.mps.is_available())}
+
+
 def texts_per_example(dataset: Any) -> int:
     """Number of text columns of a normalized dataset (anchor, positive, negatives)."""
     return len([c for c in dataset.column_names if c != "dataset_name"])

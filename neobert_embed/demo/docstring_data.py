@@ -59,13 +59,9 @@ class PairSplit:
 
 
 def _python_files(root: Path) -> list[Path]:
-    files = []
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root).parts
-        if parts[0] in SKIPPED_TOP_LEVEL or any(p in {"test", "tests"} for p in parts):
-            continue
-        files.append(path)
-    return files
+    """The modules worth reading: not under a skipped top-level package, not in a test suite."""
+    return [path for path in sorted(root.rglob("*.py"))
+            if (parts := path.relative_to(root).parts)[0] not in SKIPPED_TOP_LEVEL and not {"test", "tests"} & set(parts)]
 
 
 def collect_stdlib_docstrings(root: str | Path | None = None) -> list[Docstring]:
@@ -85,13 +81,10 @@ def collect_stdlib_docstrings(root: str | Path | None = None) -> list[Docstring]
             continue
         module = ".".join(path.relative_to(root).with_suffix("").parts)
         found.extend(_documented(tree, module))
-    names: set[str] = set()
-    unique = []
+    unique: dict[str, Docstring] = {}
     for doc in found:
-        if doc.name not in names:
-            names.add(doc.name)
-            unique.append(doc)
-    return unique
+        unique.setdefault(doc.name, doc)  # the first object of a name wins
+    return list(unique.values())
 
 
 def _documented(node: ast.AST, qualname: str) -> list[Docstring]:

@@ -179,9 +179,7 @@ def compare_command(
     """
     from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.evaluation.compare import compare_models
-    from neobert_embed.evaluation.protocol import check_protocol
 
-    check_protocol(protocol)
     evaluation = _evaluation_recipe(eval_recipe, batch_size, max_length, precision, False)
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = compare_models(opt.comma_list(models) or [], output=output, recipe=recipe,

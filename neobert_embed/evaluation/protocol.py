@@ -120,7 +120,6 @@ def model_overrides(max_length: int | None, precision: str | None) -> dict[str, 
 def _effective_prompt(encoder: Any, task_metadata: Any, prompt_type: Any) -> str | None:
     """The prefix mteb's wrapper (then sentence-transformers) puts before this side's texts."""
     from mteb.models.abs_encoder import get_prompt_name
-    from mteb.types import PromptType
 
     prompts = getattr(encoder, "model_prompts", None)
     name = get_prompt_name(prompts, task_metadata, prompt_type) if prompts else None
@@ -128,10 +127,9 @@ def _effective_prompt(encoder: Any, task_metadata: Any, prompt_type: Any) -> str
         return prompts.get(name)
     model = getattr(encoder, "model", None)
     saved = dict(getattr(model, "prompts", None) or {})
-    if prompt_type == PromptType.query and "query" in saved:
-        return saved["query"]
-    if prompt_type == PromptType.document and "document" in saved:
-        return saved["document"]
+    side = getattr(prompt_type, "value", None)  # PromptType.query → "query", .document → "document"
+    if side in saved:
+        return saved[side]
     default = getattr(model, "default_prompt_name", None)
     return saved.get(default) if default else None
 

@@ -151,15 +151,11 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
     return selected
 
 
-def _result_file(cache: Any, task: Any, meta: Any) -> Path:
-    return cache.get_task_result_path(task.metadata.name, meta)
-
-
 def _cached_score(cache: Any, task: Any, meta: Any) -> float | None:
     """Main score of a finished earlier run of this exact task/model/recipe, else None."""
     from mteb import TaskResult
 
-    path = _result_file(cache, task, meta)
+    path = cache.get_task_result_path(task.metadata.name, meta)
     if not path.is_file():
         return None
     result = TaskResult.from_disk(path)
@@ -230,7 +226,7 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
     import mteb
 
     outcome = TaskOutcome(task.metadata.name, task.metadata.type, "failed", task.metadata.main_score,
-                          result_file=str(_result_file(cache, task, meta)))
+                          result_file=str(cache.get_task_result_path(task.metadata.name, meta)))
     cached = _cached_score(cache, task, meta)
     if cached is not None:
         outcome.status, outcome.score = "cached", cached
@@ -309,9 +305,10 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
     uniform = protocol == "uniform"
     meta = identity.meta(protocol, recipe=recipe if uniform else None, overrides=overrides)
     cache = ResultCache(Path(output))
+    results_dir = cache.get_task_result_path(selected[0].metadata.name, meta).parent
     report = EvaluationReport(str(model), identity.name, identity.revision, recipe.fingerprint() if uniform else "",
-                              str(_result_file(cache, selected[0], meta).parent), protocol=protocol)
-    Path(report.results_dir).mkdir(parents=True, exist_ok=True)
+                              str(results_dir), protocol=protocol)
+    results_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(report.results_dir) / "protocol.json",
                       {"protocol": protocol, "description": DESCRIPTIONS[protocol],
                        "recipe": recipe.model_dump() if uniform else None, "overrides": overrides})

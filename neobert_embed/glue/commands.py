@@ -27,7 +27,7 @@ def glue_command(
     task_dir: list[Path] = typer.Option(None, "--task-dir",
                                         help="Local task directory (task.json + train/validation.jsonl); repeatable."),
     preset: str = typer.Option("quick", "--preset", "-p", help="quick, paper or a YAML grid file."),
-    seeds: int = typer.Option(None, "--seeds", help="Run seeds 0..N-1 for every configuration."),
+    seeds: int = typer.Option(None, "--seeds", min=1, help="Run seeds 0..N-1 for every configuration."),
     epochs: float = typer.Option(None, "--epochs", help="Override the preset's epochs."),
     max_length: opt.MaxLength = None,
     batch_size: int = typer.Option(None, "--batch-size", help="One batch size instead of the preset's grid."),
@@ -47,18 +47,15 @@ def glue_command(
 
     if not tasks and not task_dir:
         raise UserInputError("no tasks: pass --tasks cola,sst2,... (hub) or --task-dir DIR (local)")
-    if seeds is not None and seeds < 1:
-        raise UserInputError(f"--seeds {seeds}: give at least 1")
     loaded = load_glue_preset(preset, seeds=list(range(seeds)) if seeds else None, epochs=epochs,
                               max_length=max_length, batch_size=[batch_size] if batch_size else None,
                               learning_rate=[learning_rate] if learning_rate else None)
-    device_list = opt.comma_list(devices)
     from neobert_embed.console import json_only_stdout, third_party_log
 
     show_progress = not as_json or sys.stderr.isatty()
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = run_glue(model, output, tasks=opt.comma_list(tasks), task_dirs=task_dir or [], preset=loaded,
-                          devices=device_list, predict_test=predict_test, progress=show_progress,
+                          devices=opt.comma_list(devices), predict_test=predict_test, progress=show_progress,
                           preset_name=Path(preset).stem)
     first = next(iter(result.scores.values()), {})
     if as_json:

@@ -18,7 +18,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import itertools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -117,9 +118,6 @@ class Trial:
         """File-name-safe identity of the trial, e.g. ``bs32-lr2e-05-wd0.01-seed0``."""
         return f"{self.config_key}-seed{self.seed}"
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def expand_trials(preset: GluePreset, tasks: list[str], available: set[str] | frozenset[str] = frozenset()
                   ) -> list[Trial]:
@@ -136,14 +134,8 @@ def expand_trials(preset: GluePreset, tasks: list[str], available: set[str] | fr
     targets = {t: s for t, s in preset.transfer.items() if s in sources}
     used_as_source = set(targets.values())
     ordered = sorted(dict.fromkeys(tasks), key=lambda t: 2 if t in targets else 0 if t in used_as_source else 1)
-    trials = []
-    for task in ordered:
-        for batch_size in preset.batch_size:
-            for learning_rate in preset.learning_rate:
-                for weight_decay in preset.weight_decay:
-                    for seed in preset.seeds:
-                        trials.append(Trial(task, batch_size, learning_rate, weight_decay, seed, targets.get(task)))
-    return trials
+    grid = list(itertools.product(preset.batch_size, preset.learning_rate, preset.weight_decay, preset.seeds))
+    return [Trial(task, *point, targets.get(task)) for task in ordered for point in grid]
 
 
 def load_glue_preset(preset: str | Path = "quick", **overrides: Any) -> GluePreset:

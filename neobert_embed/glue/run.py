@@ -78,19 +78,17 @@ def _sources(tasks: Sequence[str] | None, task_dirs: Sequence[str | Path] | None
     """Load and check every task up front; a task named twice is an error."""
     from neobert_embed.glue.tasks import get_task
 
+    hub = [_Source(get_task(t).name) for t in tasks or []]  # every name is checked before anything loads
     loaded: dict[str, tuple[_Source, GlueData]] = {}
-    specs = [_Source(get_task(t).name) for t in tasks or []]
     for directory in task_dirs or []:
         data = load_glue_data(task_dir=directory)
-        specs.append(_Source(data.task.name, str(Path(directory).resolve())))
         if data.task.name in loaded:
             raise UserInputError(f"{directory}: task {data.task.name!r} is given twice; give each task once")
-        loaded[data.task.name] = (specs[-1], data)
-    for spec in specs:
-        if spec.task_dir is None:
-            if spec.task in loaded:
-                raise UserInputError(f"--tasks: task {spec.task!r} is given twice (or also as --task-dir)")
-            loaded[spec.task] = (spec, spec.load())
+        loaded[data.task.name] = (_Source(data.task.name, str(Path(directory).resolve())), data)
+    for spec in hub:
+        if spec.task in loaded:
+            raise UserInputError(f"--tasks: task {spec.task!r} is given twice (or also as --task-dir)")
+        loaded[spec.task] = (spec, spec.load())
     if not loaded:
         raise UserInputError("no tasks: pass --tasks cola,sst2,... (hub) or --task-dir DIR (local)")
     return loaded
@@ -116,12 +114,6 @@ def _check_model(model: str) -> None:
         raise UserInputError(f"cannot load model {model!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}. "
                              "Pass a local model directory, a reachable hub id or a registry key "
                              "(HF_HUB_OFFLINE=1 allows only local and cached models)") from None
-
-
-def _default_devices() -> list[str]:
-    import torch
-
-    return ["cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
 def _init_worker(devices: Any, threads: int) -> None:
@@ -290,6 +282,8 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
         UserInputError: bad task, data, preset or output conflict — before anything is written.
         Interrupted: after Ctrl-C, once finished trials are safely on disk (rerun to continue).
     """
+    import torch
+
     from neobert_embed.glue.summary import write_glue_summary
 
     if not models:
@@ -305,7 +299,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     task_names = list(sources)
     journal = Journal(output)
     journal.check_run(preset, labels)
-    devices = list(devices or _default_devices())
+    devices = list(devices or (["cuda"] if torch.cuda.is_available() else ["cpu"]))
     in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
 
     plans = {}

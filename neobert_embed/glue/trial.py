@@ -25,6 +25,7 @@ import logging
 import math
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -133,16 +134,6 @@ def eval_every(preset: GluePreset, train_rows: int, batch_size: int) -> int:
     return max(1, min(preset.eval_steps, per_epoch, train_rows // 10 or 1))
 
 
-def _precision_flags(precision: str, device: str) -> dict[str, Any]:
-    import torch
-
-    cuda = device != "cpu" and torch.cuda.is_available()
-    if precision == "auto":
-        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16", "use_cpu": not cuda,
-            "optim": "adamw_torch_fused" if cuda else "adamw_torch", "dataloader_pin_memory": cuda}
-
-
 def tokenize_splits(data: GlueData, tokenizer: Any, max_length: int) -> dict[str, Any]:
     """Each split tokenized (pairs as pairs, truncated to ``max_length``), labels as ``labels``."""
     pair = data.task.is_pair
@@ -167,6 +158,8 @@ def training_arguments(preset: GluePreset, trial: Trial, task: GlueTask, train_r
     """The ``TrainingArguments`` of a trial (public so a plain-Trainer comparison can reuse the schedule)."""
     from transformers import TrainingArguments
 
+    from neobert_embed.contrastive.trainer import device_flags
+
     every = eval_every(preset, train_rows, trial.batch_size)
     return TrainingArguments(
         output_dir=str(work_dir), num_train_epochs=preset.epochs, per_device_train_batch_size=trial.batch_size,
@@ -174,7 +167,7 @@ def training_arguments(preset: GluePreset, trial: Trial, task: GlueTask, train_r
         weight_decay=trial.weight_decay, lr_scheduler_type=preset.lr_scheduler, warmup_steps=preset.warmup_ratio,
         seed=trial.seed, eval_strategy="steps", eval_steps=every, save_strategy="no", logging_steps=every,
         metric_for_best_model=task.selection_metric, greater_is_better=True, report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0, **_precision_flags(preset.precision, device))
+        disable_tqdm=True, dataloader_num_workers=0, **device_flags(preset.precision, device))
 
 
 def _usable_length(model: Any, preset: GluePreset) -> int:
@@ -251,7 +244,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
                 tests[split] = {"idx": [int(i) for i in encoded[split]["idx"]],
                                 "prediction": predictions_from_logits(task, logits).tolist()}
         result = {
-            "task": task.name, "trial": trial.as_dict(), "key": trial.key, "config_key": trial.config_key,
+            "task": task.name, "trial": asdict(trial), "key": trial.key, "config_key": trial.config_key,
             "model": model, "start_from": str(start_from) if start_from else None, "data": data.source,
             "scores": scores, "best_step": keeper.best_step, "steps": trainer.state.global_step,
             "history": keeper.history, "eval_every": args.eval_steps, "max_length": max_length,

@@ -254,9 +254,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             hidden = _repad(self.layer_norm(tokens), plan.token_index, batch, length)
             states = [_repad(state, plan.token_index, batch, length) for state in token_states]
         hidden_states = tuple(states) if output_hidden_states else None
-        if not return_dict:
-            return (hidden,) + ((hidden_states,) if hidden_states is not None else ())
-        return BaseModelOutput(last_hidden_state=hidden, hidden_states=hidden_states)
+        result = BaseModelOutput(last_hidden_state=hidden, hidden_states=hidden_states)
+        return result if return_dict else result.to_tuple()  # a tuple of the fields that are set
 
     def _rotations(self, position_ids: torch.Tensor) -> torch.Tensor:
         """RoPE rotations; warns once when positions exceed the trained context without scaling."""
@@ -336,10 +335,8 @@ class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
         if labels is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device),
                                    ignore_index=-100)
-        if not return_dict:
-            rest = (logits,) + ((output.hidden_states,) if output.hidden_states is not None else ())
-            return ((loss,) + rest) if loss is not None else rest
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
+        result = MaskedLMOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
+        return result if return_dict else result.to_tuple()
 
 
 class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
@@ -371,10 +368,8 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
         x = self.dropout(output.last_hidden_state[:, 0])
         logits = self.classifier(self.dropout(torch.tanh(self.dense(x))))
         loss = None if labels is None else self._loss(logits, labels)
-        if not return_dict:
-            rest = (logits,) + ((output.hidden_states,) if output.hidden_states is not None else ())
-            return ((loss,) + rest) if loss is not None else rest
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
+        result = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
+        return result if return_dict else result.to_tuple()
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.config.problem_type is None:

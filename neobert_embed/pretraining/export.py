@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError
@@ -22,6 +23,7 @@ from neobert_embed.pretraining.checkpoint import MODEL_FILES, consolidated_state
 
 OBJECTIVE_PREFIX = "mlm."
 EXPORT_RECORD = "export.json"
+logger = logging.getLogger(__name__)
 
 
 def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool = True) -> Path:
@@ -59,7 +61,5 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
         atomic_write_json(tmp / EXPORT_RECORD, {"writer": "neobert-embed pretrain export",
                                                 "checkpoint": str(checkpoint.resolve())})
     if progress:
-        from rich.console import Console
-
-        Console(stderr=True).print(f"exported {checkpoint} -> {output}", highlight=False)
+        logger.info("exported %s -> %s", checkpoint, output)
     return output

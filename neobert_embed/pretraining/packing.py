@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,9 +49,6 @@ class StreamPosition:
     epoch: int = 0
     doc: int = 0
     offset: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

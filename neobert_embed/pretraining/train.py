@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +80,6 @@ class RunState:
     skipped_steps: int = 0
     bad_in_row: int = 0
     real_tokens: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "position": self.position.to_dict(), "skipped_steps": self.skipped_steps,
-                "bad_in_row": self.bad_in_row, "real_tokens": self.real_tokens}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunState:
@@ -207,7 +203,7 @@ class _Loop:
         self.stream = DocumentStream(
             corpus.lengths, recipe.training.seed,
             LengthMixture(tuple(b.max_tokens for b in mixture), tuple(b.weight for b in mixture)) if mixture else None,
-            StreamPosition(**state.position.to_dict()))
+            replace(state.position))
         self.batches = BatchMaker(corpus, recipe, engine.rank, engine.world_size)
         self.metrics = (MetricsLog(output / "metrics.jsonl", state.step, recipe.training.tensorboard,
                                    recipe.training.wandb) if engine.rank == 0 else None)
@@ -277,7 +273,7 @@ class _Loop:
             [stats.loss_sum, stats.finite_batches, stats.correct, stats.masked, stats.real_tokens, stats.slots],
             dtype=torch.float64))
         state.step += 1
-        state.position = StreamPosition(**self.stream.position.to_dict())
+        state.position = replace(self.stream.position)
         state.real_tokens += int(totals[4])
         if stats.bad:
             state.skipped_steps += 1
@@ -304,7 +300,7 @@ class _Loop:
             self._checkpoint()
 
     def _checkpoint(self) -> Path:
-        path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, self.state.to_dict()
+        path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, asdict(self.state)
                                | {"max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size},
                                (self.engine.module.mlm.config, self.corpus.tokenizer),
                                self.recipe.checkpoint.keep_last)
