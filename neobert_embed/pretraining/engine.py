@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.index.distributed import free_port
 from neobert_embed.pretraining.recipe import PretrainRecipe
 from neobert_embed.pretraining.schedule import build_scheduler
 
@@ -76,7 +76,7 @@ def fill_rendezvous_env() -> None:
     if "WORLD_SIZE" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_CACHE))
 
 
@@ -126,12 +126,6 @@ def _join_process_group() -> None:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
