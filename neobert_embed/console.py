@@ -209,7 +209,7 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
     if verbose:
         yield log_path
         return
-    with contextlib.closing(_LazyLog(log_path)) as log, _log_records_to(log), _environment(PROGRESS_SWITCHES), \
+    with contextlib.closing(_LazyLog(log_path)) as log, _log_records_to(log), environment(PROGRESS_SWITCHES), \
             warnings.catch_warnings(), _terminal_handlers_to(log), contextlib.redirect_stdout(log), \
             contextlib.redirect_stderr(log):
         warnings.simplefilter("default")  # each distinct warning once per location
@@ -219,9 +219,15 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
+def environment(values: dict[str, str] | None = None, keep: tuple[str, ...] = ()) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the block; afterwards those keys and ``keep`` are as before.
+
+    Example:
+        >>> with environment({"TQDM_DISABLE": "1"}, keep=("MASTER_PORT",)):
+        ...     os.environ["MASTER_PORT"] = "29500"    # gone again after the block
+    """
+    saved = {key: os.environ.get(key) for key in (*(values or {}), *keep)}
+    os.environ.update(values or {})
     try:
         yield
     finally:

@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from neobert_embed.console import environment
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.distributed import free_port
 from neobert_embed.pretraining.recipe import PretrainRecipe
@@ -97,22 +98,16 @@ def process_scope(cpu_threads: int | None) -> Iterator[None]:
         >>> with process_scope(cpu_threads=1):
         ...     run_the_loop()
     """
-    saved_env = {key: os.environ.get(key) for key in RENDEZVOUS_KEYS}
     saved_threads = torch.get_num_threads()
     launched = "WORLD_SIZE" in os.environ
     if cpu_threads and not torch.cuda.is_available():
         torch.set_num_threads(cpu_threads)
-    fill_rendezvous_env()
     try:
-        yield
+        with environment(keep=() if launched else RENDEZVOUS_KEYS):
+            fill_rendezvous_env()
+            yield
     finally:
         torch.set_num_threads(saved_threads)
-        if not launched:
-            for key, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
 
 def init_distributed() -> None:
