@@ -21,7 +21,6 @@ from typing import Any
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, atomic_write_json, atomic_write_text
-from neobert_embed.recipes import read_spec
 
 RUN_FILE = "run.json"
 
@@ -61,6 +60,8 @@ def read_record(directory: str | Path, name: str = RUN_FILE) -> dict[str, Any] |
         'bert'
     """
     path = Path(directory) / name
+    from neobert_embed.recipes import read_spec  # pydantic stays out of the CLI's start-up
+
     return read_spec(path, "run record").data if path.is_file() else None
 
 
