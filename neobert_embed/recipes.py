@@ -12,11 +12,12 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,7 +43,12 @@ class Spec:
 
     source: str
     data: dict[str, Any]
-    lines: dict[Key, int] = field(default_factory=dict)
+    text: str = ""
+
+    @functools.cached_property
+    def lines(self) -> dict[Key, int]:
+        """Line of each key path, found only when an error needs one (a pass over the whole text)."""
+        return _key_lines(self.text) if self.text else {}
 
     def validate(self, model: type[M], overrides: Mapping[str, Any] | None = None) -> M:
         """``model`` built from the mapping with top-level ``overrides`` applied (``None`` values
@@ -101,7 +107,7 @@ def read_spec(path: str | Path, what: str = "recipe", hint: str = "") -> Spec:
         raise located(path, mark.line + 1 if mark else None, f"invalid YAML: {problem}") from None
     if data is not None and not isinstance(data, dict):
         raise UserInputError(f"{path}: a {what} is a mapping of keys to values, got {type(data).__name__}")
-    return Spec(str(path), dict(data or {}), _key_lines(text))
+    return Spec(str(path), dict(data or {}), text)
 
 
 def load_spec(path: str | Path | None, model: type[M], what: str = "recipe", default: str | None = None,
