@@ -118,9 +118,9 @@ def _stage(index_dir: Path, work: Path, corpus: str | Path, fields: CorpusFields
     """Rank 0: copy the index into ``work`` and import the new documents into its store."""
     manifest = read_manifest(index_dir)
     open_store(index_dir, manifest).close()
-    # the index files (vectors.f16.npy too), and what the user keeps there; the manifest is written last
+    # the store, vectors.f16.npy and what the user keeps there; _commit writes index.faiss and the manifest
     shutil.copytree(index_dir, work, dirs_exist_ok=True,
-                    ignore=lambda folder, names: [MANIFEST_NAME] if Path(folder) == index_dir else [])
+                    ignore=lambda folder, names: [MANIFEST_NAME, INDEX_NAME] if Path(folder) == index_dir else [])
     with DocumentStore(work / STORE_NAME) as store:
         documents = read_corpus(corpus, fields)
         if row_ids:  # row numbers continue after the index's largest numeric id
