@@ -282,8 +282,6 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
         UserInputError: bad task, data, preset or output conflict — before anything is written.
         Interrupted: after Ctrl-C, once finished trials are safely on disk (rerun to continue).
     """
-    import torch
-
     from neobert_embed.glue.summary import write_glue_summary
 
     if not models:
@@ -299,7 +297,11 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     task_names = list(sources)
     journal = Journal(output)
     journal.check_run(preset, labels)
-    devices = list(devices or (["cuda"] if torch.cuda.is_available() else ["cpu"]))
+    if not devices:
+        import torch  # only to pick a default device, after every input check
+
+        devices = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+    devices = list(devices)
     in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
 
     plans = {}
