@@ -269,7 +269,7 @@ class DeepSpeedEngine:
         from deepspeed.utils import zero_to_fp32
 
         model_states = zero_to_fp32.get_model_state_files(str(directory / cls.TAG))[0]
-        states = torch.load(model_states, map_location="cpu", weights_only=False)
+        states = torch.load(model_states, map_location="cpu", mmap=True, weights_only=False)  # read the stage, not the tensors
         if states["ds_config"]["zero_optimization"]["stage"]:
             return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=cls.TAG)
         return {key: value.float() for key, value in states["module"].items()}
