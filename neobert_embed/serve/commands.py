@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from neobert_embed import options as opt
+
 
 def serve(
     model: Annotated[str, typer.Option("--model", "-m", help="Registry key, hub id, HF or SentenceTransformer "
@@ -38,7 +40,7 @@ def serve(
         "--truncate/--no-truncate", help="Truncate too-long inputs instead of answering 413.")] = False,
     precision: Annotated[str, typer.Option(
         "--precision", help="fp32 | fp16 | bf16 | int8 (dynamic int8 Linear layers, CPU).")] = "fp32",
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, mps… (default: auto).")] = None,
+    device: opt.Device = None,
 ) -> None:
     """Serve embeddings (OpenAI /v1/embeddings, TEI /embed) and index search (/search) over HTTP.
 
