@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
-from transformers.utils import logging
+from transformers.utils import ModelOutput, logging
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.modeling.attention import (
@@ -297,7 +297,30 @@ def _repad(tokens: torch.Tensor, token_index: torch.Tensor | None, batch: int, l
     return full.index_copy(0, token_index, tokens).reshape(batch, length, -1)
 
 
-class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
+class _NeoBERTWithHead(NeoBERTPreTrainedModel):
+    """Why: every head runs the encoder the same way and differs only in what it computes from the
+    output, so the forward signature (which transformers' Trainer reads) is written once."""
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        labels: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> ModelOutput | tuple:
+        """The head's output; accepts every keyword of :meth:`NeoBERTModel.forward` (``position_ids``,
+        ``cu_seqlens``, ``max_seqlen`` for packed pretraining rows …)."""
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        result = self._head(self.model(input_ids, attention_mask, return_dict=True, **kwargs), labels)
+        return result if return_dict else result.to_tuple()
+
+    def _head(self, output: BaseModelOutput, labels: torch.Tensor | None) -> ModelOutput:
+        raise NotImplementedError
+
+
+class NeoBERTForMaskedLM(_NeoBERTWithHead):
     """NeoBERT with its MLM head ``decoder`` (official class name ``NeoBERTLMHead``)."""
 
     _keys_to_ignore_on_load_unexpected: list[str] = []
@@ -314,32 +337,17 @@ class NeoBERTForMaskedLM(NeoBERTPreTrainedModel):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.decoder = value
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        labels: torch.Tensor | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,
-    ) -> MaskedLMOutput | tuple:
-        """Logits over the vocabulary; with ``labels`` (-100 = ignore) also the mean MLM loss.
-
-        Accepts every keyword of :meth:`NeoBERTModel.forward` (``position_ids``,
-        ``cu_seqlens``, ``max_seqlen`` for packed pretraining rows …).
-        """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        output = self.model(input_ids, attention_mask, return_dict=True, **kwargs)
+    def _head(self, output: BaseModelOutput, labels: torch.Tensor | None) -> MaskedLMOutput:
+        """Logits over the vocabulary; with ``labels`` (-100 = ignore) also the mean MLM loss."""
         logits = self.decoder(output.last_hidden_state)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device),
                                    ignore_index=-100)
-        result = MaskedLMOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
-        return result if return_dict else result.to_tuple()
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
 
 
-class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
+class NeoBERTForSequenceClassification(_NeoBERTWithHead):
     """[CLS] → dropout → dense → tanh → dropout → classifier (the official head layout)."""
 
     def __init__(self, config: NeoBERTConfig) -> None:
@@ -351,25 +359,14 @@ class NeoBERTForSequenceClassification(NeoBERTPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        labels: torch.Tensor | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,
-    ) -> SequenceClassifierOutput | tuple:
+    def _head(self, output: BaseModelOutput, labels: torch.Tensor | None) -> SequenceClassifierOutput:
         """Logits (batch, num_labels); with ``labels`` the loss for ``config.problem_type``
         (inferred like transformers does: regression for 1 label, single-label for integer labels).
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        output = self.model(input_ids, attention_mask, return_dict=True, **kwargs)
         x = self.dropout(output.last_hidden_state[:, 0])
         logits = self.classifier(self.dropout(torch.tanh(self.dense(x))))
         loss = None if labels is None else self._loss(logits, labels)
-        result = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
-        return result if return_dict else result.to_tuple()
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.config.problem_type is None:
