@@ -30,7 +30,7 @@ import numpy as np
 import psutil
 
 from neobert_embed.index.build import calibrate_index, calibration_queries, fill_index
-from neobert_embed.index.factory import choose_index_spec, ivf_lists, search_vectors, write_faiss_index
+from neobert_embed.index.factory import choose_index_spec, search_vectors, write_faiss_index
 from neobert_embed.index.rerank import RERANK_K_FACTOR, RerankedIndex, needs_rerank
 from neobert_embed.index.tuning import exact_neighbours, recall_at_k
 
@@ -151,12 +151,12 @@ def unit_costs(report: dict) -> dict:
     n, d, rows = report["vectors"], report["dimension"], report["indexes"]
     flat, ivf, hnsw, pq = rows["flat"], rows["ivf"], rows["hnsw"], rows["ivfpq"]
     scan = 1.0 / (flat["queries_per_s"] * n * d)
-    nlist = ivf_lists(n)
+    nlist, pq_nlist = (choose_index_spec(t, n, d).lists for t in ("ivf", "ivfpq"))
     pq_bytes = int(pq["factory"].split("PQ")[-1].split("x")[0]) * int(pq["factory"].split("x")[-1]) / 8
     nprobe_pq = pq["search_params"]["nprobe"]
     k_rerank = 10 * RERANK_K_FACTOR
     rerank_s = max(0.0, 1 / pq["queries_per_s"] - 1 / pq["unreranked_queries_per_s"])
-    pq_scan_s = max(1e-12, 1 / pq["unreranked_queries_per_s"] - nlist * d * scan)
+    pq_scan_s = max(1e-12, 1 / pq["unreranked_queries_per_s"] - pq_nlist * d * scan)
     return {
         "machine": f"{os.cpu_count()} CPUs, faiss {report['faiss']}, {report['threads']} threads, "
                    f"{n} x {d} synthetic vectors (noise {report['noise']}); shared, loaded machine",
@@ -171,7 +171,7 @@ def unit_costs(report: dict) -> dict:
             "hnsw_add_s_per_dim_log": hnsw["build_s"] / (n * d * np.log(n)),
             "kmeans_s_per_point_centroid_dim": ivf["train_s"] / (ivf["train_vectors"] * nlist * d),
             "ivf_assign_s_per_centroid_dim": (ivf["build_s"] - ivf["train_s"]) / (n * nlist * d),
-            "pq_scan_s_per_byte": pq_scan_s / (nprobe_pq * n / nlist * pq_bytes),
+            "pq_scan_s_per_byte": pq_scan_s / (nprobe_pq * n / pq_nlist * pq_bytes),
             "rerank_s_per_dim": rerank_s / (k_rerank * d),
         },
     }

@@ -305,6 +305,20 @@ def test_index_types_precisions_and_calibrated_recall(tiny_bert, corpus, flat_in
             assert len(set(found) & set(exact_top10)) >= 8, (index_type, precision)
 
 
+def test_auto_is_exact_then_ivf_with_faiss_guideline_lists(tiny_bert, corpus, tmp_path, monkeypatch):
+    from neobert_embed.index import factory
+
+    spec = factory.choose_index_spec("auto", 1_000_000, 384)
+    assert (spec.factory, spec.tuned_parameter, spec.train_size) == ("IVF4096,Flat", "nprobe", 40 * 4096)
+    assert factory.choose_index_spec("auto", 99_999, 384).factory == "Flat"
+    assert factory.choose_index_spec("auto", 1_000_000, 384, precision="binary").factory == "BHNSW32"
+    assert factory.choose_index_spec("ivfpq", 1_000_000, 384).factory == "IVF1024,PQ48x8"   # sqrt(n) for codes
+    monkeypatch.setattr(factory, "EXACT_SEARCH_LIMIT", 100)   # the corpus's 120 documents count as "large"
+    manifest = build_index(tiny_bert, corpus, tmp_path / "auto", show_progress=False)
+    assert (manifest.index_type, manifest.factory) == ("ivf", "IVF2,Flat")
+    assert manifest.calibration.parameter == "nprobe" and manifest.calibration.recall_at_10 >= 0.95
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"index_type": "ivfpq", "precision": "int8"}, "--store-precision does not apply to --index-type ivfpq"),
     ({"index_type": "hnsw", "factory": "HNSW16"}, "either --index-type or --factory"),

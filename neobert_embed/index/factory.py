@@ -10,13 +10,14 @@ factory string, refusing combinations FAISS cannot do, and runs every search the
 Example:
     >>> spec = choose_index_spec("auto", n_vectors=1_000_000, dimension=384)
     >>> spec.factory, spec.tuned_parameter
-    ('HNSW32', 'efSearch')
+    ('IVF4096,Flat', 'nprobe')
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ PRECISIONS = ("float32", "float16", "int8", "binary")
 EXACT_SEARCH_LIMIT = 100_000
 HNSW_NEIGHBOURS = 32
 KMEANS_POINTS_PER_CENTROID = 40
+# faiss's guideline for IVF-Flat is 4·sqrt(n) to 16·sqrt(n) lists: a float list scan costs as much per
+# vector as a centroid does, so that is where the two costs balance at nprobe ~16. Product-quantized
+# lists scan ~8x cheaper codes, which moves the balance to ~sqrt(n) lists.
+IVF_FLAT_LISTS_PER_ROOT = 4
 PQ_KMEANS_ITERATIONS = 10
 NPROBE_CANDIDATES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 EF_SEARCH_CANDIDATES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
@@ -61,15 +66,21 @@ class IndexSpec:
         """Values of the tuned parameter tried in increasing cost order."""
         return {"nprobe": NPROBE_CANDIDATES, "efSearch": EF_SEARCH_CANDIDATES}.get(self.tuned_parameter or "", ())
 
+    @property
+    def lists(self) -> int:
+        """IVF cells of the factory string (0 when it has no inverted file)."""
+        match = re.search(r"IVF(\d+)", self.factory)
+        return int(match.group(1)) if match else 0
 
-def ivf_lists(n_vectors: int) -> int:
-    """Number of IVF cells: the power of two nearest sqrt(n), with >= 40 training points per cell.
+
+def ivf_lists(n_vectors: int, per_root: int = 1) -> int:
+    """Number of IVF cells: ``per_root`` x the power of two nearest sqrt(n), with >= 40 training points per cell.
 
     Example:
-        >>> ivf_lists(1_000_000)
-        1024
+        >>> ivf_lists(1_000_000), ivf_lists(1_000_000, IVF_FLAT_LISTS_PER_ROOT)
+        (1024, 4096)
     """
-    nlist = 2 ** max(0, round(math.log2(math.sqrt(max(n_vectors, 1)))))
+    nlist = per_root * 2 ** max(0, round(math.log2(math.sqrt(max(n_vectors, 1)))))
     while nlist > 1 and nlist * KMEANS_POINTS_PER_CENTROID > n_vectors:
         nlist //= 2
     return nlist
@@ -125,13 +136,15 @@ def choose_index_spec(index_type: str, n_vectors: int, dimension: int, precision
                       factory: str | None = None) -> IndexSpec:
     """Resolve the user's options into an :class:`IndexSpec`, refusing impossible combinations.
 
-    ``auto`` is exact below ``EXACT_SEARCH_LIMIT`` vectors and HNSW above. Why not IVF: on
-    overlapping clusters (``benchmarks/index_bench.py --noise 2``) k-means cells cut through
-    neighbourhoods, and IVF (plain, with an HNSW coarse quantizer and 4x the lists, or IVF-PQ
-    fast-scan with refine) needs nearly every list for recall@10 0.95, while HNSW reaches 0.98 at
-    16x flat's queries/s (``benchmarks/index_sweep.py``; figures in docs/indexing.md). The
-    approximate indexes get their search parameter calibrated after building so recall@10
-    against exact search stays >= 0.95 (see :mod:`neobert_embed.index.tuning`).
+    ``auto`` is exact below ``EXACT_SEARCH_LIMIT`` vectors and IVF-Flat with faiss's 4·sqrt(n)
+    lists above (HNSW for binary codes, which have no IVF here). Why not sqrt(n) lists or HNSW: on
+    overlapping clusters (``benchmarks/index_bench.py --noise 2``) k-means with ~1 centroid per
+    cluster leaves clusters without one, so their members scatter over unrelated cells and recall
+    stalls near 0.93, and HNSW32 tops out at 0.95 only at 4x flat's cost at 1M; with 4x the
+    lists every cluster gets its own cells and nprobe 8 reaches recall@10 1.0 at >100x flat's
+    queries/s (``benchmarks/index_sweep.py``; figures in docs/indexing.md). The approximate
+    indexes get their search parameter calibrated after building so recall@10 against exact
+    search stays >= 0.95 (see :mod:`neobert_embed.index.tuning`).
 
     Example:
         >>> choose_index_spec("hnsw", 50_000, 384, precision="int8").factory
@@ -142,8 +155,8 @@ def choose_index_spec(index_type: str, n_vectors: int, dimension: int, precision
         return _custom_spec(factory, n_vectors)
     binary = precision == "binary"
     if index_type == "auto":
-        index_type = "flat" if n_vectors < EXACT_SEARCH_LIMIT else "hnsw"
-    nlist = ivf_lists(n_vectors)
+        index_type = "flat" if n_vectors < EXACT_SEARCH_LIMIT else ("hnsw" if binary else "ivf")
+    nlist = ivf_lists(n_vectors, IVF_FLAT_LISTS_PER_ROOT if index_type == "ivf" else 1)
     ivf_train = min(n_vectors, KMEANS_POINTS_PER_CENTROID * nlist)
     sq_train = min(n_vectors, 100_000) if precision in ("int8",) else 0
     if index_type == "flat":

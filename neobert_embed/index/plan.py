@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.index.factory import choose_index_spec, ivf_lists
+from neobert_embed.index.factory import choose_index_spec
 from neobert_embed.recipes import read_spec
 
 COSTS_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "index_costs.json"
@@ -63,7 +63,7 @@ def _row(index_type: str, n: int, d: int, costs: dict[str, Any], on_disk: bool) 
     unit = costs["unit"]
     spec = choose_index_spec(index_type, n, d)
     scan = unit["flat_scan_s_per_dim"]          # seconds to score one float32 vector-dimension
-    nlist = ivf_lists(n)
+    nlist = spec.lists
     nprobe = costs["nprobe"].get(index_type, 1)
     if index_type == "flat":
         vector_bytes = 4 * d
