@@ -283,14 +283,12 @@ def json_only_stdout(enabled: bool = True) -> Iterator[None]:
         yield
         return
     sys.stdout.flush()
-    saved_fd = None
     try:
-        fd = sys.stdout.fileno()
-        err_fd = sys.stderr.fileno()
+        fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
     except (AttributeError, OSError, io.UnsupportedOperation):  # an in-memory stdout (tests)
         fd = err_fd = None
-    if fd is not None and err_fd is not None:
-        saved_fd = os.dup(fd)
+    saved_fd = None if fd is None else os.dup(fd)
+    if saved_fd is not None:
         os.dup2(err_fd, fd)
     try:
         with contextlib.redirect_stdout(sys.stderr):

@@ -95,11 +95,7 @@ def check_not_input(output: str | Path, inputs: Iterable[str | Path | None], fla
         if item is None or not str(item):
             continue
         source = Path(item)
-        if not source.exists() and not output.exists():
-            clash = source.resolve() == output.resolve()
-        else:
-            clash = same_path(output, source) or (source.exists() and _inside(source, output))
-        if clash:
+        if same_path(output, source) or (source.exists() and _inside(source, output)):
             raise UserInputError(f"{flag} {output} is also an input of this command ({source}); writing it "
                                  "would destroy the input: choose another output path")
 

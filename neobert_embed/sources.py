@@ -138,12 +138,7 @@ def fingerprint(source: str | Path, split: str = "train") -> str:
         'a3f9c2d81b7e4f60'
     """
     path = Path(source)
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-    else:
-        files = []
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())  # a hub id: none
     parts = [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files] or [f"hub:{source}"]
     return hashlib.sha256("\n".join([f"split:{split}", *parts]).encode("utf-8")).hexdigest()[:16]
 
