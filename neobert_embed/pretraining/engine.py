@@ -173,8 +173,7 @@ class TorchEngine:
         if self._micro % self.accumulation:
             return
         params = [p for p in self.module.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.clip if self.clip > 0 else float("inf"))
-        self._grad_norm = float(norm)
+        self._grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.clip if self.clip > 0 else float("inf")))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

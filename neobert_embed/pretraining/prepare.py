@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -128,22 +129,19 @@ def _tokenize_shards(documents: Iterator[str], output: Path, shard_documents: in
     shard_dir.mkdir(parents=True, exist_ok=True)
     jobs = ((index, chunk, str(output)) for index, chunk in _chunks(documents, shard_documents))
     results = []
-    with progress_bar(show=progress, transient=True) as bar:
+    workers = multiprocessing.get_context("spawn").Pool(num_proc) if num_proc > 1 else contextlib.nullcontext()
+    with workers as pool, progress_bar(show=progress, transient=True) as bar:
         task = bar.add_task("tokenizing documents", total=None)
-        if num_proc > 1:
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(num_proc) as pool:
-                for result in pool.imap(_tokenize_shard, jobs):
-                    results.append(result)
-                    bar.advance(task, result[1])
-        else:
-            for job in jobs:
-                results.append(_tokenize_shard(job))
-                bar.advance(task, results[-1][1])
+        for result in (pool.imap if pool else map)(_tokenize_shard, jobs):
+            results.append(result)
+            bar.advance(task, result[1])
     return [r for r in results if r[1] > 0]
 
 
-_WORKER_TOKENIZERS: dict[str, object] = {}
+@functools.cache
+def _worker_tokenizer(output: str):
+    """The corpus's tokenizer, loaded once per (worker) process."""
+    return load_tokenizer(Path(output) / "tokenizer")
 
 
 def _tokenize_shard(job: tuple[int, list[str], str]) -> tuple[str, int, int]:
@@ -156,11 +154,8 @@ def _tokenize_shard(job: tuple[int, list[str], str]) -> tuple[str, int, int]:
     if path.is_file():
         lengths = _read_lengths(path)
         return name, len(lengths), int(sum(lengths))
-    if output not in _WORKER_TOKENIZERS:
-        _WORKER_TOKENIZERS[output] = load_tokenizer(Path(output) / "tokenizer")
-    tokenizer = _WORKER_TOKENIZERS[output]
-    encoded = tokenizer(texts, add_special_tokens=True, return_attention_mask=False,
-                        return_token_type_ids=False, verbose=False)["input_ids"]
+    encoded = _worker_tokenizer(output)(texts, add_special_tokens=True, return_attention_mask=False,
+                                        return_token_type_ids=False, verbose=False)["input_ids"]
     encoded = [ids for ids in encoded if len(ids) > 2]  # drop documents with no real token
     lengths = [len(ids) for ids in encoded]
     table = pa.table({"input_ids": pa.array(encoded, type=pa.list_(pa.int32())),

@@ -117,8 +117,7 @@ def pretrain(
     recipe = recipe.with_max_steps(max_steps)
     output = Path(output)
     _warn_short_schedule(recipe)
-    checkpoints = output / "checkpoints"
-    existing = list_checkpoints(checkpoints)
+    existing = list_checkpoints(output / "checkpoints")
     if existing and not resume:
         raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
                              "to continue it, or choose another --output")
@@ -154,8 +153,7 @@ def _run(recipe: PretrainRecipe, corpus: str | Path, output: Path, resume: bool,
                            "training now stops at %d", restored["max_steps"], recipe.training.max_steps)
     elif resume:
         logger.warning("--resume: no checkpoint in %s yet; starting from step 0", checkpoints)
-    loop = _Loop(recipe, prepared, engine, output, state)
-    return loop.run(stop_after_steps, progress)
+    return _Loop(recipe, prepared, engine, output, state).run(stop_after_steps, progress)
 
 
 def _warn_short_schedule(recipe: PretrainRecipe) -> None:
@@ -236,7 +234,7 @@ class _Loop:
     def _train_step(self) -> _StepStats:
         """One optimizer step over this process's micro-batches (the stream advances past it)."""
         stats = _StepStats()
-        lr = self.engine.optimizer.param_groups[0]["lr"]
+        self.stats_lr = self.engine.optimizer.param_groups[0]["lr"]  # before a bad step zeroes it
         for batch in self.batches.step_batches(self.stream, self.state.step):
             loss, correct, masked = self.engine.forward(**batch)
             finite = torch.tensor(float(torch.isfinite(loss.detach()).all()))
@@ -255,7 +253,6 @@ class _Loop:
                 for group in self.engine.optimizer.param_groups:
                     group["lr"] = 0.0  # the update of a step with a non-finite loss is skipped
             self.engine.step()
-        self.stats_lr = lr
         return stats
 
     def _zero_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -275,11 +272,8 @@ class _Loop:
         state.step += 1
         state.position = replace(self.stream.position)
         state.real_tokens += int(totals[4])
-        if stats.bad:
-            state.skipped_steps += 1
-            state.bad_in_row += 1
-        else:
-            state.bad_in_row = 0
+        state.skipped_steps += int(stats.bad)
+        state.bad_in_row = state.bad_in_row + 1 if stats.bad else 0
         loss = float(totals[0] / totals[1]) if totals[1] else math.nan
         record = {"step": state.step, "loss": loss,
                   "mlm_accuracy": float(totals[2] / totals[3]) if totals[3] else 0.0,
@@ -313,9 +307,8 @@ class _Loop:
         checkpoint = self._checkpoint() if self.last_saved != self.state.step else (
             self.output / "checkpoints" / checkpoint_name(self.state.step))
         finished = self.state.step >= self.recipe.training.max_steps
-        export_dir = None
-        if finished and self.engine.rank == 0:
-            export_dir = export_checkpoint(checkpoint, self.output / "final", progress=False)
+        export_dir = (export_checkpoint(checkpoint, self.output / "final", progress=False)
+                      if finished and self.engine.rank == 0 else None)
         logger.info("step %d: metrics in %s, checkpoint %s%s", self.state.step, self.output / "metrics.jsonl",
                     checkpoint, f", model exported to {export_dir}" if export_dir else "; continue with --resume")
         return PretrainResult(self.output, self.state.step, finished, self.state.skipped_steps,
