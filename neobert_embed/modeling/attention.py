@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -256,28 +257,20 @@ class _Tiling:
         return CALL_COST * len(groups) + GATHER_COST * gathered + scores
 
 
-def _documents_tiling(lengths: list[int], starts: list[int]) -> _Tiling:
-    return _Tiling(lengths, starts, [[n] for n in lengths])
-
-
 def _tiling_for(lengths: list[int], starts: list[int], doc_rows: list[int], rows: int) -> _Tiling:
     per_row: list[list[int]] = [[] for _ in range(rows)]
     for length, row in zip(lengths, doc_rows, strict=True):
         if length:
             per_row[row].append(length)
-    row_starts, cursor = [], 0
-    for docs in per_row:
-        row_starts.append(cursor)
-        cursor += sum(docs)
-    return _Tiling([sum(docs) for docs in per_row], row_starts, per_row)
+    row_lengths = [sum(docs) for docs in per_row]
+    return _Tiling(row_lengths, list(itertools.accumulate(row_lengths, initial=0))[:-1], per_row)
 
 
 def _block_diagonal(tiles: list[list[int]], device: torch.device | None) -> torch.Tensor | None:
     """(tiles, 1, length, length) True within a document; None when every tile is one document."""
     if all(len(docs) <= 1 for docs in tiles):
         return None
-    ids = torch.stack([torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(docs)) for docs in tiles])
-    ids = ids.to(device)
+    ids = torch.stack([torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(docs)) for docs in tiles]).to(device)
     return (ids[:, :, None] == ids[:, None, :]).unsqueeze(1)
 
 
@@ -346,10 +339,8 @@ def build_varlen_batch(
         _check_cu_seqlens(cu_seqlens, total)
         segment_starts = cu_seqlens[:-1]
         doc_of_token = torch.searchsorted(cu_seqlens[1:], flat, right=True)
-    if position_ids is None:
-        positions = flat - segment_starts[doc_of_token]
-    else:
-        positions = position_ids.to(device).reshape(-1).long()
+    positions = (flat - segment_starts[doc_of_token] if position_ids is None
+                 else position_ids.to(device).reshape(-1).long())
     token_index = None
     if attention_mask is not None and not bool(attention_mask.all()):
         token_index = attention_mask.reshape(-1).nonzero().squeeze(1).to(device)
@@ -361,7 +352,7 @@ def build_varlen_batch(
     max_seqlen = max(host_lengths, default=0)
     if backend != "sdpa_varlen":
         return VarlenBatch(token_index, positions, new_cu, max_seqlen, (), None, backend, "documents")
-    tiling = _documents_tiling(host_lengths, new_cu[:-1].tolist())
+    tiling = _Tiling(host_lengths, new_cu[:-1].tolist(), [[n] for n in host_lengths])  # one tile per document
     chosen = "documents"
     if (cu_seqlens is not None and layout == "auto") or layout == "rows":
         original = [0, total] if cu_seqlens is None else cu_seqlens.tolist()

@@ -151,8 +151,7 @@ class NeoBERTConfig(PretrainedConfig):
         return self.hidden_size // self.num_attention_heads
 
     def _finish_rope_parameters(self) -> None:
-        if not self.rope_parameters:
-            self.rope_parameters = {"rope_type": "default"}
+        self.rope_parameters = self.rope_parameters or {}
         self.rope_parameters.setdefault("rope_type", "default")
         self.rope_parameters.setdefault("rope_theta", self.rope_theta)
         if self.rope_parameters["rope_type"] == "yarn":

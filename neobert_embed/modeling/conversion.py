@@ -87,10 +87,7 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        weights: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            weights.update(load_file(str(directory / shard)))
-        return weights
+        return {key: tensor for shard in shards for key, tensor in load_file(str(directory / shard)).items()}
     if (directory / "model.safetensors").is_file():
         return load_file(str(directory / "model.safetensors"))
     if (directory / "pytorch_model.bin").is_file():

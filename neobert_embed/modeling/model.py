@@ -168,16 +168,13 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             >>> model.attention_kernel(torch.tensor([[1, 1, 0]]), None)   # on CPU
             'sdpa_varlen'
         """
-        requested = self.config.attention_backend
-        if self.config._attn_implementation == "eager":
-            requested = "padded"
+        requested = "padded" if self.config._attn_implementation == "eager" else self.config.attention_backend
         if requested == "padded" and cu_seqlens is not None:
             raise ValueError("packed documents (cu_seqlens) need the varlen attention path; "
                              "set config.attention_backend to 'auto' or 'varlen'")
         device = self.encoder.weight.device
-        dtype = self.encoder.weight.dtype
-        if torch.is_autocast_enabled(device.type):
-            dtype = torch.get_autocast_dtype(device.type)
+        autocast = torch.is_autocast_enabled(device.type)
+        dtype = torch.get_autocast_dtype(device.type) if autocast else self.encoder.weight.dtype
         unpad = cu_seqlens is not None or (attention_mask is not None and not bool(attention_mask.all()))
         return choose_attention_backend(
             requested, device.type, dtype, unpad=unpad,
@@ -340,10 +337,8 @@ class NeoBERTForMaskedLM(_NeoBERTWithHead):
     def _head(self, output: BaseModelOutput, labels: torch.Tensor | None) -> MaskedLMOutput:
         """Logits over the vocabulary; with ``labels`` (-100 = ignore) also the mean MLM loss."""
         logits = self.decoder(output.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device),
-                                   ignore_index=-100)
+        loss = None if labels is None else F.cross_entropy(
+            logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=output.hidden_states)
 
 

@@ -45,9 +45,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.config = config
         self.rope_type = config.rope_parameters["rope_type"]
-        inv_freq, attention_scaling = self.compute_inv_freq(seq_len=None)
+        inv_freq, self.attention_scaling = self.compute_inv_freq(seq_len=None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.attention_scaling = attention_scaling
 
     def compute_inv_freq(self, seq_len: int | None, device: torch.device | None = None) -> tuple[torch.Tensor, float]:
         """Inverse frequencies (head_dim/2,) and attention scaling for a batch as long as ``seq_len``."""
