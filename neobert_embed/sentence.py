@@ -96,12 +96,9 @@ def load_sentence_model(
             if prompts:
                 model.prompts.update(prompts)
         else:
-            transformer = Transformer(name, model_kwargs={**model_kwargs, "revision": revision,
-                                                          "trust_remote_code": trust_remote_code},
-                                      processor_kwargs={"revision": revision,
-                                                        "trust_remote_code": trust_remote_code},
-                                      config_kwargs={"revision": revision,
-                                                     "trust_remote_code": trust_remote_code})
+            hub = {"revision": revision, "trust_remote_code": trust_remote_code}  # a copy each: they are mutated
+            transformer = Transformer(name, model_kwargs={**model_kwargs, **hub}, processor_kwargs=dict(hub),
+                                      config_kwargs=dict(hub))
             pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
             model = SentenceTransformer(modules=[transformer, pooling], device=device,
                                         prompts=prompts or {})
