@@ -61,7 +61,7 @@ def demo(
     output: Path = typer.Option(Path("runs/demo"), "--output", "-o", help="Where every demo output goes."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of skipping finished stages."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long sizes for smoke tests (scores mean nothing)."),
-    no_wait: bool = typer.Option(False, "--no-wait", help="Fail at once if another demo writes to --output."),
+    no_wait: opt.NoWait = False,
     verbose: opt.Verbose = False,
 ) -> None:
     """Run the whole pipeline offline on the Python standard library's docstrings.

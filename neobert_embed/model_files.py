@@ -138,16 +138,14 @@ def read_model_config(name_or_path: str | Path) -> dict[str, Any] | None:
     """
     directory = local_model_dir(name_or_path)
     if directory is not None:
-        path = _transformer_dir(directory) / "config.json"
-        data = _read_json(path) if path.is_file() else None
-        return data if isinstance(data, dict) else None
-    from huggingface_hub import try_to_load_from_cache
+        path: Path | None = _transformer_dir(directory) / "config.json"
+    else:
+        from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(resolve_model_name(str(name_or_path)), "config.json")
-    if isinstance(cached, str) and Path(cached).is_file():
-        data = _read_json(Path(cached))
-        return data if isinstance(data, dict) else None
-    return None
+        cached = try_to_load_from_cache(resolve_model_name(str(name_or_path)), "config.json")
+        path = Path(cached) if isinstance(cached, str) else None
+    data = _read_json(path) if path is not None and path.is_file() else None
+    return data if isinstance(data, dict) else None
 
 
 def position_limit(name_or_path: str | Path) -> int | None:

@@ -133,9 +133,8 @@ def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> tuple[tor
     its learning-rate schedule."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
+        if param.requires_grad:
+            (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
     opt = recipe.optimizer
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
