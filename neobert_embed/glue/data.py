@@ -46,10 +46,6 @@ class GlueData:
     source: str
     test_splits: list[str] = field(default_factory=list)
 
-    def validation(self) -> list[tuple[str, Any]]:
-        """``(metric prefix, dataset)`` for each validation split (two for MNLI)."""
-        return [(prefix, self.splits[split]) for prefix, split in self.task.validation_splits]
-
 
 def _label(task: GlueTask, value: Any, path: Path, line: int, required: bool) -> float | int | None:
     if value is None or (value == -1 and not required):
@@ -63,9 +59,7 @@ def _label(task: GlueTask, value: Any, path: Path, line: int, required: bool) ->
         return float(value)
     if isinstance(value, str) and value in task.labels:
         return task.labels.index(value)
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < task.num_labels:
-        return int(value)
-    if isinstance(value, float) and value.is_integer() and 0 <= value < task.num_labels:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and value in range(task.num_labels):
         return int(value)
     classes = ", ".join(f"{i} ({name})" for i, name in enumerate(task.labels))
     raise located(path, line, f"label {value!r} is not one of {task.title}'s classes: {classes}")
@@ -164,11 +158,9 @@ def load_hub_task(name: str) -> GlueData:
                              "with a local task directory (see docs/glue.md)") from None
     first, second = task.hub_columns
     renames = {first: "sentence1", **({second: "sentence2"} if second else {})}
-    splits = {}
-    for split, dataset in raw.items():
-        dataset = dataset.rename_columns({k: v for k, v in renames.items() if k != v})
-        keep = ["sentence1", *(["sentence2"] if second else []), "label", "idx"]
-        splits[split] = dataset.select_columns(keep)
+    keep = ["sentence1", *(["sentence2"] if second else []), "label", "idx"]
+    splits = {split: dataset.rename_columns({k: v for k, v in renames.items() if k != v}).select_columns(keep)
+              for split, dataset in raw.items()}
     tests = [split for split, _ in task.test_files if split in splits]
     return GlueData(task, splits, f"hub:{HUB_DATASET}/{task.name}", tests)
 
