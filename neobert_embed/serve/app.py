@@ -134,10 +134,8 @@ def create_app(settings: ServeSettings, served: ServedModel | None = None) -> An
         vectors, tokens = await _embed(state, "/v1/embeddings", body.texts, prompt, state.settings.truncate)
         if body.dimensions is not None:
             vectors = _normalized(_truncated(vectors, body.dimensions, state.engine.dimension))
-        if body.encoding_format == "base64":
-            data = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
-        else:
-            data = vectors.tolist()
+        data = ([base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
+                if body.encoding_format == "base64" else vectors.tolist())
         return JSONResponse({
             "object": "list", "model": state.settings.name,
             "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
@@ -167,11 +165,10 @@ def create_app(settings: ServeSettings, served: ServedModel | None = None) -> An
     async def search(body: SearchRequest) -> Response:
         """Top-``k`` documents of a served index for ``query`` or each of ``queries``."""
         entry = await run_in_threadpool(state.indexes.get, body.index)
-        texts = body.texts
-        hits = await _search(state, entry, texts, body.k)
+        hits = await _search(state, entry, body.texts, body.k)
         results = [{"query": query, "hits": [{"rank": h.rank, "id": h.doc_id, "score": h.score,
                                               "title": h.title, "text": h.text} for h in found]}
-                   for query, found in zip(texts, hits, strict=True)]
+                   for query, found in zip(body.texts, hits, strict=True)]
         return JSONResponse({"index": entry.name, "documents": entry.index.manifest.documents,
                              "results": results})
 

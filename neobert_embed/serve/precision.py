@@ -70,22 +70,18 @@ def load_for_serving(name_or_path: str, precision: str = "fp32", *, device: str 
         >>> served.method
         'bf16 weights'
     """
+    from neobert_embed.index.encoder import model_fingerprint
     from neobert_embed.sentence import load_sentence_model
 
     if precision not in SERVING_PRECISIONS:
         raise UserInputError(f"--precision {precision!r} is not one of {', '.join(SERVING_PRECISIONS)}")
-    if precision == "int8" and device not in (None, "cpu"):
+    int8 = precision == "int8"
+    if int8 and device not in (None, "cpu"):
         raise UserInputError(f"--precision int8 runs on the CPU only; drop --device {device} or pick fp16/bf16")
-    weights = "fp32" if precision == "int8" else precision
-    model = load_sentence_model(name_or_path, max_seq_length, device="cpu" if precision == "int8" else device,
-                                precision=weights)
+    model = load_sentence_model(name_or_path, max_seq_length, device="cpu" if int8 else device,
+                                precision="fp32" if int8 else precision)
     model.eval()
-    digest = None
-    if fingerprint:
-        from neobert_embed.index.encoder import model_fingerprint
-
-        digest = model_fingerprint(model)
-    if precision == "int8":
+    digest = model_fingerprint(model) if fingerprint else None  # of the weights before quantization
+    if int8:
         quantize_linear_int8(model)
-        return ServedModel(model, precision, INT8_METHOD, digest)
-    return ServedModel(model, precision, f"{precision} weights", digest)
+    return ServedModel(model, precision, INT8_METHOD if int8 else f"{precision} weights", digest)
