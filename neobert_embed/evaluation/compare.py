@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.evaluation.protocol import check_protocol
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.run import EvaluationReport, TaskOutcome, run_mteb, select_tasks
 from neobert_embed.outputs import model_label
@@ -90,8 +91,6 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
         raise UserInputError(f"--models: {duplicates} appear more than once; each model needs its own name")
     output = Path(output)
     contrastive = recipe if recipe is None or not isinstance(recipe, str | Path) else load_contrastive_recipe(recipe)
-    from neobert_embed.evaluation.protocol import check_protocol
-
     check_protocol(protocol)
     evaluation = evaluation or load_evaluation_recipe()
     selected = select_tasks(benchmark, tasks, task_types, task_dirs,  # bad task dirs fail before training

@@ -102,8 +102,7 @@ class UniformEncoder(SentenceTransformerEncoderWrapper):
         """
         model = load_sentence_model(identity.source, device=device, precision=recipe.precision,
                                     revision=None if Path(identity.source).is_dir() else identity.revision)
-        first = model[0]
-        config = getattr(getattr(first, "auto_model", None), "config", None)
+        config = getattr(getattr(model[0], "auto_model", None), "config", None)
         limit = usable_max_length(config) if config is not None else recipe.max_length
         model.max_seq_length = min(recipe.max_length, limit)
         return cls(model, recipe, identity)
@@ -113,12 +112,8 @@ class UniformEncoder(SentenceTransformerEncoderWrapper):
         """Embed every text of ``inputs`` with the recipe's instruction for this task and side."""
         texts = [text for batch in inputs for text in batch["text"]]
         prompt = self.recipe.instruction(task_metadata, prompt_type)
-        if prompt_type == PromptType.query:
-            encode = self.model.encode_query
-        elif prompt_type == PromptType.document:
-            encode = self.model.encode_document
-        else:
-            encode = self.model.encode
+        encode = {PromptType.query: self.model.encode_query,
+                  PromptType.document: self.model.encode_document}.get(prompt_type, self.model.encode)
         kwargs.setdefault("batch_size", self.recipe.batch_size)
         return encode(texts, prompt=prompt, normalize_embeddings=self.recipe.normalize,
                       convert_to_numpy=True, **kwargs)

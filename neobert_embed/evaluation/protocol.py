@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.errors import UserInputError
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Protocol = Literal["model", "uniform"]
 PROTOCOLS: tuple[str, ...] = ("model", "uniform")
 DESCRIPTIONS = {
     "model": "each model as its authors configured it (its saved prompts, max_seq_length, pooling, "
@@ -98,16 +97,15 @@ def load_model_encoder(identity: ModelIdentity, *, device: str | None = None,
             raise UserInputError(f"cannot load {meta.name!r} with mteb's loader: {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}. Pass a local "
                                  "SentenceTransformer directory instead") from None
-        base = encoder.mteb_model_meta
     else:
         model = load_sentence_model(source, device=device, precision=precision or "fp32",
                                     revision=None if local else identity.revision)
         encoder = SentenceTransformerEncoderWrapper(model)
-        base = encoder.mteb_model_meta
     inner = getattr(encoder, "model", None)
     if max_length is not None and hasattr(inner, "max_seq_length"):
         inner.max_seq_length = int(max_length)
-    encoder.mteb_model_meta = identity.meta("model", overrides=model_overrides(max_length, precision), base=base)
+    encoder.mteb_model_meta = identity.meta("model", overrides=model_overrides(max_length, precision),
+                                            base=encoder.mteb_model_meta)
     return encoder
 
 
@@ -150,9 +148,8 @@ def prompts_used(encoder: Any, task: Any) -> dict[str, str | None]:
     retrieval = metadata.type in RETRIEVAL_TYPES
     recipe = getattr(encoder, "recipe", None)
     sides = {"query": PromptType.query, "document": PromptType.document} if retrieval else {"text": None}
-    if recipe is not None:
-        return {side: recipe.instruction(metadata, kind) or None for side, kind in sides.items()}
-    return {side: _effective_prompt(encoder, metadata, kind) or None for side, kind in sides.items()}
+    return {side: (recipe.instruction(metadata, kind) if recipe is not None else
+                   _effective_prompt(encoder, metadata, kind)) or None for side, kind in sides.items()}
 
 
 def encoder_settings(encoder: Any) -> dict[str, Any]:

@@ -89,8 +89,7 @@ class EvaluationRecipe(BaseModel):
         recipe never mixes or overwrites scores.
         """
         settings = self.model_dump(exclude={"batch_size"})
-        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()
-        return digest[:12]
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
     def instruction(self, task_metadata: Any, prompt_type: Any) -> str:
         """The text prefix for one side of one task ('' when the task defines no instruction).

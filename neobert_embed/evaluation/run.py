@@ -191,7 +191,7 @@ class _LazyEncoder:
         return self.encoder
 
 
-def _record_metadata(path: Path, task: Any, lazy: _LazyEncoder) -> dict[str, Any]:
+def _record_metadata(path: Path, task: Any, lazy: _LazyEncoder) -> None:
     """Write the protocol and the prompts actually used into mteb's result file (extra key)."""
     from neobert_embed.evaluation.protocol import encoder_settings, prompts_used
 
@@ -204,7 +204,6 @@ def _record_metadata(path: Path, task: Any, lazy: _LazyEncoder) -> dict[str, Any
         saved = json.loads(path.read_text(encoding="utf-8"))
         saved[METADATA_KEY] = metadata
         atomic_write_json(path, saved)
-    return metadata
 
 
 def _settings(lazy: _LazyEncoder, outcomes: list[TaskOutcome]) -> dict[str, Any]:
@@ -233,15 +232,15 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
         return outcome
     from huggingface_hub import is_offline_mode
 
-    if not isinstance(task, LocalTask) and is_offline_mode():
-        outcome.error = _offline_error(task)
-        return outcome
     if isinstance(task, LocalTask):
         try:
             check_task_data(task)
         except UserInputError as exc:
             outcome.error = str(exc)
             return outcome
+    elif is_offline_mode():
+        outcome.error = _offline_error(task)
+        return outcome
     encoder = lazy.get()  # a model that cannot load stops the run: every task would fail the same way
     result = mteb.evaluate(encoder, task, cache=cache, raise_error=False, show_progress_bar=False,
                            encode_kwargs={"batch_size": lazy.recipe.batch_size, "show_progress_bar": False},
@@ -308,7 +307,6 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
     results_dir = cache.get_task_result_path(selected[0].metadata.name, meta).parent
     report = EvaluationReport(str(model), identity.name, identity.revision, recipe.fingerprint() if uniform else "",
                               str(results_dir), protocol=protocol)
-    results_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(report.results_dir) / "protocol.json",
                       {"protocol": protocol, "description": DESCRIPTIONS[protocol],
                        "recipe": recipe.model_dump() if uniform else None, "overrides": overrides})

@@ -171,10 +171,8 @@ def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[An
         ...               "runs/mteb")
     """
     protocol = summary_protocol(reports)
-    if tasks is not None:
-        task_types = {t.metadata.name: t.metadata.type for t in tasks}
-    else:
-        task_types = {o.task: o.type for report in reports for o in report.outcomes}
+    task_types = ({t.metadata.name: t.metadata.type for t in tasks} if tasks is not None
+                  else {o.task: o.type for report in reports for o in report.outcomes})
     rows = summarize(reports, task_types)
     output = Path(output)
     md_path, csv_path = output / "summary.md", output / "summary.csv"
