@@ -90,10 +90,9 @@ def load_examples(name: str, source: DataSource) -> Any:
     import datasets
 
     where = f"{source.path} (dataset {name!r})"
-    rows = iter_records(source.path, split=source.split, subset=source.subset)
     columns: dict[str, list[str]] | None = None
     first_location = ""
-    for location, record in rows:
+    for location, record in iter_records(source.path, split=source.split, subset=source.subset):
         if columns is None:
             query, positive, negatives, ignored = resolve_columns(list(record), where)
             if ignored:

@@ -62,13 +62,12 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
         raise UserInputError(f"--range {range_min}:{range_max} leaves fewer than {num_negatives} candidates")
     from sentence_transformers.util import mine_hard_negatives
 
+    from neobert_embed.encoding import used_line
     from neobert_embed.sentence import load_sentence_model
 
     pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
     if pairs.num_rows < 2:
         raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
-    from neobert_embed.encoding import used_line
-
     sentence_model = load_sentence_model(model, max_seq_length=max_seq_length)
     prompts = {"query_prompt_name": "query" if sentence_model.prompts.get("query") else None,
                "corpus_prompt_name": "document" if sentence_model.prompts.get("document") else None}

@@ -46,15 +46,13 @@ def dataset_probabilities(sizes: Sequence[int], alpha: float) -> np.ndarray:
 
 
 def no_duplicates_sampler(dataset, batch_size: int, seed: int, position: int) -> NoDuplicatesBatchSampler:
-    """A sampler of full batches without repeated texts for the ``position``-th dataset, with its own RNG.
+    """A sampler of full batches without repeated texts for the ``position``-th dataset, with its own RNG
+    (``train_contrastive`` has checked that the dataset fills one batch).
 
     Example:
         >>> len(next(iter(no_duplicates_sampler(ds, batch_size=8, seed=0, position=0))))
         8
     """
-    if batch_size > len(dataset):
-        raise UserInputError(f"a batch needs {batch_size} examples but the dataset has only {len(dataset)} "
-                             "rows; lower text_budget/batch_size or add data")
     return NoDuplicatesBatchSampler(dataset, batch_size=batch_size, drop_last=True,
                                     generator=torch.Generator(),
                                     seed=seed + (position + 1) * CHILD_SEED_STRIDE)
