@@ -101,11 +101,8 @@ def read_split(path: str | Path, task: GlueTask, labelled: bool = True) -> dict[
 def _from_columns(columns: dict[str, list], task: GlueTask) -> Any:
     from datasets import Dataset, Features, Value
 
-    features = {"sentence1": Value("string")}
-    if task.is_pair:
-        features["sentence2"] = Value("string")
-    features["label"] = Value("float32" if task.is_regression else "int64")
-    features["idx"] = Value("int64")
+    features = {"sentence1": Value("string"), **({"sentence2": Value("string")} if task.is_pair else {}),
+                "label": Value("float32" if task.is_regression else "int64"), "idx": Value("int64")}
     return Dataset.from_dict({k: columns[k] for k in features}, features=Features(features))
 
 

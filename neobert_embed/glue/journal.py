@@ -15,8 +15,8 @@ trials would not be comparable with the ones already on disk (the run record and
 
 Example:
     >>> journal = Journal("runs/glue")
-    >>> journal.check_run(preset)                 # raises on a changed preset
-    >>> journal.finished("neobert", "rte")        # {trial key: result}
+    >>> journal.check_run(preset, {"neobert": "neobert"})   # raises on a changed preset or model
+    >>> journal.results("neobert", "rte")                    # [result of each finished trial]
 """
 
 from __future__ import annotations
@@ -66,7 +66,5 @@ class Journal:
         folder = self.output / "trials" / label / task
         return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
 
-    def write(self, label: str, trial: Trial, result: dict[str, Any]) -> Path:
-        path = self.trial_path(label, trial)
-        atomic_write_json(path, result)
-        return path
+    def write(self, label: str, trial: Trial, result: dict[str, Any]) -> None:
+        atomic_write_json(self.trial_path(label, trial), result)
