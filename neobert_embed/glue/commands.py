@@ -42,6 +42,7 @@ def glue_command(
 
     Each task's reported figure is its best configuration on validation, as in the paper (optimistic).
     """
+    from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.glue.presets import load_glue_preset
     from neobert_embed.glue.run import run_glue
 
@@ -50,8 +51,6 @@ def glue_command(
     loaded = load_glue_preset(preset, seeds=list(range(seeds)) if seeds else None, epochs=epochs,
                               max_length=max_length, batch_size=[batch_size] if batch_size else None,
                               learning_rate=[learning_rate] if learning_rate else None)
-    from neobert_embed.console import json_only_stdout, third_party_log
-
     show_progress = not as_json or sys.stderr.isatty()
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = run_glue(model, output, tasks=opt.comma_list(tasks), task_dirs=task_dir or [], preset=loaded,
