@@ -25,14 +25,14 @@ def test_plan_scales_each_structure_as_it_grows():
     assert flat_large.ram_gb == pytest.approx(100 * flat_small.ram_gb) == pytest.approx(307.2)
     assert flat_large.queries_per_s == pytest.approx(flat_small.queries_per_s / 100, rel=1e-2)
     ivf_small, ivf_large = by_type["ivf"]
-    assert ivf_large.factory == "IVF32768,Flat" and ivf_small.factory == "IVF4096,Flat"   # faiss's 4·sqrt(n)
+    assert ivf_large.factory == "IVF65536,Flat" and ivf_small.factory == "IVF4096,Flat"   # 4 x 2^ceil(log2 sqrt(n))
     assert ivf_large.queries_per_s > flat_large.queries_per_s * 10      # IVF scans a shrinking share
     pq_small, pq_large = by_type["ivfpq"]
-    assert pq_large.factory == "IVF8192,PQ96x8"
+    assert pq_large.factory == "IVF16384,PQ96x8"
     assert pq_large.ram_gb < flat_large.ram_gb / 10
-    assert pq_large.disk_gb == pytest.approx((10**8 * (96 + 8 + 768 * 2) + 8192 * 768 * 4) / 1e9, rel=1e-3)
+    assert pq_large.disk_gb == pytest.approx((10**8 * (96 + 8 + 768 * 2) + 16384 * 768 * 4) / 1e9, rel=1e-3)
     on_disk = plan_index(10**8, 768, "ivfpq", on_disk=True, costs=COSTS)[0]
-    assert on_disk.on_disk and on_disk.ram_gb == pytest.approx(8192 * 768 * 4 / 1e9, rel=1e-2)
+    assert on_disk.on_disk and on_disk.ram_gb == pytest.approx(16384 * 768 * 4 / 1e9, rel=1e-2)
     auto = plan_index(10**6, 384, "auto", costs=COSTS)[0]
     assert (auto.index_type, auto.factory, auto.search_param) == ("ivf", "IVF4096,Flat", "nprobe=16")
     assert auto.ram_gb == pytest.approx((10**6 * (384 * 4 + 8) + 4096 * 384 * 4) / 1e9, rel=1e-3)

@@ -74,13 +74,13 @@ class IndexSpec:
 
 
 def ivf_lists(n_vectors: int, per_root: int = 1) -> int:
-    """Number of IVF cells: ``per_root`` x the power of two nearest sqrt(n), with >= 40 training points per cell.
+    """Number of IVF cells: ``per_root`` x the smallest power of two >= sqrt(n), with >= 40 training points per cell.
 
     Example:
         >>> ivf_lists(1_000_000), ivf_lists(1_000_000, IVF_FLAT_LISTS_PER_ROOT)
         (1024, 4096)
     """
-    nlist = per_root * 2 ** max(0, round(math.log2(math.sqrt(max(n_vectors, 1)))))
+    nlist = per_root * 2 ** max(0, math.ceil(math.log2(math.sqrt(max(n_vectors, 1)))))
     while nlist > 1 and nlist * KMEANS_POINTS_PER_CENTROID > n_vectors:
         nlist //= 2
     return nlist

@@ -11,7 +11,7 @@ with ``sample x nlist``. The factory strings are the ones ``index build`` would 
 Example:
     >>> rows = plan_index(100_000_000, 768)
     >>> [(r.index_type, round(r.ram_gb)) for r in rows][:2]
-    [('flat', 286), ('ivf', 288)]
+    [('flat', 307), ('ivf', 308)]
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def plan_index(n_vectors: int, dimension: int, index_type: str | None = None, on
 
     Example:
         >>> plan_index(10_000_000, 384, "ivfpq", on_disk=True)[0].ram_gb
-        0.005
+        0.006291
     """
     if n_vectors < 1 or dimension < 1:
         raise UserInputError("--vectors and --dim must be positive")
