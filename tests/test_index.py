@@ -313,6 +313,8 @@ def test_auto_is_exact_then_ivf_with_faiss_guideline_lists(tiny_bert, corpus, tm
     assert factory.choose_index_spec("auto", 99_999, 384).factory == "Flat"
     assert factory.choose_index_spec("auto", 1_000_000, 384, precision="binary").factory == "BHNSW32"
     assert factory.choose_index_spec("ivfpq", 1_000_000, 384).factory == "IVF1024,PQ48x8"   # sqrt(n) for codes
+    big_custom = factory.choose_index_spec("auto", 10**8, 384, factory="IVF262144,Flat")
+    assert big_custom.train_size == 40 * 262_144     # not 4096 lists' worth: faiss needs a point per list
     monkeypatch.setattr(factory, "EXACT_SEARCH_LIMIT", 100)   # the corpus's 120 documents count as "large"
     manifest = build_index(tiny_bert, corpus, tmp_path / "auto", show_progress=False)
     assert (manifest.index_type, manifest.factory) == ("ivf", "IVF2,Flat")

@@ -15,10 +15,10 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ EF_SEARCH_CANDIDATES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024)
 _SQ_SUFFIX = {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8"}
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class IndexSpec:
     """A resolved index choice.
 
@@ -128,8 +128,10 @@ def _custom_spec(factory: str, n_vectors: int) -> IndexSpec:
     binary = factory.startswith("B")
     tuned = "nprobe" if "IVF" in factory else ("efSearch" if "HNSW" in factory else None)
     needs_training = "IVF" in factory or "PQ" in factory or "SQ" in factory or "LSH" in factory
-    train_size = min(n_vectors, max(256 * 39, KMEANS_POINTS_PER_CENTROID * 4096)) if needs_training else 0
-    return IndexSpec("custom", factory, "binary" if binary else "float32", binary, tuned, train_size)
+    spec = IndexSpec("custom", factory, "binary" if binary else "float32", binary, tuned, 0)
+    # k-means wants >= 40 points per list (faiss refuses fewer than one); 4096 lists' worth covers the rest
+    train_size = min(n_vectors, max(256 * 39, KMEANS_POINTS_PER_CENTROID * max(4096, spec.lists)))
+    return dataclasses.replace(spec, train_size=train_size if needs_training else 0)
 
 
 def choose_index_spec(index_type: str, n_vectors: int, dimension: int, precision: str = "float32",
