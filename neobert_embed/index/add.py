@@ -118,9 +118,10 @@ def _stage(index_dir: Path, work: Path, corpus: str | Path, fields: CorpusFields
     """Rank 0: copy the index into ``work`` and import the new documents into its store."""
     manifest = read_manifest(index_dir)
     open_store(index_dir, manifest).close()
-    # the store, vectors.f16.npy and what the user keeps there; _commit writes index.faiss and the manifest
+    # the store and what the user keeps there; _commit writes index.faiss, vectors.f16.npy and the manifest
+    written = [MANIFEST_NAME, INDEX_NAME, RERANK_NAME]
     shutil.copytree(index_dir, work, dirs_exist_ok=True,
-                    ignore=lambda folder, names: [MANIFEST_NAME, INDEX_NAME] if Path(folder) == index_dir else [])
+                    ignore=lambda folder, names: written if Path(folder) == index_dir else [])
     with DocumentStore(work / STORE_NAME) as store:
         documents = read_corpus(corpus, fields)
         if row_ids:  # row numbers continue after the index's largest numeric id
@@ -159,7 +160,7 @@ def _commit(staged: _Staged, vectors: np.ndarray | None, corpus: str | Path) -> 
         raise RuntimeError(f"index holds {index.ntotal} vectors but the store {updated.vectors}")
     write_faiss_index(index, work / INDEX_NAME)
     if manifest.rerank_k_factor:
-        append_rerank_vectors(work / RERANK_NAME, [vectors])
+        append_rerank_vectors(staged.index_dir / RERANK_NAME, [vectors], work / RERANK_NAME)
     updated = with_checksums(work, updated)
     write_manifest(work, updated)
     return updated

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -62,13 +63,14 @@ def write_rerank_vectors(path: Path, blocks: Iterable[tuple[int, np.ndarray]], t
     tmp.replace(path)
 
 
-def append_rerank_vectors(path: Path, new: list[np.ndarray]) -> None:
-    """Rewrite ``path`` with ``new`` blocks appended (``index add`` on a re-ranked index).
+def append_rerank_vectors(source: Path, new: list[np.ndarray], target: Path) -> None:
+    """Write ``target``: the vectors of ``source`` with ``new`` blocks appended (``index add`` on a
+    re-ranked index; ``source`` is only read, so the original index stays intact until the swap).
 
     Example:
-        >>> append_rerank_vectors(Path("vectors.f16.npy"), [more_vectors])
+        >>> append_rerank_vectors(Path("index/vectors.f16.npy"), [more_vectors], Path("work/vectors.f16.npy"))
     """
-    old = RerankVectors(path)
+    old = RerankVectors(source)
     total = len(old) + sum(len(block) for block in new)
 
     def blocks():
@@ -79,7 +81,7 @@ def append_rerank_vectors(path: Path, new: list[np.ndarray]) -> None:
             yield first, block
             first += len(block)
 
-    write_rerank_vectors(path, blocks(), total, old.shape[1])
+    write_rerank_vectors(target, blocks(), total, old.shape[1])
 
 
 class RerankVectors:
@@ -92,11 +94,15 @@ class RerankVectors:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        with open(self.path, "rb") as handle:
-            major, _ = np.lib.format.read_magic(handle)
-            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            self.shape, _, self.dtype = read_header(handle)
-            self.offset = handle.tell()
+        # opened once and held, as a memory map would be: a search keeps reading the file it was opened
+        # with even while `index build --overwrite` swaps the directory
+        handle = open(self.path, "rb")  # noqa: SIM115 - closed by the finalizer below
+        weakref.finalize(self, handle.close)
+        major, _ = np.lib.format.read_magic(handle)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        self.shape, _, self.dtype = read_header(handle)
+        self.offset = handle.tell()
+        self._fd = handle.fileno()
         self.row_bytes = self.shape[1] * self.dtype.itemsize
 
     def __len__(self) -> int:
@@ -104,15 +110,12 @@ class RerankVectors:
 
     def contiguous(self, start: int, stop: int) -> np.ndarray:
         """Rows ``start`` to ``stop`` in one read."""
-        count = (stop - start) * self.shape[1]
-        return np.fromfile(self.path, dtype=self.dtype, count=count,
-                           offset=self.offset + start * self.row_bytes).reshape(stop - start, self.shape[1])
+        data = os.pread(self._fd, (stop - start) * self.row_bytes, self.offset + start * self.row_bytes)
+        return np.frombuffer(data, dtype=self.dtype).reshape(stop - start, self.shape[1])
 
     def __getitem__(self, rows: np.ndarray) -> np.ndarray:
         """The vectors at ``rows`` (sorted rows read the file in order)."""
-        with open(self.path, "rb") as handle:
-            fd = handle.fileno()
-            data = b"".join(os.pread(fd, self.row_bytes, self.offset + int(row) * self.row_bytes) for row in rows)
+        data = b"".join(os.pread(self._fd, self.row_bytes, self.offset + int(row) * self.row_bytes) for row in rows)
         return np.frombuffer(data, dtype=self.dtype).reshape(len(rows), self.shape[1])
 
 
