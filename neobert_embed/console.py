@@ -283,9 +283,9 @@ def json_only_stdout(enabled: bool = True) -> Iterator[None]:
         yield
         return
     sys.stdout.flush()
-    try:
-        fd, err_fd = sys.stdout.fileno(), sys.stderr.fileno()
-    except (AttributeError, OSError, io.UnsupportedOperation):  # an in-memory stdout (tests)
+    try:  # the process's own descriptors: inside third_party_log, sys.stdout and sys.stderr are both the log
+        fd, err_fd = sys.__stdout__.fileno(), sys.__stderr__.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # no real stdout (embedded interpreters)
         fd = err_fd = None
     saved_fd = None if fd is None else os.dup(fd)
     if saved_fd is not None:

@@ -165,3 +165,17 @@ def test_status_lines_come_from_process_zero_only_and_errors_from_every_process(
     finally:
         handler.detach()
     assert {word for word in ("status", "careful", "broken") if word in screen.getvalue()} == shown
+
+
+def test_json_stdout_holds_only_the_json_even_inside_the_run_log(tmp_path):
+    """Commands nest ``json_only_stdout`` inside ``third_party_log``: descriptor-level writes (C
+    libraries) must still leave stdout, although sys.stdout is the log file by then."""
+    import subprocess
+
+    code = ("import os\nfrom neobert_embed.console import json_only_stdout, third_party_log\n"
+            f"with third_party_log({str(tmp_path / 'out')!r}), json_only_stdout(True):\n"
+            "    os.write(1, b'C-level noise\\n')\n    print('python noise')\n"
+            "print('{\"ok\": 1}')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == '{"ok": 1}\n'
+    assert "C-level noise" in result.stderr and "python noise" in (tmp_path / "out.log").read_text()
