@@ -7,6 +7,7 @@ them here. Heavy libraries (torch, transformers, faiss) are imported inside the 
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
@@ -40,10 +41,20 @@ class _Root(TyperGroup):
         except Interrupted as stop:
             if is_main_process():  # one message per torchrun job; the same command, never --overwrite
                 words = [word for word in ctx.meta["argv"] if word != "--overwrite"]
-                command = shlex.join(["neobert-embed", *words, *(a for a in stop.resume_args if a not in words)])
-                Console(stderr=True).print(f"[yellow]interrupted[/]: {stop}\nResume with:\n  {command}",
-                                           highlight=False, soft_wrap=True)
+                command = shlex.join([*_launcher(), *words, *(a for a in stop.resume_args if a not in words)])
+                Console(stderr=True).print(f"[yellow]interrupted[/]: {escape(str(stop))}\nResume with:\n  "
+                                           f"{escape(command)}", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
+
+
+def _launcher() -> list[str]:
+    """How this process was started: several processes resume under torchrun as they ran (add your
+    launcher's node options for several machines), one process as the console script."""
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if processes > 1:
+        return ["torchrun", f"--nproc-per-node={processes}", "-m", "neobert_embed.cli"]
+    return ["neobert-embed"]
+
 
 app = typer.Typer(
     name="neobert-embed",
@@ -89,7 +100,7 @@ def main() -> None:
         if hasattr(exc, "format_message") and getattr(exc, "exit_code", None) == 2:
             ctx = getattr(exc, "ctx", None)
             where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-            console.print(f"[bold red]error:[/] {' '.join(exc.format_message().split())}{where}",
+            console.print(f"[bold red]error:[/] {escape(' '.join(exc.format_message().split()) + where)}",
                           highlight=False, soft_wrap=True)
             sys.exit(2)
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):

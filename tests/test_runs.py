@@ -275,3 +275,23 @@ def test_pretrain_resume_refuses_changed_recipe_keys_and_corpus_but_not_operatio
     result = runner.invoke(app, ["pretrain", "--recipe", str(operational), *base, "--resume"])
     assert result.exit_code == 0, result.output
     assert _steps(run / "metrics.jsonl") == [1, 2, 4]
+
+
+def test_resume_command_keeps_brackets_and_the_torchrun_launcher(tiny_bert, tmp_path, monkeypatch):
+    from neobert_embed.index import build
+    from neobert_embed.runs import Interrupted
+
+    def stop(*args, **kwargs):
+        raise Interrupted("2 of 3 chunks encoded in runs/exp[lr=1e-4]")
+
+    monkeypatch.setattr(build, "build_index", stop)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    output = tmp_path / "exp[lr=1e-4]"
+    result = CliRunner().invoke(app, ["index", "build", "--model", str(tiny_bert), "--corpus", "c.jsonl",
+                                      "--output", str(output)])
+    assert result.exit_code == 130, result.output
+    assert "runs/exp[lr=1e-4]" in result.output
+    assert _resume_words(result.output) == ["torchrun", "--nproc-per-node=2", "-m", "neobert_embed.cli", "index",
+                                            "build", "--model", str(tiny_bert), "--corpus", "c.jsonl",
+                                            "--output", str(output), "--resume"]
