@@ -257,7 +257,7 @@ class _Tiling:
         return CALL_COST * len(groups) + GATHER_COST * gathered + scores
 
 
-def _tiling_for(lengths: list[int], starts: list[int], doc_rows: list[int], rows: int) -> _Tiling:
+def _tiling_for(lengths: list[int], doc_rows: list[int], rows: int) -> _Tiling:
     per_row: list[list[int]] = [[] for _ in range(rows)]
     for length, row in zip(lengths, doc_rows, strict=True):
         if length:
@@ -361,7 +361,7 @@ def build_varlen_batch(
                 raise ValueError("layout 'rows' needs every row boundary to be a document boundary")
         else:
             doc_rows = [start // length for start in original[:-1]]
-            rows = _tiling_for(host_lengths, tiling.starts, doc_rows, batch)
+            rows = _tiling_for(host_lengths, doc_rows, batch)
             if layout == "rows" or rows.cost() < tiling.cost():
                 tiling, chosen = rows, "rows"
     groups, restore = _plan_groups(tiling, device)
