@@ -20,7 +20,7 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
-from neobert_embed.index.factory import IndexSpec, search_vectors
+from neobert_embed.index.factory import IndexSpec, exclusion_selector, search_vectors
 from neobert_embed.index.integrity import open_faiss, open_store
 from neobert_embed.index.manifest import IndexManifest, read_manifest
 from neobert_embed.index.rerank import with_rerank
@@ -80,7 +80,7 @@ class SearchIndex:
         index = open_faiss(self.directory, self.manifest)  # before the model: fail fast
         self.faiss_index: Any = with_rerank(index, self.directory, self.manifest.rerank_k_factor)
         self.store = open_store(self.directory, self.manifest)
-        self.excluded = self.store.deleted_rows()
+        self.excluded = exclusion_selector(self.store.deleted_rows())  # once: its hash set is not free
         try:
             self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size, loaded=encoder)
         except BaseException:
