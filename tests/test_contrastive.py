@@ -186,6 +186,35 @@ def test_failed_final_save_leaves_no_model(tmp_path, data_dir, tiny_bert, monkey
     assert (out / "checkpoints" / "checkpoint-2").is_dir()  # the trained state survives for --resume
 
 
+class FailAt(TrainerCallback):
+    """Raise (as a CUDA OOM or a second Ctrl-C would) right after step ``step``."""
+
+    def __init__(self, step: int, error: BaseException) -> None:
+        self.step, self.error = step, error
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise self.error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), KeyboardInterrupt()])
+def test_training_error_stops_the_progress_bar(error, tmp_path, data_dir, tiny_bert, monkeypatch):
+    import neobert_embed.contrastive.trainer as trainer_module
+
+    bars, real_bar = [], trainer_module.progress_bar
+
+    def recorded_bar(*args, **kwargs):
+        bars.append(real_bar(*args, **kwargs))
+        return bars[-1]
+
+    monkeypatch.setattr(trainer_module, "progress_bar", recorded_bar)
+    with pytest.raises(type(error)):
+        train_contrastive(model=str(tiny_bert), data={"t": str(data_dir / "triplets.jsonl")}, output=tmp_path / "run",
+                          recipe=load_contrastive_recipe(TINY_RECIPE, max_steps=4), callbacks=[FailAt(1, error)])
+    assert len(bars) == 1 and not bars[0].disable  # the bar was shown, and is gone: no live redraw, cursor back
+    assert not bars[0].live.is_started
+
+
 def test_mine_negatives_output_trains(tmp_path, data_dir, tiny_bert):
     mined = tmp_path / "mined.jsonl"
     result = runner.invoke(app, ["mine-negatives", "--model", str(tiny_bert), "--data",

@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -250,9 +251,9 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
             _discard_new_run(output)
         runs.write_record(output, _record(model_name, sources, recipe))
     try:
-        trainer, interrupt = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
+        trainer, interrupt, progress = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
         started = time.perf_counter()
-        with interrupt:
+        with interrupt, contextlib.closing(progress):  # the bar stops however training ends
             result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except UserInputError:
         if fresh and runs.is_main_process() and last_checkpoint(output) is None:
@@ -303,7 +304,8 @@ def _discard_new_run(output: Path, remove_directory: bool = False) -> None:
 
 def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str, DataSource],
                    recipe: ContrastiveRecipe, output: Path, callbacks: list[Any] | None):
-    """The recipe's trainer with its callbacks: metrics file, quiet progress bar, graceful Ctrl-C."""
+    """The recipe's trainer with its callbacks: metrics file, quiet progress bar, graceful Ctrl-C
+    (the last two returned as well: ``train()`` runs inside them)."""
     from datasets import DatasetDict
     from transformers.trainer_callback import ProgressCallback
 
@@ -322,8 +324,9 @@ def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str
                                  loss=loss, callbacks=list(callbacks or []))
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(KeepSpecialTokenIds(sentence_model[0].auto_model.config))
-    trainer.add_callback(QuietProgressCallback())
+    progress = QuietProgressCallback()
+    trainer.add_callback(progress)
     trainer.add_callback(MetricsFileCallback(output / "metrics.jsonl", trainer))
     interrupt = GracefulInterrupt()
     trainer.add_callback(interrupt)
-    return trainer, interrupt
+    return trainer, interrupt, progress

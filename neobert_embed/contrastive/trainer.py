@@ -132,7 +132,12 @@ class MetricsFileCallback(TrainerCallback):
 
 
 class QuietProgressCallback(TrainerCallback):
-    """The training bar on the user console (not tqdm's, which capturing hides), with the latest loss."""
+    """The training bar on the user console (not tqdm's, which capturing hides), with the latest loss.
+
+    The trainer calls ``on_train_end`` only when training completes; wrap ``trainer.train()`` in
+    ``contextlib.closing(callback)`` so an exception (a second Ctrl-C, CUDA OOM) also stops the bar
+    instead of leaving it redrawing under the error with the cursor hidden.
+    """
 
     bar = None
 
@@ -152,7 +157,13 @@ class QuietProgressCallback(TrainerCallback):
             self.bar.update(self.bar.task_ids[0], loss=f"loss {logs['loss']:.4f}")
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.bar.stop()
+        self.close()
+
+    def close(self) -> None:
+        """Stop the bar (idempotent: a second call does nothing)."""
+        bar, self.bar = self.bar, None
+        if bar is not None:
+            bar.stop()
 
 
 class KeepSpecialTokenIds(TrainerCallback):
