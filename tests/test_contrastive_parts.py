@@ -190,3 +190,13 @@ def test_negative_lists_and_ambiguous_columns(tmp_path):
     (tmp_path / "x.txt").write_text("hello")
     with pytest.raises(UserInputError, match=r"no query column; .*found columns: \['text'\]"):
         load_examples("x", DataSource(path=str(tmp_path / "x.txt")))
+
+
+def test_rows_are_checked_again_when_their_columns_change(tmp_path):
+    rows = [{"query": f"q{i}", "document": f"d{i}", "negative_1": f"n{i}"} for i in range(3)]
+    reordered = rows + [{"negative_1": "n3", "document": "d3", "query": "q3"}, dict(rows[0], query="q4")]
+    ds = load_examples("r", DataSource(path=str(write_jsonl(tmp_path / "reordered.jsonl", reordered))))
+    assert ds["anchor"] == ["q0", "q1", "q2", "q3", "q4"] and ds["negative_1"][3] == "n3"
+    mixed = rows + [dict(rows[0], negatives=["x"])]  # same query/document, a second form of negatives on line 4
+    with pytest.raises(UserInputError, match=r"mixed\.jsonl:4: negatives given in several forms"):
+        load_examples("m", DataSource(path=str(write_jsonl(tmp_path / "mixed.jsonl", mixed))))

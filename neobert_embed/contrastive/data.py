@@ -92,13 +92,15 @@ def load_examples(name: str, source: DataSource) -> Any:
     where = f"{source.path} (dataset {name!r})"
     columns: dict[str, list[str]] | None = None
     first_location = ""
+    keys: tuple[str, ...] = ()
     for location, record in iter_records(source.path, split=source.split, subset=source.subset):
+        previous_keys, keys = keys, tuple(record)
         if columns is None:
-            query, positive, negatives, ignored = resolve_columns(list(record), where)
+            query, positive, negatives, ignored = resolve_columns(keys, where)
             if ignored:
                 logger.warning("%s: ignoring column(s) %s (not query/positive/negative texts)", where, ignored)
-        elif query in record and positive in record:
-            negatives = resolve_columns(list(record), str(location))[2]  # JSON lines: rows name their own
+        elif keys != previous_keys and query in record and positive in record:  # same keys: same roles
+            negatives = resolve_columns(keys, str(location))[2]  # JSON lines: rows name their own
         for column in (query, positive, *(negatives if isinstance(negatives, list) else [negatives])):
             if column not in record:
                 raise UserInputError(f"{location}: column {column!r} is missing (the first row has it)")
