@@ -173,7 +173,7 @@ def read_texts(path: str | Path, field: str = "text", keep_blank: bool = True) -
         ['first document']
     """
     texts = []
-    for where, record in iter_records(path, keep_blank=keep_blank):
+    for where, record in iter_records(path, keep_blank=keep_blank, text_key=field):
         if field not in record:
             raise where.error(f"field {field!r} is missing; pass --field with the right name")
         if not isinstance(record[field], str):

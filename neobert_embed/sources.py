@@ -10,7 +10,8 @@ Formats, chosen by what the source is:
     ``.json``                      a list of objects, an object holding one such list, or JSON lines;
     ``.csv``                       a header row, then one record per row (values are strings);
     ``.parquet`` / ``.pq``         one record per row;
-    ``.txt`` / ``.text`` / ``.tsv`` (or no suffix)  one record per line, in the field ``text``;
+    ``.txt`` / ``.text`` / ``.tsv`` (or no suffix)  one record per line, in the field ``text`` (or
+                                   the ``text_key`` a caller reading its own text field names);
     a directory                    a ``datasets.save_to_disk`` folder, else every file above inside
                                    it (recursively, in name order);
     anything else                  a Hugging Face hub dataset id (``subset``, ``split``, ``streaming``).
@@ -92,7 +93,7 @@ def source_format(source: str | Path) -> str:
 
 
 def iter_records(source: str | Path, *, split: str = "train", subset: str | None = None,
-                 streaming: bool = False, keep_blank: bool = False
+                 streaming: bool = False, keep_blank: bool = False, text_key: str = "text"
                  ) -> Iterator[tuple[Location, dict[str, Any]]]:
     """Yield ``(location, record)`` for every record of ``source``, in a fixed order.
 
@@ -102,6 +103,8 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
         streaming: stream a hub dataset instead of downloading it whole.
         keep_blank: text files only: blank lines are records too (``{"text": ""}``), so record
             ``i`` is line ``i``; by default they are skipped.
+        text_key: text files only: the field a line is stored under, so a caller reading
+            ``--text-field content`` reads a ``.txt`` corpus too (``{"content": line}``).
 
     Unreadable bytes, invalid JSON/CSV and unreadable parquet raise
     :class:`~neobert_embed.errors.UserInputError` naming the file and line or row.
@@ -118,13 +121,13 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
             raise UserInputError(f"{source}: the directory holds no {ACCEPTED} files and is not a dataset "
                                  "saved with save_to_disk")
         numbered = ((str(f), n, r) for f in files for n, r in _file_records(f, FORMATS[f.suffix.lower()],
-                                                                              keep_blank))
+                                                                              keep_blank, text_key))
     elif kind in ("dataset", "hub"):
         name = f"{source}[{split}]"
         numbered = ((name, n, r) for n, r in enumerate(_dataset(str(source), kind, split, subset, streaming),
                                                         start=1))
     else:
-        numbered = ((str(source), n, r) for n, r in _file_records(Path(source), kind, keep_blank))
+        numbered = ((str(source), n, r) for n, r in _file_records(Path(source), kind, keep_blank, text_key))
     for row, (name, number, record) in enumerate(numbered, start=1):
         yield Location(name, number, row), record
 
@@ -143,9 +146,9 @@ def fingerprint(source: str | Path, split: str = "train") -> str:
     return hashlib.sha256("\n".join([f"split:{split}", *parts]).encode("utf-8")).hexdigest()[:16]
 
 
-def _file_records(path: Path, kind: str, keep_blank: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+def _file_records(path: Path, kind: str, keep_blank: bool, text_key: str) -> Iterator[tuple[int, dict[str, Any]]]:
     if kind == "txt":
-        return ((line, {"text": text}) for line, text in iter_text_lines(path, keep_blank=keep_blank))
+        return ((line, {text_key: text}) for line, text in iter_text_lines(path, keep_blank=keep_blank))
     readers = {"jsonl": iter_jsonl, "json": _json_records, "csv": _csv_records, "parquet": _parquet_records}
     return readers[kind](path)
 

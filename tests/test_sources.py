@@ -81,8 +81,8 @@ def tiny_bert(tmp_path_factory) -> Path:
     return build_tiny_model("bert", tmp_path_factory.mktemp("model") / "bert")
 
 
-def _encode(model: Path, source: Path, output: Path, capsys) -> np.ndarray:
-    code, _, err = run_main(["encode", "--model", model, "--input", source, "--output", output], capsys)
+def _encode(model: Path, source: Path, output: Path, capsys, *options: str) -> np.ndarray:
+    code, _, err = run_main(["encode", "--model", model, "--input", source, "--output", output, *options], capsys)
     assert code == 0, err
     return np.load(output)
 
@@ -201,3 +201,20 @@ def test_bad_records_are_named_by_file_and_line(tiny_bert, minilm_path, tmp_path
         code, _, err = run_main([*args, value], capsys)
         assert code == 2, (command[0], source, err)
         assert "Traceback" not in err and re.search(message, " ".join(err.split())), (message, err)
+
+
+def test_a_text_file_is_read_under_the_commands_text_field(tiny_bert, minilm_path, tmp_path, capsys):
+    """A .txt line is the document whatever --text-field names (the pretrain recipes say ``content``)."""
+    corpus = write_format(tmp_path, "txt")
+    code, _, err = run_main(["pretrain", "prepare", "--corpus", corpus, "--output", tmp_path / "prepared",
+                             "--tokenizer", minilm_path, "--text-field", "content"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "prepared" / "manifest.json").read_text())["num_documents"] == len(RECORDS)
+    from neobert_embed.index import open_index
+
+    code, _, err = run_main(["index", "build", "--model", tiny_bert, "--corpus", corpus, "--output", tmp_path / "index",
+                             "--text-field", "body"], capsys)
+    assert code == 0, err
+    with open_index(tmp_path / "index") as index:
+        assert index.search([RECORDS[3]["text"]], k=1)[0][0].text == RECORDS[3]["text"]
+    assert _encode(tiny_bert, corpus, tmp_path / "v.npy", capsys, "--field", "sentence").shape == (len(RECORDS), 32)

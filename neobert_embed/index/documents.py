@@ -106,5 +106,5 @@ def read_corpus(source: str | Path, fields: CorpusFields | None = None) -> Itera
     """
     fields = fields or CorpusFields()
     row_ids = fields.row_ids or source_format(source) == "txt"
-    for where, record in iter_records(source, split=fields.split):
+    for where, record in iter_records(source, split=fields.split, text_key=fields.text_field):
         yield _document(where, record, fields, row_ids)
