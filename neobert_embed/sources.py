@@ -115,8 +115,7 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
     """
     kind = source_format(source)
     if kind == "directory":
-        files = [p for p in sorted(Path(source).rglob("*")) if p.is_file() and p.suffix.lower() in FORMATS
-                 and p.suffix and not any(part.startswith(".") for part in p.relative_to(source).parts)]
+        files = _directory_files(Path(source), kind)
         if not files:
             raise UserInputError(f"{source}: the directory holds no {ACCEPTED} files and is not a dataset "
                                  "saved with save_to_disk")
@@ -134,16 +133,26 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
 
 def fingerprint(source: str | Path, split: str = "train") -> str:
     """A short id of a source's version: path, size and modification time of every local file (or
-    the dataset id and split), so a resumed job can refuse data that changed underneath it.
+    the dataset id and split), so a resumed job can refuse data that changed underneath it. A
+    directory counts only the files :func:`iter_records` reads (no hidden files such as
+    ``.DS_Store``, no files of unknown format).
 
     Example:
         >>> fingerprint("corpus.jsonl")
         'a3f9c2d81b7e4f60'
     """
     path = Path(source)
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())  # a hub id: none
+    files = [path] if path.is_file() else _directory_files(path, source_format(path)) if path.is_dir() else []
     parts = [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files] or [f"hub:{source}"]
     return hashlib.sha256("\n".join([f"split:{split}", *parts]).encode("utf-8")).hexdigest()[:16]
+
+
+def _directory_files(directory: Path, kind: str) -> list[Path]:
+    """The files under ``directory`` that a ``kind`` source is read from, in name order: never hidden
+    ones; for a ``directory`` of files, only those of a known format (with a suffix)."""
+    return [p for p in sorted(directory.rglob("*")) if p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+            and (kind != "directory" or (p.suffix != "" and p.suffix.lower() in FORMATS))]
 
 
 def _file_records(path: Path, kind: str, keep_blank: bool, text_key: str) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -218,3 +218,26 @@ def test_a_text_file_is_read_under_the_commands_text_field(tiny_bert, minilm_pat
     with open_index(tmp_path / "index") as index:
         assert index.search([RECORDS[3]["text"]], k=1)[0][0].text == RECORDS[3]["text"]
     assert _encode(tiny_bert, corpus, tmp_path / "v.npy", capsys, "--field", "sentence").shape == (len(RECORDS), 32)
+
+
+def test_fingerprint_counts_only_the_files_that_are_read(tmp_path):
+    """A hidden file or a file of no known format changes nothing read, so a --resume stays allowed."""
+    from neobert_embed.sources import fingerprint, iter_records
+
+    corpus = write_format(tmp_path, "directory")
+    before = fingerprint(corpus)
+    (corpus / ".DS_Store").write_bytes(b"\x00\x01")
+    (corpus / "b" / "LICENSE").write_text("MIT\n", encoding="utf-8")
+    (corpus / ".cache").mkdir()
+    (corpus / ".cache" / "old.jsonl").write_text('{"text": "stale"}\n', encoding="utf-8")
+    assert fingerprint(corpus) == before
+    assert [r["_id"] for _, r in iter_records(corpus)] == [r["_id"] for r in RECORDS]
+    _jsonl(corpus / "c.jsonl", RECORDS[:1])  # a new record file is new data
+    assert fingerprint(corpus) != before
+    saved = write_format(tmp_path, "saved")
+    before = fingerprint(saved)
+    (saved / ".DS_Store").write_bytes(b"\x00")
+    assert fingerprint(saved) == before
+    arrow = next(saved.rglob("*.arrow"))
+    arrow.write_bytes(arrow.read_bytes() + b"\x00")  # a dataset's data files count whatever their suffix
+    assert fingerprint(saved) != before
