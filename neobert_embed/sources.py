@@ -163,7 +163,10 @@ def _file_records(path: Path, kind: str, keep_blank: bool, text_key: str) -> Ite
 
 
 def _json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """A JSON list of objects (or ``{"key": [objects]}``), numbered by row; else JSON lines."""
+    """A JSON list of objects (or ``{"key": [objects]}``), numbered by row; else JSON lines, streamed."""
+    if _holds_json_lines(path):
+        yield from iter_jsonl(path)
+        return
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -184,6 +187,22 @@ def _json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             raise located(path, row, f"row {row} is {type(record).__name__}, not a JSON object; a .json "
                           "file holds a list of objects (or one object holding that list)")
         yield row, record
+
+
+def _holds_json_lines(path: Path) -> bool:
+    """Whether a ``.json`` file is JSON lines, judged from its first non-blank line, so a large
+    JSON-lines file is streamed instead of read and decoded whole: that line is a whole JSON value
+    (not a list) and more follows. A list, or an object spread over several lines, is one document."""
+    with open(path, "rb") as handle:
+        lines = (line for line in handle if line.strip())
+        first = next(lines, b"").lstrip()
+        if first.startswith(b"["):
+            return False
+        try:
+            json.loads(first.decode("utf-8"))
+        except ValueError:  # not UTF-8 or not a whole value: parse whole, for the located error
+            return False
+        return next(lines, None) is not None
 
 
 def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -241,3 +241,28 @@ def test_fingerprint_counts_only_the_files_that_are_read(tmp_path):
     arrow = next(saved.rglob("*.arrow"))
     arrow.write_bytes(arrow.read_bytes() + b"\x00")  # a dataset's data files count whatever their suffix
     assert fingerprint(saved) != before
+
+
+def test_json_lines_saved_as_json_are_streamed(tmp_path):
+    """A .json file of JSON lines yields its first record before the rest is read (a bad byte far
+    down is reported when reached, with its line); lists and objects spread over lines parse whole."""
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.sources import iter_records
+
+    lines = tmp_path / "lines.json"
+    lines.write_bytes(b"\n" + "".join(json.dumps(r) + "\n" for r in RECORDS[:3]).encode() + b'{"text": "\xff"}\n')
+    records = iter_records(lines)
+    where, first = next(records)
+    assert (str(where), first) == (f"{lines}:2", RECORDS[0])
+    with pytest.raises(UserInputError, match=r"lines\.json:5: not valid UTF-8"):
+        list(records)
+    pretty = tmp_path / "pretty.json"
+    pretty.write_text(json.dumps({"data": RECORDS}, indent=2), encoding="utf-8")
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(RECORDS[0]) + "\n\n", encoding="utf-8")
+    assert [r for _, r in iter_records(pretty)] == RECORDS
+    assert [(w.number, r) for w, r in iter_records(one)] == [(1, RECORDS[0])]
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"text": "a"},\n {"text": }]', encoding="utf-8")
+    with pytest.raises(UserInputError, match=r"broken\.json:2: invalid JSON"):
+        list(iter_records(broken))
