@@ -227,7 +227,7 @@ def _utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
-                yield number, raw.decode("utf-8")
+                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")  # no byte-order mark
             except UnicodeDecodeError as exc:
                 raise located(path, number, f"not valid UTF-8 ({exc.reason} at byte {exc.start}); "
                               "re-encode the file as UTF-8") from None

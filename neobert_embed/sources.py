@@ -44,6 +44,7 @@ FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv"
 ACCEPTED = ".jsonl, .ndjson, .json, .csv, .parquet or .txt (one record per line)"
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 PARQUET_BATCH_ROWS = 8192
+CSV_FIELD_LIMIT = 2**31 - 1  # the most csv.field_size_limit takes on every platform (a C long)
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def _json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         return
     raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         raise located(path, line, "not valid UTF-8; re-encode the file as UTF-8") from None
@@ -199,14 +200,17 @@ def _holds_json_lines(path: Path) -> bool:
         if first.startswith(b"["):
             return False
         try:
-            json.loads(first.decode("utf-8"))
+            json.loads(first.decode("utf-8-sig"))
         except ValueError:  # not UTF-8 or not a whole value: parse whole, for the located error
             return False
         return next(lines, None) is not None
 
 
 def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, encoding="utf-8", newline="") as handle:
+    """Rows of a csv file by line; an Excel byte-order mark is not part of the first column's name,
+    and a cell may be as long as a document (csv refuses cells over 128 KiB by default)."""
+    csv.field_size_limit(CSV_FIELD_LIMIT)
+    with open(path, encoding="utf-8-sig", newline="") as handle:
         reader = csv.DictReader(handle)
         try:
             for record in reader:

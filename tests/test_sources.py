@@ -266,3 +266,19 @@ def test_json_lines_saved_as_json_are_streamed(tmp_path):
     broken.write_text('[{"text": "a"},\n {"text": }]', encoding="utf-8")
     with pytest.raises(UserInputError, match=r"broken\.json:2: invalid JSON"):
         list(iter_records(broken))
+
+
+def test_byte_order_marks_and_long_csv_cells(tmp_path):
+    """Files saved by Excel or Notepad start with a UTF-8 byte-order mark: it is not part of the
+    first column's name or the first text; a csv cell may hold a document longer than 128 KiB."""
+    from neobert_embed.sources import iter_records
+
+    long_text = "word " * 40_000  # 200 KB
+    records = [{"text": long_text, "_id": "d0"}, *({"text": r["text"], "_id": r["_id"]} for r in RECORDS[1:3])]
+    sources = {fmt: write_format(tmp_path, fmt, records) for fmt in ("csv", "jsonl", "json-list", "txt")}
+    sources["lines.json"] = _jsonl(tmp_path / "lines.json", records)
+    for name, path in sources.items():
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+        read = [record for _, record in iter_records(path)]
+        expected = [{"text": r["text"]} for r in records] if name == "txt" else records
+        assert read == expected, name
