@@ -31,7 +31,7 @@ import csv
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,8 +94,8 @@ def source_format(source: str | Path) -> str:
 
 
 def iter_records(source: str | Path, *, split: str = "train", subset: str | None = None,
-                 streaming: bool = False, keep_blank: bool = False, text_key: str = "text"
-                 ) -> Iterator[tuple[Location, dict[str, Any]]]:
+                 streaming: bool = False, keep_blank: bool = False, text_key: str = "text",
+                 columns: Sequence[str] | None = None) -> Iterator[tuple[Location, dict[str, Any]]]:
     """Yield ``(location, record)`` for every record of ``source``, in a fixed order.
 
     Args:
@@ -106,6 +106,8 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
             ``i`` is line ``i``; by default they are skipped.
         text_key: text files only: the field a line is stored under, so a caller reading
             ``--text-field content`` reads a ``.txt`` corpus too (``{"content": line}``).
+        columns: parquet files only: read just these columns (when the file has them all), so a
+            caller that needs one field does not convert every column of every row.
 
     Unreadable bytes, invalid JSON/CSV and unreadable parquet raise
     :class:`~neobert_embed.errors.UserInputError` naming the file and line or row.
@@ -121,13 +123,14 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
             raise UserInputError(f"{source}: the directory holds no {ACCEPTED} files and is not a dataset "
                                  "saved with save_to_disk")
         numbered = ((str(f), n, r) for f in files for n, r in _file_records(f, FORMATS[f.suffix.lower()],
-                                                                              keep_blank, text_key))
+                                                                              keep_blank, text_key, columns))
     elif kind in ("dataset", "hub"):
         name = f"{source}[{split}]"
         numbered = ((name, n, r) for n, r in enumerate(_dataset(str(source), kind, split, subset, streaming),
                                                         start=1))
     else:
-        numbered = ((str(source), n, r) for n, r in _file_records(Path(source), kind, keep_blank, text_key))
+        numbered = ((str(source), n, r) for n, r in _file_records(Path(source), kind, keep_blank, text_key,
+                                                                                    columns))
     for row, (name, number, record) in enumerate(numbered, start=1):
         yield Location(name, number, row), record
 
@@ -156,10 +159,13 @@ def _directory_files(directory: Path, kind: str) -> list[Path]:
             and (kind != "directory" or (p.suffix != "" and p.suffix.lower() in FORMATS))]
 
 
-def _file_records(path: Path, kind: str, keep_blank: bool, text_key: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def _file_records(path: Path, kind: str, keep_blank: bool, text_key: str, columns: Sequence[str] | None
+                  ) -> Iterator[tuple[int, dict[str, Any]]]:
     if kind == "txt":
         return ((line, {text_key: text}) for line, text in iter_text_lines(path, keep_blank=keep_blank))
-    readers = {"jsonl": iter_jsonl, "json": _json_records, "csv": _csv_records, "parquet": _parquet_records}
+    if kind == "parquet":
+        return _parquet_records(path, columns)
+    readers = {"jsonl": iter_jsonl, "json": _json_records, "csv": _csv_records}
     return readers[kind](path)
 
 
@@ -225,14 +231,20 @@ def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             raise located(path, reader.line_num, f"invalid CSV ({exc})") from None
 
 
-def _parquet_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _parquet_records(path: Path, columns: Sequence[str] | None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows of a parquet file, of ``columns`` only when it has them all (else every column, so a
+    missing one is reported with the columns there are)."""
     import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
         raise UserInputError(f"{path}: not a readable parquet file ({exc})") from None
-    records = (record for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS) for record in batch.to_pylist())
+    if columns and set(columns) <= set(parquet.schema_arrow.names):
+        batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=list(columns))
+    else:
+        batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+    records = (record for batch in batches for record in batch.to_pylist())
     yield from enumerate(records, start=1)
 
 

@@ -282,3 +282,24 @@ def test_byte_order_marks_and_long_csv_cells(tmp_path):
         read = [record for _, record in iter_records(path)]
         expected = [{"text": r["text"]} for r in records] if name == "txt" else records
         assert read == expected, name
+
+
+def test_parquet_columns_are_read_only_when_asked(minilm_path, tmp_path, capsys):
+    """pretrain reads only its text column of a parquet corpus; a missing column still lists those there are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from neobert_embed.sources import iter_records
+
+    path = tmp_path / "wide.parquet"
+    pq.write_table(pa.Table.from_pylist([{**r, "content": r["text"]} for r in RECORDS]), path)
+    assert [r for _, r in iter_records(path, columns=["content"])] == [{"content": r["text"]} for r in RECORDS]
+    assert [r for _, r in iter_records(path, columns=["body"])] == [{**r, "content": r["text"]} for r in RECORDS]
+    assert [r for _, r in iter_records(write_format(tmp_path, "csv"), columns=["text"])] == RECORDS  # parquet only
+    code, _, err = run_main(["pretrain", "prepare", "--corpus", path, "--output", tmp_path / "prepared",
+                             "--tokenizer", minilm_path, "--text-field", "content"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "prepared" / "manifest.json").read_text())["num_documents"] == len(RECORDS)
+    code, _, err = run_main(["pretrain", "prepare", "--corpus", path, "--output", tmp_path / "again",
+                             "--tokenizer", minilm_path, "--text-field", "body"], capsys)
+    assert code == 2 and re.search(r"wide\.parquet:1: field 'body' is missing \(keys: \['_id', 'anchor'", err), err

@@ -28,7 +28,8 @@ def iter_documents(corpus: str | Path, text_field: str = "text", split: str = "t
         >>> next(iter_documents("corpus/", text_field="content"))
         'The first document.'
     """
-    for where, record in iter_records(corpus, split=split, streaming=streaming, text_key=text_field):
+    for where, record in iter_records(corpus, split=split, streaming=streaming, text_key=text_field,
+                                      columns=[text_field]):
         if text_field not in record:
             raise where.error(f"field {text_field!r} is missing (keys: {sorted(map(str, record))[:8]}); "
                               "pass --text-field to name the field holding the document")
