@@ -203,13 +203,13 @@ def _holds_json_lines(path: Path) -> bool:
     with open(path, "rb") as handle:
         lines = (line for line in handle if line.strip())
         first = next(lines, b"").lstrip()
-        if first.startswith(b"["):
+        if first.startswith(b"[") or next(lines, None) is None:  # a list, or one line: parsed once, whole
             return False
         try:
             json.loads(first.decode("utf-8-sig"))
         except ValueError:  # not UTF-8 or not a whole value: parse whole, for the located error
             return False
-        return next(lines, None) is not None
+        return True
 
 
 def _csv_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
