@@ -4,7 +4,8 @@ STS-B: the first 800 rows of the real train split, scored on the first 400 dev p
 MRPC: the first 480 rows of the MSR train file, scored on the first 400 rows of the MSR test file
 (the GLUE dev split is a subset of MSR train that ../shared/data does not mark, so MSR test
 stands in). Both: the quick preset (one configuration, one seed) at 2 epochs, max length 64,
-batch 16, learning rate 1e-4 (small budget, small model), seed 0 — the same in the plain Trainer.
+batch 16, learning rate 1e-4 (small budget, small model), seed 0 — the same in the plain Trainer,
+precision included (the preset's ``auto``: bf16 autocast on a CPU with bf16 matrix units, else fp32).
 Torch keeps its default two threads here: the suite runs alone on CI's two cores, and one thread
 made this pair 452 s instead of 257 s.
 """
@@ -21,6 +22,7 @@ from typer.testing import CliRunner
 
 from neobert_embed.cli import app
 from neobert_embed.glue.presets import load_glue_preset
+from neobert_embed.training_precision import chosen_precision
 
 runner = CliRunner()
 
@@ -83,7 +85,7 @@ def _plain_trainer(model_path: Path, task: str, train: list[dict], validation: l
         weight_decay=preset.weight_decay[0], lr_scheduler_type="linear", warmup_steps=preset.warmup_ratio,
         seed=preset.seeds[0], eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True,
         metric_for_best_model="pearson" if regression else "accuracy", save_total_limit=1, report_to="none",
-        use_cpu=True, disable_tqdm=True)
+        use_cpu=True, disable_tqdm=True, bf16=chosen_precision(preset.precision, "cpu").bf16)
     trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=encode(validation),
                       processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
                       compute_metrics=metrics)

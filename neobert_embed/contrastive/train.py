@@ -241,6 +241,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     if resume and (output / "summary.json").is_file() and (output / "modules.json").is_file():
         logger.warning("%s: this run already finished; nothing to resume", output)
         return output
+    precision = _chosen_precision(recipe)  # refuses fp16 on the CPU before anything is written
     sets = _checked_training_data(sources, recipe)
     sentence_model = _load_model(model_name, recipe, sources)
     loss = build_contrastive_loss(sentence_model, recipe)
@@ -259,6 +260,10 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         if fresh and runs.is_main_process() and last_checkpoint(output) is None:
             _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
         raise
+    # Mixed precision: accelerate wrapped the model's forward in autocast for training and leaves it
+    # there; without unwrapping, the final encode (and the reload check against the saved fp32 copy)
+    # would run in bf16 (max |Δ| 2.4e-4 on a tiny BERT, over RELOAD_TOLERANCE).
+    trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
     if interrupt.requested:
         raise runs.Interrupted(f"stopped at step {trainer.state.global_step}; checkpoint saved in "
                                f"{output / CHECKPOINTS}")
@@ -271,12 +276,22 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         "train_loss": result.training_loss,
         "wall_s": round(elapsed, 2), "examples_per_s": round(trainer.examples_seen / max(elapsed, 1e-9), 2),
         "datasets": {name: d.num_rows for name, d in sets.items()}, "world_size": trainer.args.world_size,
-        "resumed_from": str(checkpoint) if checkpoint else None,
+        "resumed_from": str(checkpoint) if checkpoint else None, "precision": precision,
     }
     first = next(iter(sets.values()))
     _save_final(sentence_model, output, summary, first["anchor"][:4] + first["positive"][:4])
     logger.info("saved the model, metrics.jsonl and summary.json in %s", output)
     return output
+
+
+def _chosen_precision(recipe: ContrastiveRecipe) -> str:
+    """The precision this run trains in, named with its reason (``bf16 autocast: avx512_bf16``) and
+    shown on the console: ``auto`` depends on the machine, so the run says what it used."""
+    from neobert_embed.training_precision import chosen_precision
+
+    chosen = chosen_precision(recipe.precision)
+    logger.info(chosen.announcement)
+    return chosen.label
 
 
 def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, Any]:

@@ -28,30 +28,31 @@ from neobert_embed.console import progress_bar
 from neobert_embed.contrastive.recipe import ContrastiveRecipe
 from neobert_embed.contrastive.sampler import AlphaBatchSampler, no_duplicates_sampler
 from neobert_embed.runs import MetricsFile
+from neobert_embed.training_precision import resolve_training_precision, training_device
 
 logger = logging.getLogger(__name__)
 
 
 def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
-    """``TrainingArguments`` flags for mixed precision ("auto": bf16 where the GPU supports it), the
-    AdamW kernel and the device (``device``: "cpu" or "cuda"; None: the GPU, else MPS, else the CPU).
+    """``TrainingArguments`` flags for mixed precision, the AdamW kernel and the device (``device``:
+    "cpu" or "cuda"; None: the GPU, else MPS, else the CPU).
 
-    The fused AdamW kernel is the trainer's default but is several times slower than the
-    multi-tensor one on CPU, so it is used only on GPUs. ``use_cpu`` on a CPU-only machine lets
-    torchrun run DDP over gloo.
+    "auto" is bf16 autocast where the hardware has bf16 matrix units (a bf16 GPU, a CPU with AMX or
+    avx512_bf16; :mod:`neobert_embed.training_precision`), else fp32; the trainer keeps fp32 master
+    weights either way, and on the CPU ``bf16`` with ``use_cpu`` is torch's CPU autocast. fp16 on the
+    CPU is refused (:class:`UserInputError`). The fused AdamW kernel is the trainer's default but is
+    several times slower than the multi-tensor one on CPU, so it is used only on GPUs. ``use_cpu`` on
+    a CPU-only machine lets torchrun run DDP over gloo.
 
     Example:
-        >>> device_flags("auto", "cpu")
+        >>> device_flags("auto", "cpu")   # NEOBERT_EMBED_CPU_FEATURES=none
         {'bf16': False, 'fp16': False, 'dataloader_pin_memory': False, 'optim': 'adamw_torch', 'use_cpu': True}
     """
-    import torch
-
-    cuda = device != "cpu" and torch.cuda.is_available()
-    if precision == "auto":
-        precision = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16", "dataloader_pin_memory": cuda,
-            "optim": "adamw_torch_fused" if cuda else "adamw_torch",
-            "use_cpu": not cuda and (device is not None or not torch.backends.mps.is_available())}
+    kind = training_device(device)
+    chosen = resolve_training_precision(precision, kind)
+    cuda = kind == "cuda"
+    return {"bf16": chosen.dtype == "bf16", "fp16": chosen.dtype == "fp16", "dataloader_pin_memory": cuda,
+            "optim": "adamw_torch_fused" if cuda else "adamw_torch", "use_cpu": kind == "cpu"}
 
 
 def texts_per_example(dataset: Any) -> int:

@@ -302,6 +302,10 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
 
         devices = ["cuda"] if torch.cuda.is_available() else ["cpu"]
     devices = list(devices)
+    from neobert_embed.training_precision import chosen_precision
+
+    for device in devices:  # fp16 on the CPU is refused here, before the run directory is written
+        chosen_precision(preset.precision, device)
     in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
 
     plans = {}

@@ -170,6 +170,21 @@ def training_arguments(preset: GluePreset, trial: Trial, task: GlueTask, train_r
         disable_tqdm=True, dataloader_num_workers=0, **device_flags(preset.precision, device))
 
 
+_ANNOUNCED: set[str] = set()
+
+
+def _announced_precision(preset: GluePreset, device: str) -> str:
+    """The trial's precision with its reason (``bf16 autocast: avx512_bf16``), recorded in each trial's
+    result and shown once per process (``auto`` depends on the machine, so the run says what it used)."""
+    from neobert_embed.training_precision import chosen_precision
+
+    chosen = chosen_precision(preset.precision, device)
+    if chosen.label not in _ANNOUNCED:
+        _ANNOUNCED.add(chosen.label)
+        logger.info(chosen.announcement)
+    return chosen.label
+
+
 def _usable_length(model: Any, preset: GluePreset) -> int:
     usable = usable_max_length(model.config)
     return min(preset.max_length, usable) if preset.max_length else usable
@@ -218,6 +233,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
         return compute_metrics(task, predictions_from_logits(task, logits), prediction.label_ids, first_prefix)
 
     args = training_arguments(preset, trial, task, encoded["train"].num_rows, work_dir, device)
+    precision = _announced_precision(preset, device)
     keeper = _keep_best_callback(task.selection_metric)
     callbacks = [keeper]
     if preset.early_stopping_patience:
@@ -251,7 +267,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
             "train_rows": encoded["train"].num_rows, "train_loss": output.training_loss,
             "train_seconds": round(train_seconds, 2),
             "train_examples_per_s": round(output.metrics.get("train_samples_per_second", 0.0), 2),
-            "device": device, "torch_threads": torch.get_num_threads(),
+            "device": device, "torch_threads": torch.get_num_threads(), "precision": precision,
             "test_predictions": tests,
         }
         if keep_model is not None and is_main_process():

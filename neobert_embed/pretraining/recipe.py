@@ -131,12 +131,14 @@ class TrainingSection(_Section):
     Rows per optimizer step = ``micro_batch_size`` x ``gradient_accumulation_steps`` x processes.
     ``cpu_threads`` sets torch's CPU threads for CPU training (``null``: torch's default); on a
     machine shared with other jobs one thread avoids OpenMP threads spinning against each other.
+    ``precision``: ``bf16`` (mixed precision, fp32 master weights), ``fp32``, or ``auto``: bf16 where
+    the GPU or CPU has bf16 matrix units, else fp32 (:mod:`neobert_embed.training_precision`).
     """
 
     max_steps: int = Field(default=1_000_000, gt=0)
     micro_batch_size: int = Field(default=8, gt=0)
     gradient_accumulation_steps: int = Field(default=1, gt=0)
-    precision: Literal["bf16", "fp32"] = "bf16"
+    precision: Literal["auto", "bf16", "fp32"] = "bf16"
     engine: Literal["auto", "deepspeed", "torch"] = "auto"
     zero_stage: int = Field(default=0, ge=0, le=3)
     seed: int = 0

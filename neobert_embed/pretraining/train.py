@@ -143,6 +143,8 @@ def _run(recipe: PretrainRecipe, corpus: str | Path, output: Path, resume: bool,
 
     model = build_mlm_model(recipe, prepared.tokenizer)
     engine = build_engine(recipe, MaskedLMObjective(model))
+    logger.info("training in %s%s", engine.precision,  # auto depends on the machine: say what it chose
+                "" if engine.precision.startswith("fp32") else " (fp32 master weights)")
     state = RunState()
     if resume and existing:
         restored, path = load_latest_checkpoint(engine, checkpoints)
@@ -295,7 +297,8 @@ class _Loop:
 
     def _checkpoint(self) -> Path:
         path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, asdict(self.state)
-                               | {"max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size},
+                               | {"max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size,
+                                  "precision": self.engine.precision},
                                (self.engine.module.mlm.config, self.corpus.tokenizer),
                                self.recipe.checkpoint.keep_last)
         self.last_saved = self.state.step
@@ -309,8 +312,9 @@ class _Loop:
         finished = self.state.step >= self.recipe.training.max_steps
         export_dir = (export_checkpoint(checkpoint, self.output / "final", progress=False)
                       if finished and self.engine.rank == 0 else None)
-        logger.info("step %d: metrics in %s, checkpoint %s%s", self.state.step, self.output / "metrics.jsonl",
-                    checkpoint, f", model exported to {export_dir}" if export_dir else "; continue with --resume")
+        logger.info("step %d (%s): metrics in %s, checkpoint %s%s", self.state.step, self.engine.precision,
+                    self.output / "metrics.jsonl", checkpoint,
+                    f", model exported to {export_dir}" if export_dir else "; continue with --resume")
         return PretrainResult(self.output, self.state.step, finished, self.state.skipped_steps,
                               self.output / "metrics.jsonl", checkpoint, export_dir, self.engine.module.mlm)
 
