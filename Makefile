@@ -10,7 +10,7 @@ $(BIN)/neobert-embed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip setuptools wheel
 	$(BIN)/pip install "$(TORCH_PIN)"
-	$(BIN)/pip install -e ".[dev,pretrain,serve]" "$(TORCH_PIN)"
+	$(BIN)/pip install -e ".[dev,pretrain,serve,inference]" "$(TORCH_PIN)"
 	touch $@
 
 install: $(BIN)/neobert-embed
