@@ -55,10 +55,10 @@ def forward_times(model_dir: str, texts: list[str], device: str) -> dict:
     """ms per text through the server's Embedder, one at a time and 32 at a time; mm share of the former."""
     from torch.profiler import profile
 
+    from neobert_embed.inference.runtime import load_inference_model
     from neobert_embed.serve.engine import Embedder
-    from neobert_embed.serve.precision import load_for_serving
 
-    engine = Embedder(load_for_serving(model_dir, device=device), "neobert")
+    engine = Embedder(load_inference_model(model_dir, "fp32", device=device), "neobert")
     engine.forward(texts[:8], [None] * 8)
     result: dict = {}
     for batch in (1, 32):

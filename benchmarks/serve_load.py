@@ -3,12 +3,14 @@
 What it measures, all in one run (servers run side by side; at each concurrency the scenarios are
 run one after another, in turn, so machine noise hits them alike):
 
-* all-MiniLM-L6-v2, ``/v1/embeddings``: neobert-embed fp32, neobert-embed int8 and infinity-emb
-  (its torch backend, its own defaults) at 1, 8 and 32 closed-loop clients, one mixed-length text
-  per request: requests/s, p50/p99 latency, errors, and our/infinity throughput ratios;
-* NeoBERT 4 layers x 768 (random weights): dynamic batching against one request per forward pass
-  (``--max-batch-tokens 1``: same server, no merging);
-* STS-B dev Spearman of MiniLM served at fp32 and at int8 (embeddings fetched from the servers).
+* all-MiniLM-L6-v2, ``/v1/embeddings``: neobert-embed at its default ``--precision auto``, at fp32
+  and at int8, and infinity-emb with each of ``--infinity-engines`` (default: torch and optimum, its
+  ONNX Runtime backend; its own defaults otherwise; an engine that does not start is reported, not
+  fatal) at 1, 8 and 32 closed-loop clients, one mixed-length text per request: requests/s, p50/p99
+  latency, errors, and ours over infinity's best engine at each concurrency;
+* NeoBERT 4 layers x 768 (random weights), default precision: dynamic batching against one request
+  per forward pass (``--max-batch-tokens 1``: same server, no merging);
+* STS-B dev Spearman of MiniLM served at each of our precisions (embeddings fetched from the servers).
 
 Texts: STS-B dev sentences (short) mixed with 1 in 5 paragraphs of 4-10 sentences, from
 ``../shared/data/stsb`` (synthetic sentences when absent). The load generator runs on the same
@@ -129,15 +131,15 @@ def ours(name: str, model: str, *extra: str) -> Server:
     return Server(name, command, port, "/v1/embeddings", "m", env)
 
 
-def infinity(python: str, model: str) -> Server:
+def infinity(python: str, model: str, engine: str = "torch") -> Server:
     port = _free_port()
     command = [python, "-m", "infinity_emb.cli", "v2", "--model-id", model, "--served-model-name", "m",
-               "--host", "127.0.0.1", "--port", str(port), "--engine", "torch", "--device", DEVICE["device"].split(":")[0]]
+               "--host", "127.0.0.1", "--port", str(port), "--engine", engine, "--device", DEVICE["device"].split(":")[0]]
     executable = Path(python).parent / "infinity_emb"
     if executable.exists():
         command = [str(executable), *command[3:]]
     env = {"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    return Server("infinity", command, port, "/embeddings", "m", env)
+    return Server(f"infinity_{engine}", command, port, "/embeddings", "m", env)
 
 
 async def _load(server: Server, texts: list[str], clients: int, seconds: float, max_requests: int) -> dict:
@@ -224,9 +226,22 @@ def random_neobert(directory: Path) -> str:
 
 
 @contextlib.contextmanager
-def running(servers: list[Server]) -> Iterator[dict[str, float]]:
+def running(servers: list[Server], optional: tuple[str, ...] = ()) -> Iterator[dict[str, float | str]]:
+    """Start ``servers``; one named in ``optional`` that fails to start is stopped, dropped from the
+    list and reported (its log's last line) instead of ending the run."""
+    startup: dict[str, float | str] = {}
     try:
-        yield {s.name: round(s.wait_ready(), 1) for s in servers}
+        for server in list(servers):
+            try:
+                startup[server.name] = round(server.wait_ready(), 1)
+            except RuntimeError as exc:
+                if server.name not in optional:
+                    raise
+                server.stop()
+                servers.remove(server)
+                last = (Path(server.log).read_text(errors="replace").strip().splitlines() or [""])[-1]
+                startup[server.name] = f"did not start: {exc}; last log line: {last[:300]}"
+        yield startup
     finally:
         for server in servers:
             server.stop()
@@ -237,38 +252,51 @@ def _ratio(a: dict, b: dict) -> float | None:
 
 
 def bench_minilm(args: argparse.Namespace, levels: list[int], texts: list[str], seconds: float) -> dict:
-    """MiniLM: ours at fp32 and int8 against infinity-emb, and the STS-B cost of int8."""
+    """MiniLM: ours at the default (auto), fp32 and int8 against infinity-emb's engines, and STS-B per precision."""
     model = _minilm()
     report: dict = {}
-    servers = [ours("ours_fp32", model), ours("ours_int8", model, "--precision", "int8")]
+    servers = [ours("ours_default", model), ours("ours_fp32", model, "--precision", "fp32"),
+               ours("ours_int8", model, "--precision", "int8")]
+    peers: tuple[str, ...] = ()
     if args.infinity_python and not args.quick:
-        servers.append(infinity(args.infinity_python, model))
-    minilm: dict = {s.name: {} for s in servers}
-    with running(servers) as startup:
+        peers = tuple(f"infinity_{engine}" for engine in args.infinity_engines.split(","))
+        servers += [infinity(args.infinity_python, model, name.removeprefix("infinity_")) for name in peers]
+    with running(servers, optional=peers) as startup:
         report["startup_seconds"] = startup
+        report["default_precision"] = _health(servers[0]).get("precision")
+        minilm: dict = {s.name: {} for s in servers}
         for clients in levels:
             for server in servers:
                 minilm[server.name][str(clients)] = load(server, texts, clients, seconds, args.max_requests)
         if not args.quick and not args.skip_stsb and _stsb_pairs():
             pairs = _stsb_pairs()
-            fp32 = stsb_spearman(servers[0], pairs)
-            int8 = stsb_spearman(servers[1], pairs)
-            report["stsb_dev_spearman"] = {"fp32": fp32, "int8": int8, "int8_cost_points": round(fp32 - int8, 2)}
+            report["stsb_dev_spearman"] = {s.name: stsb_spearman(s, pairs) for s in servers if s.name.startswith("ours")}
     report["minilm"] = minilm
     ratios: dict = {}
     for clients in map(str, levels):
-        ratios[clients] = {"int8_over_fp32": _ratio(minilm["ours_int8"][clients], minilm["ours_fp32"][clients])}
-        if "infinity" in minilm:
-            peer = minilm["infinity"][clients]
-            ratios[clients]["fp32_over_infinity"] = _ratio(minilm["ours_fp32"][clients], peer)
-            ratios[clients]["int8_over_infinity"] = _ratio(minilm["ours_int8"][clients], peer)
+        ratios[clients] = {f"{name}_over_fp32": _ratio(minilm[name][clients], minilm["ours_fp32"][clients])
+                           for name in ("ours_default", "ours_int8")}
+        measured = [name for name in peers if name in minilm]
+        if measured:
+            best = max(measured, key=lambda name: minilm[name][clients]["throughput_rps"])
+            ratios[clients]["best_infinity_engine"] = best
+            for name in ("ours_default", "ours_fp32", "ours_int8"):
+                ratios[clients][f"{name}_over_best_infinity"] = _ratio(minilm[name][clients], minilm[best][clients])
     report["minilm_ratios"] = ratios
     return report
+
+
+def _health(server: Server) -> dict:
+    import httpx
+
+    return httpx.get(f"{server.url}/health", timeout=10).json()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--infinity-python", help="python of a virtualenv with infinity-emb (peer skipped if absent)")
+    parser.add_argument("--infinity-engines", default="torch,optimum",
+                        help="infinity-emb engines to run (each is its own server)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--seconds", type=float, default=15.0, help="per scenario and concurrency")
     parser.add_argument("--max-requests", type=int, default=5000, help="per scenario and concurrency")

@@ -32,23 +32,28 @@ def encode(
                                      "OUTPUT.npy.json of an earlier encode (identical texts, identical codes)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by encode."),
     verbose: opt.Verbose = False,
-    precision: opt.OldStorePrecision = None,
+    precision: opt.ComputePrecision = "auto",
+    backend: opt.Backend = "torch",
 ) -> None:
     """Encode a file of texts into an .npy matrix (length-batched, with progress).
 
-    Beside OUTPUT, OUTPUT.json records the model, precision and (int8/binary) calibration.
+    Beside OUTPUT, OUTPUT.json records the model, the compute precision (and why), the stored
+    precision and (int8/binary) calibration.
     """
     from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.encoding import STORAGE_PRECISIONS, encode_file, report_json
     from neobert_embed.errors import UserInputError
+    from neobert_embed.inference.runtime import check_compute_precision
 
-    store_precision = opt.renamed("--store-precision", store_precision, "--precision", precision) or "float32"
+    check_compute_precision(precision)
+    store_precision = store_precision or "float32"
     if store_precision not in STORAGE_PRECISIONS:
         raise UserInputError(f"--store-precision {store_precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")
     with third_party_log(output, verbose), json_only_stdout(as_json):
         report = encode_file(model, input_path, output, field=field, precision=store_precision,
                              batch_size=batch_size, max_seq_length=max_length, prompt_name=prompt_name,
-                             show_progress=not as_json, calibration=calibration, overwrite=overwrite)
+                             show_progress=not as_json, calibration=calibration, overwrite=overwrite,
+                             compute_precision=precision, backend=backend)
     typer.echo(report.used, err=True)
     if as_json:
         typer.echo(report_json(report))

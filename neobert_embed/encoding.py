@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -142,14 +143,17 @@ def encode_longest_first(encode: Callable[[list[Any]], np.ndarray], texts: Seque
     return out
 
 
-def used_line(model: Any, prompt_names: Sequence[str | None], field: str | None = None) -> str:
-    """One line saying what a model encodes with: max_seq_length, prompts (name and text), field.
+def used_line(model: Any, prompt_names: Sequence[str | None], field: str | None = None,
+              compute: str | None = None) -> str:
+    """One line saying what a model encodes with: compute precision, max_seq_length, prompts (name
+    and text), field.
 
     Example:
-        >>> used_line(model, ["document"], field="text")
-        "used: max_seq_length 256; prompt 'document' = 'passage: '; field 'text'"
+        >>> used_line(model, ["document"], field="text", compute="bf16 (asked for)")
+        "used: precision bf16 (asked for); max_seq_length 256; prompt 'document' = 'passage: '; field 'text'"
     """
-    parts = [f"max_seq_length {model.max_seq_length}"]
+    parts = [f"precision {compute}"] if compute else []
+    parts.append(f"max_seq_length {model.max_seq_length}")
     for name in prompt_names:
         text = (model.prompts or {}).get(name) if name else None
         parts.append(f"prompt {name!r} = {text!r}" if text else f"no {name} prompt" if name else "no prompt")
@@ -199,6 +203,7 @@ class EncodeReport:
     prompt: str | None = None
     used: str = ""
     calibration: str | None = None
+    compute_precision: str = "fp32"
 
 
 ENCODE_WRITER = "neobert-embed encode"
@@ -217,6 +222,8 @@ def encode_file(
     show_progress: bool = True,
     calibration: str | Path | None = None,
     overwrite: bool = False,
+    compute_precision: str = "auto",
+    backend: str = "torch",
 ) -> EncodeReport:
     """Encode every text of a file into an ``.npy`` matrix written atomically.
 
@@ -227,7 +234,9 @@ def encode_file(
 
     Beside the matrix, ``OUTPUT.json`` records what made it (model, precision, texts) and, for int8
     and binary, the calibration; pass that file as ``calibration`` when encoding more texts so
-    identical texts get identical codes. Everything a user can get wrong (output path, calibration,
+    identical texts get identical codes. ``compute_precision`` is the precision the model's forward
+    runs in (:mod:`neobert_embed.inference.runtime`; ``auto`` measures on the first texts of the
+    file) and ``backend`` runs an ``export`` output through ONNX Runtime or OpenVINO. Everything a user can get wrong (output path, calibration,
     length, model files, input lines) is checked before the model is loaded; an existing output is
     replaced only with ``overwrite`` and only if this command wrote it.
 
@@ -237,10 +246,12 @@ def encode_file(
         ...             calibration="docs.npy.json").texts_per_second
         412.7
     """
+    from neobert_embed.inference.runtime import check_compute_precision, load_inference_model
     from neobert_embed.model_files import check_length_flag, check_model_files
     from neobert_embed.outputs import check_output_file, sidecar_path, write_sidecar
     from neobert_embed.quantization import fit_calibration, load_calibration
 
+    check_compute_precision(compute_precision)
     if precision not in STORAGE_PRECISIONS:
         raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
     if batch_size < 1:
@@ -262,9 +273,10 @@ def encode_file(
 
     saved = on_main(world, preflight)
     texts = read_texts(input_path, field)
-    from neobert_embed.sentence import load_sentence_model
-
-    model = load_sentence_model(model_name, max_seq_length=max_seq_length, device=world.device(None))
+    loaded = load_inference_model(model_name, compute_precision, device=world.device(None), backend=backend,
+                                  max_seq_length=max_seq_length, sample_texts=texts, batch_size=batch_size,
+                                  agree=functools.partial(on_main, world))
+    model, compute = loaded.model, loaded.choice
     prompt_name = prompt_name or None
     if prompt_name is not None and prompt_name not in model.prompts and prompt_name != "document":
         known = ", ".join(sorted(model.prompts)) or "none"
@@ -280,7 +292,8 @@ def encode_file(
     if embeddings is None:  # not rank 0: rank 0 writes the matrix and reports
         return EncodeReport(texts=len(texts), dimension=model.get_sentence_embedding_dimension(),
                             precision=precision, seconds=round(seconds, 3), texts_per_second=0.0,
-                            output=str(output_path), max_seq_length=int(model.max_seq_length))
+                            output=str(output_path), max_seq_length=int(model.max_seq_length),
+                            compute_precision=compute.description)
     fitted = saved
     if fitted is None and precision in ("int8", "binary"):
         fitted = fit_calibration(embeddings, precision, model=model_name)
@@ -290,7 +303,7 @@ def encode_file(
     buffer = io.BytesIO()
     np.save(buffer, stored)
     write_sidecar(output_path, ENCODE_WRITER, model=model_name, input=str(input_path), texts=len(texts),
-                  dimension=int(embeddings.shape[1]), precision=precision,
+                  dimension=int(embeddings.shape[1]), precision=precision, compute=compute.to_json(),
                   calibration=fitted.to_json() if fitted is not None else None,
                   calibration_from=str(calibration) if calibration is not None else None)
     atomic_write_bytes(output_path, buffer.getvalue())
@@ -299,8 +312,9 @@ def encode_file(
                         output=str(output_path), max_seq_length=int(model.max_seq_length),
                         prompt_name=prompt_name if prompt else None, prompt=prompt or None,
                         used=used_line(model, [prompt_name if prompt else None],
-                                       None if source_format(input_path) == "txt" else field),
-                        calibration=str(sidecar_path(output_path)) if fitted is not None else None)
+                                       None if source_format(input_path) == "txt" else field, compute.description),
+                        calibration=str(sidecar_path(output_path)) if fitted is not None else None,
+                        compute_precision=compute.description)
 
 
 def report_json(report: EncodeReport) -> str:

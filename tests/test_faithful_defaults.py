@@ -48,8 +48,10 @@ def indexed_vectors(index_dir: Path) -> np.ndarray:
 def test_index_build_joins_titles_like_mteb_and_truncates_at_the_models_length(minilm_path, minilm, tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS), encoding="utf-8")
+    # fp32: the vectors are compared to plain fp32 encodes at 1e-5 (the default, auto, may pick bf16)
     result = CliRunner().invoke(app, ["index", "build", "--model", str(minilm_path), "--corpus", str(corpus),
-                                      "--output", str(tmp_path / "index"), "--index-type", "flat"])
+                                      "--output", str(tmp_path / "index"), "--index-type", "flat",
+                                      "--precision", "fp32"])
     assert result.exit_code == 0, result.output
     assert "max_seq_length 256" in result.stderr and "title=title" in result.stderr
     vectors = indexed_vectors(tmp_path / "index")
@@ -60,7 +62,7 @@ def test_index_build_joins_titles_like_mteb_and_truncates_at_the_models_length(m
 
     untitled = CliRunner().invoke(app, ["index", "build", "--model", str(minilm_path), "--corpus", str(corpus),
                                         "--output", str(tmp_path / "untitled"), "--index-type", "flat",
-                                        "--title-field", ""])
+                                        "--title-field", "", "--precision", "fp32"])
     assert untitled.exit_code == 0, untitled.output
     assert "no title" in untitled.stderr
     np.testing.assert_allclose(indexed_vectors(tmp_path / "untitled"), encode(minilm, [d["text"] for d in CORPUS]),
@@ -76,9 +78,9 @@ def test_encode_uses_the_models_length_and_prompts_and_says_so(minilm_path, mini
     texts = tmp_path / "texts.txt"
     texts.write_text(f"a short text\n{LONG}\n", encoding="utf-8")
     result = CliRunner().invoke(app, ["encode", "--model", str(minilm_path), "--input", str(texts),
-                                      "--output", str(tmp_path / "out.npy"), "--json"])
+                                      "--output", str(tmp_path / "out.npy"), "--json", "--precision", "fp32"])
     assert result.exit_code == 0, result.output
-    assert "used: max_seq_length 256; no prompt" in result.stderr
+    assert "used: precision fp32 (asked for); max_seq_length 256; no prompt" in result.stderr
     report = json.loads(result.stdout)
     assert report["max_seq_length"] == 256 and report["prompt"] is None
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), minilm.encode(["a short text", LONG]), atol=1e-5)
@@ -98,4 +100,5 @@ def test_mine_negatives_says_what_it_encodes_with(minilm_path, tmp_path):
     result = CliRunner().invoke(app, ["mine-negatives", "--model", str(minilm_path), "--data", str(data),
                                       "--output", str(tmp_path / "mined.jsonl"), "--num-negatives", "1"])
     assert result.exit_code == 0, result.output
-    assert "used: max_seq_length 256; no query prompt; no document prompt; field 'anchor/positive'" in result.stderr
+    assert "; max_seq_length 256; no query prompt; no document prompt; field 'anchor/positive'" in result.stderr
+    assert "used: precision " in result.stderr  # default auto: the precision it chose, and why

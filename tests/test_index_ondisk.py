@@ -42,10 +42,11 @@ def test_on_disk_ivfpq_in_four_shards_searches_like_the_in_memory_one(tiny_bert,
     from sentence_transformers import SentenceTransformer
 
     memory = tmp_path / "memory"
-    build_index(tiny_bert, corpus, memory, index_type="ivfpq", chunk_size=250, show_progress=False)
+    build_index(tiny_bert, corpus, memory, index_type="ivfpq", chunk_size=250, show_progress=False,
+                compute_precision="fp32")  # compared with fp32 sentence-transformers vectors below
     result = CliRunner().invoke(app, ["index", "build", "--model", str(tiny_bert), "--corpus", str(corpus),
                                       "--output", str(tmp_path / "disk"), "--index-type", "ivfpq",
-                                      "--chunk-size", "250", "--on-disk"])
+                                      "--chunk-size", "250", "--on-disk", "--precision", "fp32"])
     assert result.exit_code == 0, result.output
     assert "lists on disk" in result.output and "trained on" in result.output
     disk = tmp_path / "moved"

@@ -114,7 +114,13 @@ def test_fifty_hostile_requests_get_4xx_then_valid_requests_work(tiny_neobert, i
         valid = client.post("/v1/embeddings", json={"model": model, "input": texts, "encoding_format": "float"})
         assert valid.status_code == 200, valid.text
         expected = SentenceTransformer(model, device="cpu").encode(texts)
-        np.testing.assert_allclose([d["embedding"] for d in valid.json()["data"]], expected, atol=1e-5)
+        got = np.array([d["embedding"] for d in valid.json()["data"]])
+        if app.app.state.server.engine.served.precision == "fp32":
+            np.testing.assert_allclose(got, expected, atol=1e-5)
+        else:  # the default (auto) admits a precision only within this cosine of fp32
+            from neobert_embed.inference.runtime import AUTO_TOLERANCE, cosine_to
+
+            assert cosine_to(expected, got).min() >= AUTO_TOLERANCE.minimum
         found = client.post("/search", json={"query": "document 4 about topic 1", "k": 3})
         assert found.status_code == 200 and len(found.json()["results"][0]["hits"]) == 3
         assert client.post("/embed", json={"inputs": "word " * 3000, "truncate": True}).status_code == 200

@@ -82,7 +82,8 @@ def tiny_bert(tmp_path_factory) -> Path:
 
 
 def _encode(model: Path, source: Path, output: Path, capsys, *options: str) -> np.ndarray:
-    code, _, err = run_main(["encode", "--model", model, "--input", source, "--output", output, *options], capsys)
+    code, _, err = run_main(["encode", "--model", model, "--input", source, "--output", output,
+                             "--precision", "fp32", *options], capsys)  # the format, not the precision, under test
     assert code == 0, err
     return np.load(output)
 
@@ -106,7 +107,8 @@ def test_encode_reads_every_format(fmt, corpora, tiny_bert, reference_vectors, t
 def _index_hits(tiny_bert: Path, corpus: Path, output: Path, capsys) -> list[tuple[str, str, float]]:
     from neobert_embed.index import open_index
 
-    code, _, err = run_main(["index", "build", "--model", tiny_bert, "--corpus", corpus, "--output", output], capsys)
+    code, _, err = run_main(["index", "build", "--model", tiny_bert, "--corpus", corpus, "--output", output,
+                             "--precision", "fp32"], capsys)
     assert code == 0, err
     with open_index(output) as index:
         hits = index.search([RECORDS[3]["anchor"]], k=len(RECORDS))[0]

@@ -76,8 +76,9 @@ def train_contrastive_command(
     if as_json:
         typer.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:
+        precision = f" ({summary['precision']})" if summary.get("precision") else ""
         typer.echo(f"saved {out} (SentenceTransformer, prompts 'query'/'document'); "
-                   f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}; "
+                   f"{summary['steps']} steps{precision}, final loss {summary['final_loss']:.4f}; "
                    f"metrics in {out / 'metrics.jsonl'}, summary in {out / 'summary.json'}")
 
 
@@ -92,11 +93,14 @@ def mine_negatives_command(
     batch_size: opt.BatchSize = 32,
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by mine-negatives."),
     max_length: opt.MaxLength = None,
+    precision: opt.ComputePrecision = "auto",
+    device: opt.Device = None,
     verbose: opt.Verbose = False,
 ) -> None:
     """Mine hard negatives with FAISS; the output is ready for train-contrastive.
 
-    The model encodes with its own max_seq_length and its saved "query"/"document" prompts.
+    The model encodes with its own max_seq_length and its saved "query"/"document" prompts, at
+    --precision (auto: measured on a few of the pairs); the used: line and OUTPUT.json say which.
     """
     from neobert_embed.console import third_party_log
     from neobert_embed.contrastive.mining import mine_negatives
@@ -105,7 +109,7 @@ def mine_negatives_command(
     with third_party_log(output, verbose):
         out = mine_negatives(model, data, output, num_negatives=num_negatives, range_min=range_min,
                              range_max=range_max, margin=margin, batch_size=batch_size, max_seq_length=max_length,
-                             overwrite=overwrite)
+                             overwrite=overwrite, precision=precision, device=device)
     typer.echo(f"wrote {out}")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
@@ -22,9 +21,6 @@ TASK_DIR_HELP = ("Local task: a directory with task.json, or a folder of them (r
                  "train.jsonl + test.jsonl {text, label}; Clustering test.jsonl {text, label}; Retrieval "
                  "corpus.jsonl, queries.jsonl, qrels/test.tsv; Reranking adds candidates.jsonl.")
 
-
-WeightPrecision = Annotated[str | None, typer.Option("--precision", help="Weight dtype of the evaluated model: "
-                                                   "fp32 | fp16 | bf16 (default: fp32 / the recipe's).")]
 PROTOCOL_HELP = ("model: each model as its authors configured it (its saved prompts resolved per task as mteb "
                  "does, its max_seq_length, pooling and normalization; mteb's own loader for models mteb knows), "
                  "which reproduces published scores. uniform: the paper's protocol, the evaluation recipe's "
@@ -41,7 +37,12 @@ def _evaluation_recipe(path: Path | None, batch_size: int | None, max_length: in
 
 def _protocol_settings(protocol: str, recipe: Path | None, batch_size: int | None, max_length: int | None,
                        precision: str | None, no_instructions: bool) -> tuple:
-    """(evaluation recipe, model-protocol overrides) for the chosen protocol; recipe options need uniform."""
+    """(evaluation recipe, model-protocol overrides) for the chosen protocol; recipe options need uniform.
+
+    ``precision`` is the compute precision (already checked by :func:`_check_precision`): under
+    ``uniform`` it overrides the recipe's, under ``model`` it overrides fp32 (the default, as
+    published scores are computed).
+    """
     from neobert_embed.errors import UserInputError
     from neobert_embed.evaluation.protocol import check_protocol
 
@@ -52,8 +53,6 @@ def _protocol_settings(protocol: str, recipe: Path | None, batch_size: int | Non
         given = "--recipe" if recipe is not None else "--no-instructions"
         raise UserInputError(f"{given} sets the uniform recipe; add --protocol uniform (under --protocol model "
                              "each model uses its own saved prompts)")
-    if precision is not None and precision not in ("fp32", "fp16", "bf16"):
-        raise UserInputError(f"--precision {precision!r}: choose fp32, fp16 or bf16")
     return _evaluation_recipe(None, batch_size, None, None, False), {"max_length": max_length,
                                                                     "precision": precision}
 
@@ -65,10 +64,23 @@ def _print_benchmarks() -> None:
         typer.echo(f"{name:40s} {count:4d} tasks")
 
 
+def _check_precision(precision: str | None, device: str | None) -> None:
+    """Refuse an unknown compute precision, or one the device cannot run, before any model is loaded."""
+    if precision is None:
+        return
+    from neobert_embed.inference.machine import describe_machine
+    from neobert_embed.inference.runtime import check_compute_precision, check_precision_fits
+
+    check_precision_fits(check_compute_precision(precision), describe_machine(device))
+
+
 def _used_line(report) -> str:
-    """One line: the protocol and what the model was evaluated with."""
+    """One line: the protocol and what the model was evaluated with (compute precision included)."""
+    from neobert_embed.evaluation.protocol import describe_precision
+
     settings = report.settings
-    parts = [f"protocol {report.protocol}"]
+    parts = [f"precision {describe_precision(settings.get('compute_precision'))}"] if settings else []
+    parts.append(f"protocol {report.protocol}")
     if report.protocol == "uniform":
         parts.append(f"recipe {report.recipe}")
     if "max_seq_length" in settings:
@@ -108,7 +120,7 @@ def mteb_command(
                                 "(default recipes/mteb-eval.yaml)."),
     batch_size: int = typer.Option(None, "--batch-size", min=1, help="Encoding batch size."),
     max_length: opt.MaxLength = None,
-    precision: WeightPrecision = None,
+    precision: opt.ComputePrecision = None,  # None: fp32, or the uniform recipe's
     no_instructions: bool = typer.Option(False, "--no-instructions", help="Uniform protocol: encode without the "
                                          "recipe's task instructions."),
     revision: str = typer.Option(None, "--revision", help="Hub revision (default: the cached commit)."),
@@ -119,6 +131,7 @@ def mteb_command(
     """Evaluate a model on MTEB (hub or local tasks); by default exactly as its authors configured it.
 
     --protocol model (default) reproduces published scores; --protocol uniform applies the paper's recipe.
+    --precision defaults to fp32 here (published scores are fp32); under uniform, to the recipe's.
 
     Rerunning the same command skips finished tasks; after Ctrl-C, rerun it to resume. A failing task is
     reported while the others continue; the exit status is 1 when any failed.
@@ -132,6 +145,7 @@ def mteb_command(
         return
     if model is None or output is None:
         raise UserInputError("give --model and --output (or --list-benchmarks)")
+    _check_precision(precision, device)
     loaded, overrides = _protocol_settings(protocol, recipe, batch_size, max_length, precision, no_instructions)
     with third_party_log(output, verbose), json_only_stdout(as_json):
         report = run_mteb(model, output=output, protocol=protocol, benchmark=benchmark,
@@ -166,26 +180,29 @@ def compare_command(
     eval_recipe: Path = typer.Option(None, "--eval-recipe", help="Evaluation recipe YAML."),
     batch_size: int = typer.Option(None, "--batch-size", min=1, help="Encoding batch size for evaluation."),
     max_length: opt.MaxLength = None,
-    precision: WeightPrecision = None,
+    precision: opt.ComputePrecision = None,  # None: the evaluation recipe's (fp32)
     device: opt.Device = None,
     as_json: opt.AsJson = False,
     verbose: opt.Verbose = False,
 ) -> None:
     """Fine-tune every backbone with one recipe, evaluate each identically: table + one plot per category.
 
-    Defaults: --protocol uniform (the paper's evaluation recipe for every backbone) and "MTEB(eng, v1)".
+    Defaults: --protocol uniform (the paper's evaluation recipe for every backbone) and "MTEB(eng, v1)";
+    --precision: the evaluation recipe's (fp32).
 
     Resumable: rerun the same command; finished trainings and task results are reused.
     """
     from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.evaluation.compare import compare_models
 
+    _check_precision(precision, device)
     evaluation = _evaluation_recipe(eval_recipe, batch_size, max_length, precision, False)
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = compare_models(opt.comma_list(models) or [], output=output, recipe=recipe,
                                 data=opt.parse_data_option(data or []) or None, benchmark=benchmark,
                                 tasks=opt.comma_list(tasks), task_types=opt.comma_list(task_types),
-                                task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol)
+                                task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol,
+                                precision=precision)
     if as_json:
         typer.echo(json.dumps({"summary_md": str(result.summary_md), "summary_csv": str(result.summary_csv),
                                "plots": [str(p) for p in result.plots],

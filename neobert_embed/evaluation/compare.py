@@ -7,7 +7,8 @@ from their checkpoints, finished task results are skipped), and writes::
 
     OUTPUT/models/<model>/     fine-tuned SentenceTransformer of each backbone (train-contrastive)
     OUTPUT/results/...         mteb's JSON per task, per model name and revision
-    OUTPUT/summary.md|csv      the paper's table (incomplete averages marked), headed by the protocol
+    OUTPUT/summary.md|csv      the paper's table (incomplete averages marked), headed by the protocol,
+                               with each model's compute precision
     OUTPUT/plots/<cat>.png     one bar chart per category
 
 Evaluation uses the ``uniform`` protocol by default (the paper's: the evaluation recipe for every
@@ -64,7 +65,7 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
                    tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
                    task_dirs: Sequence[str | Path] | None = None,
                    evaluation: EvaluationRecipe | None = None, device: str | None = None,
-                   protocol: str = COMPARE_PROTOCOL) -> CompareResult:
+                   protocol: str = COMPARE_PROTOCOL, precision: str | None = None) -> CompareResult:
     """Fine-tune each model with one contrastive recipe, evaluate each the same way, tabulate and plot.
 
     Args:
@@ -75,6 +76,8 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
         benchmark, tasks, task_types, task_dirs: evaluation tasks, as for ``neobert-embed mteb``.
         evaluation: the evaluation recipe (default ``recipes/mteb-eval.yaml``).
         protocol: ``uniform`` (default, the paper's) or ``model`` (each model's own prompts/length).
+        precision: compute precision of every model's forward under ``model`` (default fp32); under
+            ``uniform`` it is ``evaluation.precision``. Each model's is in the summary.
 
     Returns:
         A :class:`CompareResult`; a model whose training fails is reported and shown as missing.
@@ -109,7 +112,7 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
             continue
         report = run_mteb(trained[name], output=output, benchmark=benchmark, tasks=tasks, task_types=task_types,
                           task_dirs=task_dirs, recipe=evaluation, device=device, summary=False, protocol=protocol,
-                          default_benchmark=COMPARE_BENCHMARK)
+                          default_benchmark=COMPARE_BENCHMARK, precision=precision if protocol == "model" else None)
         reports.append(report)
         if report.failures:
             failures[name] = report.failures

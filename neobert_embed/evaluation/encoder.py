@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from mteb.types import PromptType
 from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.evaluation.recipe import EvaluationRecipe
 from neobert_embed.files import directory_digest
-from neobert_embed.sentence import load_sentence_model
+from neobert_embed.inference.runtime import PrecisionChoice
 
 
 @dataclass(frozen=True)
@@ -91,21 +92,36 @@ class UniformEncoder(SentenceTransformerEncoderWrapper):
         super().__init__(model)
         self.model_prompts = None  # the recipe decides instructions, never the model's saved prompts
         self.recipe = recipe
+        self.precision_choice: PrecisionChoice | None = None  # set by load(): what the forward computes in
         self.mteb_model_meta = identity.meta("uniform", recipe=recipe, base=self.mteb_model_meta)
 
     @classmethod
-    def load(cls, identity: ModelIdentity, recipe: EvaluationRecipe, device: str | None = None) -> UniformEncoder:
-        """Load ``identity.source`` with the recipe's precision and maximum length.
+    def load(cls, identity: ModelIdentity, recipe: EvaluationRecipe, device: str | None = None,
+             sample_texts: Sequence[str] | None = None) -> UniformEncoder:
+        """Load ``identity.source`` to compute at the recipe's precision, with its maximum length.
 
-        The length is the recipe's (1024 by default) capped by the encoder's position embeddings,
-        so BERT-style models (512 positions) are not asked for more than they can take.
+        The precision is applied by :func:`~neobert_embed.inference.runtime.load_inference_model`, as
+        by every other command (``auto`` measures on ``sample_texts``); ``precision_choice`` says which
+        one the scores are computed in. The length is the recipe's (1024 by default) capped by the
+        encoder's position embeddings, so BERT-style models (512 positions) are not asked for more
+        than they can take.
         """
-        model = load_sentence_model(identity.source, device=device, precision=recipe.precision,
-                                    revision=None if Path(identity.source).is_dir() else identity.revision)
+        from dataclasses import replace
+
+        from neobert_embed.inference.runtime import load_inference_model
+
+        loaded = load_inference_model(identity.source, recipe.precision, device=device,
+                                      revision=None if Path(identity.source).is_dir() else identity.revision,
+                                      sample_texts=sample_texts, batch_size=recipe.batch_size)
+        model = loaded.model
         config = getattr(getattr(model[0], "auto_model", None), "config", None)
         limit = usable_max_length(config) if config is not None else recipe.max_length
         model.max_seq_length = min(recipe.max_length, limit)
-        return cls(model, recipe, identity)
+        encoder = cls(model, recipe, identity)
+        choice = loaded.choice
+        encoder.precision_choice = (replace(choice, reason="asked for (evaluation recipe or --precision)")
+                                    if choice.requested != "auto" else choice)
+        return encoder
 
     def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str,
                prompt_type: PromptType | None = None, **kwargs: Any) -> Any:

@@ -51,7 +51,11 @@ class EvaluationRecipe(BaseModel):
     Attributes:
         max_length: tokens per input (1024 as in the paper); capped by what the encoder's positions allow.
         normalize: L2-normalize embeddings (cosine similarity everywhere).
-        precision: weights' dtype (fp32 | fp16 | bf16).
+        precision: compute precision of the model's forward (``auto`` | ``fp32`` | ``bf16`` | ``fp16`` |
+            ``int8``, see :mod:`neobert_embed.inference.runtime`); the weights stay as saved. fp32 by
+            default, as published scores are computed. Before compute precisions, ``fp16``/``bf16``
+            here cast the weights; the same values now mean autocast, and results of those recipes are
+            stored apart (see :meth:`fingerprint`).
         pooling: only ``mean`` (masked mean pooling, the paper's choice for every backbone).
         batch_size: encoding batch size (speed only; not part of the fingerprint).
         instructions: ``task`` = the task's own instruction (mteb's TaskMetadata.prompt or the local
@@ -68,7 +72,7 @@ class EvaluationRecipe(BaseModel):
 
     max_length: int = Field(1024, ge=1)
     normalize: bool = True
-    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "fp32"
     pooling: Literal["mean"] = "mean"
     batch_size: int = Field(32, ge=1)
     instructions: Literal["task", "none"] = "task"
@@ -86,9 +90,13 @@ class EvaluationRecipe(BaseModel):
         """Short hash of every setting that changes scores (batch size excluded).
 
         Results of different recipes are stored apart (mteb's experiment folder), so changing the
-        recipe never mixes or overwrites scores.
+        recipe never mixes or overwrites scores. A precision other than fp32 is hashed as a compute
+        precision (``bf16-compute``), so scores an earlier version computed with bf16/fp16 *weights*
+        under the same recipe are not reused as if computed by autocast; fp32 hashes as before.
         """
         settings = self.model_dump(exclude={"batch_size"})
+        if self.precision != "fp32":
+            settings["precision"] = f"{self.precision}-compute"
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
     def instruction(self, task_metadata: Any, prompt_type: Any) -> str:

@@ -3,7 +3,9 @@
 The protocol (:mod:`neobert_embed.evaluation.protocol`) is ``model`` by default — the model as
 its authors configured it, which reproduces published leaderboard scores — or ``uniform``, the
 paper's recipe for every backbone. It names the results folder and is written into every result
-file (``"neobert_embed"`` key: protocol, prompts used per side, max_seq_length, modules).
+file (``"neobert_embed"`` key: protocol, prompts used per side, max_seq_length, modules, and
+``compute_precision``: the precision the model's forward ran in and why, see
+:mod:`neobert_embed.inference.runtime`).
 
 Why: the comparison must be rerunnable and robust — finished tasks are reused, a failing task is
 reported while the others run, an offline hub task fails at once with what to do, and Ctrl-C
@@ -33,6 +35,7 @@ from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, loa
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.files import atomic_write_json
+from neobert_embed.inference.runtime import check_compute_precision
 from neobert_embed.runs import Interrupted
 
 logger = logging.getLogger(__name__)
@@ -178,21 +181,28 @@ class _LazyEncoder:
         self.identity, self.protocol, self.recipe, self.device = identity, protocol, recipe, device
         self.overrides, self.encoder = overrides, None
 
-    def get(self) -> Any:
+    def get(self, task: Any = None) -> Any:
+        """The encoder, loaded on first use; ``auto`` measures precisions on a few of ``task``'s texts."""
         if self.encoder is None:
+            from neobert_embed.evaluation.protocol import sample_texts
+
+            texts = sample_texts(task) if task is not None else None
             if self.protocol == "uniform":
                 from neobert_embed.evaluation.encoder import UniformEncoder
 
-                self.encoder = UniformEncoder.load(self.identity, self.recipe, device=self.device)
+                self.encoder = UniformEncoder.load(self.identity, self.recipe, device=self.device,
+                                                   sample_texts=texts)
             else:
                 from neobert_embed.evaluation.protocol import load_model_encoder
 
-                self.encoder = load_model_encoder(self.identity, device=self.device, **self.overrides)
+                self.encoder = load_model_encoder(self.identity, device=self.device, sample_texts=texts,
+                                                  **self.overrides)
         return self.encoder
 
 
 def _record_metadata(path: Path, task: Any, lazy: _LazyEncoder) -> None:
-    """Write the protocol and the prompts actually used into mteb's result file (extra key)."""
+    """Write the protocol, the prompts actually used and the compute precision (``compute_precision``:
+    which precision the scores were computed in, and why) into mteb's result file (extra key)."""
     from neobert_embed.evaluation.protocol import encoder_settings, prompts_used
 
     encoder = lazy.get()
@@ -241,7 +251,7 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
     elif is_offline_mode():
         outcome.error = _offline_error(task)
         return outcome
-    encoder = lazy.get()  # a model that cannot load stops the run: every task would fail the same way
+    encoder = lazy.get(task)  # a model that cannot load stops the run: every task would fail the same way
     result = mteb.evaluate(encoder, task, cache=cache, raise_error=False, show_progress_bar=False,
                            encode_kwargs={"batch_size": lazy.recipe.batch_size, "show_progress_bar": False},
                            overwrite_strategy="only-missing", co2_tracker=False)
@@ -277,8 +287,12 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
         benchmark, tasks, task_types, task_dirs: task selection, see :func:`select_tasks`.
         recipe: the ``uniform`` evaluation recipe (default: ``recipes/mteb-eval.yaml``); with
             ``model`` only its ``batch_size`` is used.
-        max_length, precision: ``model`` protocol only: explicit overrides of the model's own
-            ``max_seq_length`` / dtype (recorded in the results folder name and metadata).
+        max_length: ``model`` protocol only: explicit override of the model's own ``max_seq_length``
+            (recorded in the results folder name and metadata).
+        precision: ``model`` protocol only: the compute precision of the model's forward, ``auto`` |
+            ``fp32`` | ``bf16`` | ``fp16`` | ``int8`` (default fp32, as published scores were computed;
+            named in the results folder when given). Under ``uniform`` it is the recipe's ``precision``.
+            The precision actually used is in ``report.settings["compute_precision"]``.
         revision: hub revision; for local directories the default is a hash of their files.
 
     Returns:
@@ -294,10 +308,12 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
     from neobert_embed.evaluation.summary import write_summary
 
     check_protocol(protocol)
+    if precision is not None:
+        check_compute_precision(precision)
     overrides = model_overrides(max_length, precision)
     if protocol == "uniform" and overrides:
-        raise UserInputError("max_length/precision overrides are for --protocol model; under uniform they "
-                             "come from the evaluation recipe")
+        raise UserInputError("max_length/compute_precision overrides are for --protocol model; under uniform "
+                             "they come from the evaluation recipe")
     recipe = recipe or load_evaluation_recipe()
     selected = select_tasks(benchmark, tasks, task_types, task_dirs, default_benchmark=default_benchmark)
     identity = model_identity(model, revision)

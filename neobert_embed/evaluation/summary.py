@@ -9,6 +9,10 @@ Layout (as the paper's Table): Class., Clust., PairClass., Rerank., Retr., STS, 
 Scores are mteb main scores × 100. ``Avg.`` is the mean over all selected tasks (the MTEB
 leaderboard convention), not the mean of the category means.
 
+Each model's compute precision (the precision its forward ran in, and why: ``--precision``, see
+:mod:`neobert_embed.inference.runtime`) is listed under the Markdown table and in the CSV's
+``precision`` and ``precision_reason`` columns, so a bf16 or int8 score is never read as fp32.
+
 Both files are headed by the evaluation protocol (``model`` or ``uniform``, see
 :mod:`neobert_embed.evaluation.protocol`): the Markdown title line names it, the CSV's first
 column holds it. Scores of different protocols are not comparable, so a summary of reports with
@@ -64,6 +68,7 @@ class SummaryRow:
     cells: dict[str, Cell]
     average: Cell
     task_scores: dict[str, float | None]
+    precision: dict[str, Any] | None = None  # PrecisionChoice.to_json() of the run, None when not recorded
 
     @property
     def missing(self) -> list[str]:
@@ -91,7 +96,8 @@ def summarize(reports: Sequence[Any], task_types: dict[str, str]) -> list[Summar
         scores = {task: report.scores.get(task) for task in task_types}
         cells = {short: _average([scores[t] for t, kind in task_types.items() if kind == category])
                  for category, short in CATEGORIES}
-        rows.append(SummaryRow(label, report.revision, cells, _average(list(scores.values())), scores))
+        precision = (getattr(report, "settings", None) or {}).get("compute_precision")
+        rows.append(SummaryRow(label, report.revision, cells, _average(list(scores.values())), scores, precision))
     return rows
 
 
@@ -114,7 +120,7 @@ def summary_protocol(reports: Sequence[Any]) -> str:
 
 def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol: str = "model") -> str:
     """The table (paper layout), then per-task scores and the missing tasks of each model."""
-    from neobert_embed.evaluation.protocol import DESCRIPTIONS
+    from neobert_embed.evaluation.protocol import DESCRIPTIONS, describe_precision
 
     headers = ["Model"] + [short for _, short in CATEGORIES] + ["Avg."]
     lines = [f"# MTEB summary — protocol: {protocol}", "", f"Protocol `{protocol}`: {DESCRIPTIONS[protocol]}.",
@@ -125,6 +131,9 @@ def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str], prot
     for row in rows:
         cells = [row.cells[short].markdown() for _, short in CATEGORIES]
         lines.append("| " + " | ".join([row.label, *cells, row.average.markdown()]) + " |")
+    lines += ["", "## Compute precision", ""]
+    lines += [f"- {row.label}: {describe_precision(row.precision)}"
+              + (f" on {row.precision['machine']}" if (row.precision or {}).get("machine") else "") for row in rows]
     lines += ["", "## Per task", "", "| Task | Type | " + " | ".join(r.label for r in rows) + " |",
               "|---|---|" + "---|" * len(rows)]
     for task, kind in task_types.items():
@@ -138,12 +147,13 @@ def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str], prot
 
 
 def render_csv(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol: str = "model") -> str:
-    """Same numbers as CSV: protocol, category averages, Avg., completeness, then one column per task."""
+    """Same numbers as CSV: protocol, category averages, Avg., completeness, compute precision (and its
+    reason), then one column per task."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     shorts = [short for _, short in CATEGORIES]
     writer.writerow(["protocol", "model", "revision", *shorts, "Avg.", "tasks_done", "tasks_selected", "complete",
-                     "missing", *task_types])
+                     "missing", "precision", "precision_reason", *task_types])
 
     def number(value: float | None) -> str:
         return "" if value is None else f"{value:.4f}"
@@ -152,6 +162,7 @@ def render_csv(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol:
         writer.writerow([protocol, row.label, row.revision, *(number(row.cells[s].value) for s in shorts),
                          number(row.average.value), row.average.done, row.average.expected,
                          str(row.average.complete).lower(), ";".join(row.missing),
+                         (row.precision or {}).get("precision", ""), (row.precision or {}).get("reason", ""),
                          *(number(None if s is None else 100 * s) for s in row.task_scores.values())])
     return buffer.getvalue()
 

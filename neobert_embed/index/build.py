@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import shutil
 import sys
@@ -63,17 +64,20 @@ from neobert_embed.index.rerank import (
 from neobert_embed.index.shards import ShardDirectory
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
+from neobert_embed.inference.runtime import check_compute_precision
 from neobert_embed.locks import LockHolder, writer_lock
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
-from neobert_embed.runs import Interrupted, check_resume, write_record
+from neobert_embed.runs import Interrupted, check_resume, read_record, write_record
 from neobert_embed.sources import fingerprint
 
 STATE_NAME = "build_state.json"
 SAMPLE_SEED = 0
-# What the encoded chunks depend on. The index type, factory and precision are not part of it:
-# chunks are float32 vectors whatever index is built from them, so a build that failed at the
-# FAISS step resumes with another --factory without encoding again.
+# What the encoded chunks depend on. The index type, factory and stored precision are not part of
+# it: chunks are float32 vectors whatever index is built from them, so a build that failed at the
+# FAISS step resumes with another --factory without encoding again. The compute precision the
+# chunks were encoded at is (as ``compute_precision`` in the state): a resumed ``auto`` build reuses
+# it rather than measuring again, so every chunk comes from the same arithmetic.
 RESUME_KEYS = ("model", "corpus", "text_field", "id_field", "title_field", "row_ids", "split",
                "chunk_size", "max_seq_length")
 
@@ -93,6 +97,7 @@ class BuildOptions(BaseModel):
     index_type: str = "auto"
     factory: str | None = None
     precision: str = "float32"
+    compute_precision: str = "auto"
     chunk_size: int = Field(default=8192, gt=0)
     batch_size: int = Field(default=32, gt=0)
     max_seq_length: int | None = Field(default=None, gt=0)
@@ -304,6 +309,8 @@ def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncod
         model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
         similarity=encoder.similarity, normalized=encoder.normalized,
         max_seq_length=int(encoder.model.max_seq_length), prompts=encoder.prompts,
+        compute_precision=encoder.compute_precision,
+        compute=encoder.choice.to_json() if encoder.choice is not None else None,
         index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
         search_params=params, calibration=calibration, documents=total, vectors=total,
         sources=[opts.corpus], **details)
@@ -356,9 +363,15 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
         return _build_locked(opts, output, resume, overwrite, show_progress, on_chunk, world)
 
 
+def _sample_texts(opts: BuildOptions, count: int = 32) -> list[str]:
+    """The first ``count`` document texts, for ``--precision auto`` to measure on."""
+    return [document.encoded_text for document in itertools.islice(read_corpus(opts.corpus, opts.fields), count)]
+
+
 def _preflight(opts: BuildOptions, output: Path) -> None:
     """Every check that needs no model weights (the factory is checked against the corpus size
     here when the model's width can be read from its files, else again after the import)."""
+    check_compute_precision(opts.compute_precision)
     check_output_directory(output, record=MANIFEST_NAME, inputs=[opts.corpus, opts.model], what="index")
     check_model_files(opts.model)
     check_length_flag(opts.model, opts.max_seq_length, "--max-length")
@@ -378,13 +391,17 @@ def _report_stale(holder: LockHolder, output: Path) -> None:
 
 def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: bool, show_progress: bool,
                   on_chunk: Callable[[ChunkDone], None] | None, world: World) -> IndexManifest:
+    recorded = (read_record(partial_directory(output), STATE_NAME) or {}) if resume else {}
+    precision = recorded.get("compute_precision", "auto") if opts.compute_precision == "auto" else opts.compute_precision
     encoder = load_encoder(opts.model, device=world.device(opts.device), batch_size=opts.batch_size,
-                           max_seq_length=opts.max_seq_length, revision=opts.revision)
+                           max_seq_length=opts.max_seq_length, revision=opts.revision, precision=precision,
+                           sample_texts=_sample_texts(opts) if precision == "auto" else None,
+                           agree=functools.partial(on_main, world))
     check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
     if opts.factory is not None:
         create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)
     state = {**opts.model_dump(include=set(RESUME_KEYS)), "corpus_fingerprint": fingerprint(opts.corpus, opts.split),
-             "model_fingerprint": encoder.fingerprint}
+             "model_fingerprint": encoder.fingerprint, "compute_precision": encoder.compute_precision}
     partial = on_main(world, lambda: _prepare_partial(output, state, resume, overwrite))
     try:
         total, n_chunks = _encode(partial, opts, encoder, show_progress, on_chunk, world)

@@ -32,13 +32,18 @@ Split = Annotated[str, typer.Option("--split", help="Split to read when the corp
 Devices = Annotated[str | None, typer.Option(
     "--devices", help="Encode with one worker per device, e.g. cuda:0,cuda:1 (or cpu,cpu); under torchrun "
     "every rank already takes its share.")]
+IndexPrecision = Annotated[str | None, typer.Option(
+    "--precision", help="Compute precision of the model's forward (auto, fp32, bf16, fp16, int8); default: the one "
+    "the index's documents were encoded at (its manifest's compute_precision).")]
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
 
-def _used_line(manifest, fields=None, kind: str = "document") -> str:
-    """One line: the length, prompt and fields the index's model encodes with."""
+def _used_line(manifest, fields=None, kind: str = "document", compute: str | None = None) -> str:
+    """One line: the compute precision, length, prompt and fields the index's model encodes with."""
     prompt = manifest.prompts.get(kind)
-    parts = [f"max_seq_length {manifest.max_seq_length}",
+    recorded = (manifest.compute or {}).get("reason")
+    compute = compute or (f"{manifest.compute_precision} ({recorded})" if recorded else manifest.compute_precision)
+    parts = [f"precision {compute}", f"max_seq_length {manifest.max_seq_length}",
              f"{kind} prompt {prompt!r}" if prompt else f"no {kind} prompt"]
     if fields is not None:
         title = f"title={fields.title_field} (title + ' ' + text)" if fields.title_field else "no title"
@@ -75,7 +80,7 @@ def build(
         "--on-disk", help="IVF indexes only: merge per-shard indexes into memory-mapped on-disk lists "
         "(index.ivfdata), so RAM holds the coarse quantizer, not the corpus.")] = False,
     verbose: opt.Verbose = False,
-    precision: opt.OldStorePrecision = None,
+    precision: opt.ComputePrecision = "auto",
     max_seq_length: opt.OldMaxLength = None,
 ) -> None:
     """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest.
@@ -87,12 +92,14 @@ def build(
     from neobert_embed.index.build import build_index
     from neobert_embed.index.distributed import launch_on_devices, parse_devices
     from neobert_embed.index.documents import CorpusFields
+    from neobert_embed.inference.runtime import check_compute_precision
 
-    precision = opt.renamed("--store-precision", store_precision, "--precision", precision) or "float32"
+    check_compute_precision(precision)
     max_seq_length = opt.renamed("--max-length", max_length, "--max-seq-length", max_seq_length)
     fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
     options = dict(resume=resume, overwrite=overwrite, **dataclasses.asdict(fields), index_type=index_type,
-                   factory=factory, precision=precision, chunk_size=chunk_size, batch_size=batch_size,
+                   factory=factory, precision=store_precision or "float32", compute_precision=precision,
+                   chunk_size=chunk_size, batch_size=batch_size,
                    max_seq_length=max_seq_length, revision=revision, on_disk=on_disk, wait=not no_wait)
     with third_party_log(output, verbose):
         if devices is not None:
@@ -127,6 +134,7 @@ def add(
     device: opt.Device = None,
     no_wait: opt.NoWait = False,
     verbose: opt.Verbose = False,
+    precision: IndexPrecision = None,
 ) -> None:
     """Append documents to an index (all or nothing); duplicate ids are refused or replaced."""
     from neobert_embed.console import third_party_log
@@ -134,12 +142,16 @@ def add(
     from neobert_embed.index.add import add_documents
     from neobert_embed.index.documents import CorpusFields
 
+    if precision is not None:
+        from neobert_embed.inference.runtime import check_compute_precision
+
+        check_compute_precision(precision)
     if on_duplicate not in ("error", "replace"):
         raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
     fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
     with third_party_log(index_dir, verbose):
         manifest = add_documents(index_dir, corpus, fields=fields, on_duplicate=on_duplicate, model=model,
-                                 batch_size=batch_size, device=device, wait=not no_wait)
+                                 batch_size=batch_size, device=device, wait=not no_wait, precision=precision)
     logger.info(_used_line(manifest, fields))
     logger.info("%s now holds %d documents (%d replaced so far)", index_dir, manifest.documents, manifest.replaced)
 
@@ -155,6 +167,7 @@ def search(
     model: ModelOverride = None,
     batch_size: opt.BatchSize = 32,
     device: opt.Device = None,
+    precision: IndexPrecision = None,
 ) -> None:
     """Search with the index's model and query prompt: a table (rank, score, id, snippet) or JSON lines."""
     from neobert_embed.console import json_only_stdout
@@ -162,12 +175,17 @@ def search(
     from neobert_embed.errors import UserInputError
     from neobert_embed.index.search import open_index
 
+    if precision is not None:
+        from neobert_embed.inference.runtime import check_compute_precision
+
+        check_compute_precision(precision)
     if (query is None) == (queries is None):
         raise UserInputError("give either a QUERY argument or --queries FILE (not both)")
     texts = [query] if query is not None else read_texts(queries, "text", keep_blank=False)
-    with json_only_stdout(as_json), open_index(index_dir, model=model, device=device,
-                                               batch_size=batch_size) as index:
-        logger.info(_used_line(index.manifest, kind="query"))
+    with json_only_stdout(as_json), open_index(index_dir, model=model, device=device, batch_size=batch_size,
+                                               precision=precision) as index:
+        choice = index.encoder.choice
+        logger.info(_used_line(index.manifest, kind="query", compute=choice.description if choice else None))
         results = index.search(texts, k=k)
     if as_json:
         for text, hits in zip(texts, results, strict=True):
@@ -204,6 +222,7 @@ def evaluate(
     model: ModelOverride = None,
     batch_size: opt.BatchSize = 32,
     device: opt.Device = None,
+    precision: IndexPrecision = None,
 ) -> None:
     """Score the index on a BEIR-layout task: nDCG@k, recall@k/100, MRR@k (mteb's implementation)."""
     from rich.console import Console
@@ -213,10 +232,15 @@ def evaluate(
     from neobert_embed.index.evaluate import evaluate_index
     from neobert_embed.index.manifest import read_manifest
 
-    logger.info(_used_line(read_manifest(index_dir), kind="query"))
+    if precision is not None:
+        from neobert_embed.inference.runtime import check_compute_precision
+
+        check_compute_precision(precision)
+    manifest = read_manifest(index_dir)
+    logger.info(_used_line(manifest, kind="query", compute=precision))
     with json_only_stdout(as_json):
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
-                                device=device)
+                                device=device, precision=precision)
     table = Table(title=f"{index_dir} on {task_dir} ({scores['queries']} queries)", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -13,37 +13,23 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from neobert_embed.encoding import SLICE_BATCHES, encode_longest_first
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.manifest import IndexManifest
+from neobert_embed.inference.runtime import model_fingerprint
+
+if TYPE_CHECKING:
+    from neobert_embed.inference.runtime import PrecisionChoice
 
 PROMPT_KINDS = ("query", "document")
 SUPPORTED_SIMILARITIES = ("cosine", "dot")
-
-
-def model_fingerprint(model: Any) -> str:
-    """Hash every parameter and buffer (names, shapes, dtypes, bytes) of a SentenceTransformer.
-
-    Example:
-        >>> model_fingerprint(load_sentence_model("runs/my-embedder"))
-        'b1946ac92492d234'
-    """
-    import torch
-
-    digest = hashlib.blake2b(digest_size=8)
-    for name, tensor in model.state_dict().items():
-        value = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}|{tuple(value.shape)}|{value.dtype}".encode())
-        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _revision(model: Any) -> str | None:
@@ -63,6 +49,12 @@ class IndexEncoder:
     similarity: str
     prompts: dict[str, str] = field(default_factory=dict)
     batch_size: int = 32
+    choice: PrecisionChoice | None = None
+
+    @property
+    def compute_precision(self) -> str:
+        """The precision the model's forward runs in (``fp32`` when nothing else was applied)."""
+        return self.choice.precision if self.choice is not None else "fp32"
 
     @property
     def dimension(self) -> int:
@@ -121,17 +113,26 @@ class IndexEncoder:
 
 
 def load_encoder(name_or_path: str | Path, *, device: str | None = None, batch_size: int = 32,
-                 max_seq_length: int | None = None, revision: str | None = None) -> IndexEncoder:
-    """Load a model for indexing and read its prompts and similarity.
+                 max_seq_length: int | None = None, revision: str | None = None, precision: str = "auto",
+                 sample_texts: list[str] | None = None,
+                 agree: Callable[[Callable[[], PrecisionChoice]], PrecisionChoice] | None = None) -> IndexEncoder:
+    """Load a model for indexing at compute ``precision`` and read its prompts and similarity.
+
+    The fingerprint is of the fp32 weights as saved, so the same model matches its index whatever
+    precision it computes in; ``auto`` measures on ``sample_texts`` (a few of the corpus's texts),
+    once for all ranks when ``agree`` is given (see :func:`~neobert_embed.inference.runtime.load_inference_model`).
 
     Example:
-        >>> encoder = load_encoder("sentence-transformers/all-MiniLM-L6-v2", batch_size=64)
+        >>> encoder = load_encoder("sentence-transformers/all-MiniLM-L6-v2", batch_size=64, precision="fp32")
         >>> encoder.similarity, encoder.prompts
         ('cosine', {})
     """
-    from neobert_embed.sentence import load_sentence_model
+    from neobert_embed.inference.runtime import load_inference_model
 
-    model = load_sentence_model(str(name_or_path), max_seq_length, device=device, revision=revision)
+    loaded = load_inference_model(str(name_or_path), precision, device=device, max_seq_length=max_seq_length,
+                                  revision=revision, sample_texts=sample_texts, batch_size=batch_size,
+                                  fingerprint=True, agree=agree)
+    model = loaded.model
     similarity = getattr(model, "similarity_fn_name", None) or "cosine"
     if similarity not in SUPPORTED_SIMILARITIES:
         raise UserInputError(f"model {name_or_path!r} uses {similarity!r} similarity; indexes support "
@@ -142,8 +143,9 @@ def load_encoder(name_or_path: str | Path, *, device: str | None = None, batch_s
         name=str(name_or_path),
         path=str(local.resolve()) if local.exists() else None,
         revision=revision or _revision(model),
-        fingerprint=model_fingerprint(model),
+        fingerprint=loaded.fingerprint or model_fingerprint(model),
         similarity=similarity,
         prompts={kind: model.prompts[kind] for kind in PROMPT_KINDS if model.prompts.get(kind)},
         batch_size=batch_size,
+        choice=loaded.choice,
     )

@@ -26,7 +26,7 @@ METRICS = ("ndcg", "map", "recall", "precision", "mrr")
 
 def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, split: str = "test",
                    model: str | Path | None = None, batch_size: int = 32,
-                   device: str | None = None) -> dict[str, float]:
+                   device: str | None = None, precision: str | None = None) -> dict[str, float]:
     """Search every judged query of the task through the index and score the rankings.
 
     Returns:
@@ -45,13 +45,14 @@ def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, 
     task = read_beir_task(task_dir, split, with_corpus=False)
     k_values = sorted({*MTEB_K_VALUES, k})
     query_ids = [qid for qid in task.queries if qid in task.qrels]
-    with open_index(index_dir, model=model, device=device, batch_size=batch_size) as index:
+    with open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision) as index:
         depth = min(max(k_values), index.manifest.documents)
         hits = index.search([task.queries[qid] for qid in query_ids], k=depth)
         documents = index.manifest.documents
+        compute = index.encoder.compute_precision
     results = {qid: {hit.doc_id: hit.score for hit in ranked} for qid, ranked in zip(query_ids, hits, strict=True)}
     scores = calculate_retrieval_scores(results, task.qrels, k_values)
-    out: dict[str, float] = {f"{metric}_at_{key.split('@')[1]}": float(value)
+    out: dict[str, float | str] = {f"{metric}_at_{key.split('@')[1]}": float(value)
                              for metric in METRICS for key, value in getattr(scores, metric).items()}
-    out.update(queries=len(query_ids), documents=documents, k=k)
+    out.update(queries=len(query_ids), documents=documents, k=k, compute_precision=compute)
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -67,7 +67,11 @@ class IndexManifest(BaseModel):
     prompts: dict[str, str] = Field(default_factory=dict, description="'query' and 'document' prompts")
     index_type: Literal["flat", "ivf", "hnsw", "ivfpq", "custom"]
     factory: str
-    precision: Literal["float32", "float16", "int8", "binary"]
+    precision: Literal["float32", "float16", "int8", "binary"] = Field(description="how vectors are stored")
+    compute_precision: Literal["fp32", "bf16", "fp16", "int8"] = Field(
+        default="fp32", description="what the model's forward ran in for the documents; queries default to it")
+    compute: dict[str, Any] | None = Field(default=None, description="how compute_precision was chosen (auto's "
+                                           "measured trials, the machine)")
     binary: bool = False
     search_params: dict[str, int] = Field(default_factory=dict)
     calibration: Calibration | None = None

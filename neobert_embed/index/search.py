@@ -44,10 +44,13 @@ def spec_of(manifest: IndexManifest) -> IndexSpec:
 
 
 def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | None = None,
-                device: str | None = None, batch_size: int = 32, loaded: IndexEncoder | None = None) -> IndexEncoder:
+                device: str | None = None, batch_size: int = 32, loaded: IndexEncoder | None = None,
+                precision: str | None = None) -> IndexEncoder:
     """Load the index's model (or ``model``), refuse it if its weights differ, use the saved prompts.
 
-    ``loaded`` is an already-loaded model (a server's), checked like a loaded one.
+    ``loaded`` is an already-loaded model (a server's), checked like a loaded one. The model
+    computes at ``precision``, by default the one the index's documents were encoded at (its
+    manifest's ``compute_precision``), so queries and documents come from the same arithmetic.
 
     Example:
         >>> encoder = encoder_for(read_manifest(d), d, model="runs/other")  # raises if different
@@ -60,7 +63,8 @@ def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | No
         name = manifest.model
     try:
         encoder = loaded or load_encoder(name, device=device, batch_size=batch_size,
-                                         max_seq_length=manifest.max_seq_length, revision=manifest.model_revision)
+                                         max_seq_length=manifest.max_seq_length, revision=manifest.model_revision,
+                                         precision=precision or manifest.compute_precision)
     except UserInputError as exc:
         raise UserInputError(f"{directory}: cannot load the index's model: {exc}. If the model moved, "
                              "pass --model with its new location") from None
@@ -73,7 +77,7 @@ class SearchIndex:
     """An opened index: FAISS vectors, the document store and the matching encoder."""
 
     def __init__(self, directory: str | Path, model: str | Path | None = None, device: str | None = None,
-                 batch_size: int = 32, encoder: IndexEncoder | None = None) -> None:
+                 batch_size: int = 32, encoder: IndexEncoder | None = None, precision: str | None = None) -> None:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.spec = spec_of(self.manifest)
@@ -82,7 +86,8 @@ class SearchIndex:
         self.store = open_store(self.directory, self.manifest)
         self.excluded = exclusion_selector(self.store.deleted_rows())  # once: its hash set is not free
         try:
-            self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size, loaded=encoder)
+            self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size, loaded=encoder,
+                                       precision=precision)
         except BaseException:
             self.store.close()
             raise
@@ -131,14 +136,17 @@ class SearchIndex:
 
 
 def open_index(directory: str | Path, model: str | Path | None = None, device: str | None = None,
-               batch_size: int = 32, encoder: IndexEncoder | None = None) -> SearchIndex:
+               batch_size: int = 32, encoder: IndexEncoder | None = None,
+               precision: str | None = None) -> SearchIndex:
     """Open an index for searching; ``model`` overrides the manifest's path but must be the same model.
 
-    ``encoder`` reuses an already-loaded model (refused, like ``model``, if its weights differ).
+    ``encoder`` reuses an already-loaded model (refused, like ``model``, if its weights differ);
+    ``precision`` overrides the compute precision the index was built at (:func:`encoder_for`).
 
     Example:
         >>> index = open_index("runs/news-index")
         >>> index.manifest.documents
         7600
     """
-    return SearchIndex(directory, model=model, device=device, batch_size=batch_size, encoder=encoder)
+    return SearchIndex(directory, model=model, device=device, batch_size=batch_size, encoder=encoder,
+                       precision=precision)

@@ -64,14 +64,23 @@ def measured_matmul_tflops(dtype: torch.dtype, device: torch.device | str = "cpu
                            repeats: int = 5) -> float:
     """Best TFLOP/s of a square matmul on ``device``: a practical peak where no datasheet applies (CPUs).
 
+    ``torch.int8`` measures ``torch._int_mm`` (int8 × int8 → int32: VNNI / AMX on CPUs), the
+    product :class:`~neobert_embed.inference.kernels.Int8Linear` runs on.
+
     Example:
         >>> measured_matmul_tflops(torch.float32, size=256, repeats=1) > 0
         True
     """
-    a = torch.randn(size, size, dtype=dtype, device=device)
-    b = torch.randn(size, size, dtype=dtype, device=device)
-    a @ b
-    best = min(seconds(lambda: a @ b, device) for _ in range(repeats))
+    if dtype == torch.int8:
+        a = torch.randint(-127, 127, (size, size), dtype=dtype, device=device)
+        b = torch.randint(-127, 127, (size, size), dtype=dtype, device=device)
+        product: Callable[[], object] = lambda: torch._int_mm(a, b)  # noqa: E731
+    else:
+        a = torch.randn(size, size, dtype=dtype, device=device)
+        b = torch.randn(size, size, dtype=dtype, device=device)
+        product = lambda: a @ b  # noqa: E731
+    product()
+    best = min(seconds(product, device) for _ in range(repeats))
     return 2 * size**3 / best / 1e12
 
 

@@ -27,13 +27,13 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.inference.runtime import InferenceModel, load_inference_model
 from neobert_embed.serve.batcher import DynamicBatcher
 from neobert_embed.serve.engine import Embedder
 from neobert_embed.serve.errors import APIError, install_error_handlers
 from neobert_embed.serve.indexes import IndexRegistry, OpenIndex
 from neobert_embed.serve.metrics import CONTENT_TYPE, ServeMetrics
 from neobert_embed.serve.middleware import EdgeMiddleware
-from neobert_embed.serve.precision import ServedModel, load_for_serving
 from neobert_embed.serve.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -64,7 +64,7 @@ class ServerState:
     started: float
 
 
-def build_state(settings: ServeSettings, served: ServedModel | None = None) -> ServerState:
+def build_state(settings: ServeSettings, served: InferenceModel | None = None) -> ServerState:
     """Load the model (once), open the indexes and set up batching and metrics.
 
     Example:
@@ -74,8 +74,8 @@ def build_state(settings: ServeSettings, served: ServedModel | None = None) -> S
     """
     settings.check()
     if served is None:
-        served = load_for_serving(settings.model, settings.precision, device=settings.device,
-                                  fingerprint=bool(settings.indexes))
+        served = load_inference_model(settings.model, settings.precision, device=settings.device,
+                                      fingerprint=bool(settings.indexes), backend=settings.backend)
     engine = Embedder(served, settings.name)
     limit = settings.max_input_tokens or engine.max_seq_length
     if limit > engine.max_seq_length:
@@ -93,7 +93,7 @@ def build_state(settings: ServeSettings, served: ServedModel | None = None) -> S
                        time.time())
 
 
-def create_app(settings: ServeSettings, served: ServedModel | None = None) -> Any:
+def create_app(settings: ServeSettings, served: InferenceModel | None = None) -> Any:
     """The ASGI application for ``settings`` (the model is loaded now, batching starts with the app).
 
     Example:
@@ -146,7 +146,8 @@ def create_app(settings: ServeSettings, served: ServedModel | None = None) -> An
     async def models() -> dict:
         """The served model."""
         return {"object": "list", "data": [{"id": state.settings.name, "object": "model",
-                                            "created": int(state.started), "owned_by": "neobert-embed"}]}
+                                            "created": int(state.started), "owned_by": "neobert-embed",
+                                            "precision": state.engine.served.choice.to_json()}]}
 
     @app.post("/embed", response_model=list[list[float]], responses=ERRORS, dependencies=guarded, tags=["TEI"])
     async def tei_embed(body: EmbedRequest) -> Response:
@@ -175,7 +176,7 @@ def create_app(settings: ServeSettings, served: ServedModel | None = None) -> An
     @app.get("/health", tags=["Operations"])
     async def health() -> dict:
         """Liveness and what is served (no API key needed)."""
-        return {"status": "ok", "model": state.settings.name, "precision": state.engine.served.method,
+        return {"status": "ok", "model": state.settings.name, "precision": state.engine.served.choice.description,
                 "max_seq_length": state.engine.max_seq_length, "indexes": state.indexes.names,
                 "queued_inputs": state.batcher.pending}
 

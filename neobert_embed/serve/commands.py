@@ -38,8 +38,8 @@ def serve(
         "--max-request-bytes", min=1, help="Largest request body (413 beyond).")] = 2_000_000,
     truncate: Annotated[bool, typer.Option(
         "--truncate/--no-truncate", help="Truncate too-long inputs instead of answering 413.")] = False,
-    precision: Annotated[str, typer.Option(
-        "--precision", help="fp32 | fp16 | bf16 | int8 (dynamic int8 Linear layers, CPU).")] = "fp32",
+    precision: opt.ComputePrecision = "auto",
+    backend: opt.Backend = "torch",
     device: opt.Device = None,
 ) -> None:
     """Serve embeddings (OpenAI /v1/embeddings, TEI /embed) and index search (/search) over HTTP.
@@ -65,7 +65,7 @@ def serve(
                   f"max_seq_length {engine.max_seq_length}, prompts {engine.model.prompts or 'none'} "
                   f"(default {engine.model.default_prompt_name or 'none'}), "
                   f"{'normalized by the model' if engine.normalizes else 'not normalized by the model'}, "
-                  f"{engine.served.method}")
+                  f"precision {engine.served.choice.description}")
     for name in state.indexes.names:
         entry = state.indexes.get(name)
         how = "served model, batched" if entry.shared else "its own model"

@@ -7,7 +7,7 @@ share one forward pass. The forward pass therefore goes through the model's own 
 the padding of a mixed-length batch inside the model (its un-padded path).
 
 Example:
-    >>> engine = Embedder(load_for_serving("sentence-transformers/all-MiniLM-L6-v2"), "minilm")
+    >>> engine = Embedder(load_inference_model("sentence-transformers/all-MiniLM-L6-v2", "fp32"), "minilm")
     >>> engine.count_tokens(["a cat"], engine.prompt_for(None))
     [4]
     >>> engine.forward(["a cat", "a dog"], [None, None]).shape
@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.serve.precision import ServedModel
+from neobert_embed.inference.runtime import InferenceModel
 
 
 class Embedder:
     """Wraps a loaded SentenceTransformer for the server (thread-confined: call ``forward`` from
     one worker thread only)."""
 
-    def __init__(self, served: ServedModel, name: str) -> None:
+    def __init__(self, served: InferenceModel, name: str) -> None:
         self.served = served
         self.model: Any = served.model
         self.name = name

@@ -6,8 +6,9 @@ manifest's file identity (inode, size, mtime) with the one opened; when it chang
 reopened once, and requests already searching keep the old one until they finish.
 
 Queries are encoded the index's way (its "query" prompt and normalization). When the index was
-built by the served model itself (same weight fingerprint and max_seq_length), its queries go
-through the server's dynamic batcher; otherwise the index's own model is loaded beside it.
+built by the served model itself (same weight fingerprint, max_seq_length and compute precision),
+its queries go through the server's dynamic batcher; otherwise the index's own model is loaded
+beside it, at the precision the index was built at.
 
 Example:
     >>> registry = IndexRegistry(["runs/news-index"], served_model=served)
@@ -29,7 +30,7 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.index import Hit, SearchIndex, open_index, read_manifest
 from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.index.manifest import MANIFEST_NAME
-from neobert_embed.serve.precision import ServedModel
+from neobert_embed.inference.runtime import InferenceModel
 
 
 class UnknownIndex(UserInputError):
@@ -68,7 +69,7 @@ class OpenIndex:
 class IndexRegistry:
     """Named indexes (directory name → open index), reopened when their manifest changes."""
 
-    def __init__(self, directories: Sequence[str | Path], served: ServedModel | None = None,
+    def __init__(self, directories: Sequence[str | Path], served: InferenceModel | None = None,
                  model_name: str = "", device: str | None = None) -> None:
         self.served = served
         self.model_name = model_name
@@ -121,7 +122,8 @@ class IndexRegistry:
         manifest = read_manifest(directory)
         encoder = self._served_encoder()
         if (encoder is not None and encoder.fingerprint == manifest.model_fingerprint
-                and int(self.served.model.max_seq_length) == manifest.max_seq_length):
+                and int(self.served.model.max_seq_length) == manifest.max_seq_length
+                and encoder.compute_precision == manifest.compute_precision):
             return OpenIndex(name, open_index(directory, encoder=encoder), stamp, shared=True)
         return OpenIndex(name, open_index(directory, device=self.device), stamp, shared=False)
 
@@ -131,4 +133,5 @@ class IndexRegistry:
             return None
         return IndexEncoder(model=served.model, name=self.model_name, path=None, revision=None,
                             fingerprint=served.fingerprint,
-                            similarity=getattr(served.model, "similarity_fn_name", None) or "cosine")
+                            similarity=getattr(served.model, "similarity_fn_name", None) or "cosine",
+                            choice=served.choice)

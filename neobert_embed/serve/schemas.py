@@ -11,7 +11,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -63,6 +63,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "neobert-embed"
+    precision: dict[str, Any] | None = None  # the compute precision and why (an extension of OpenAI's card)
 
 
 class ModelList(BaseModel):

@@ -4,7 +4,7 @@ Why: a limit that makes no sense (a batch budget smaller than one input, a queue
 request) must fail when the server starts, with the flag named, not at the first request.
 
 Example:
-    >>> settings = ServeSettings(model="runs/my-embedder", indexes=["runs/my-index"], precision="int8")
+    >>> settings = ServeSettings(model="runs/my-embedder", indexes=["runs/my-index"], precision="bf16")
     >>> settings.check()
 """
 
@@ -35,7 +35,8 @@ class ServeSettings:
     max_queue: int = 8192
     max_request_bytes: int = 2_000_000
     truncate: bool = False
-    precision: str = "fp32"
+    precision: str = "auto"
+    backend: str = "torch"
     device: str | None = None
 
     @property
@@ -48,7 +49,7 @@ class ServeSettings:
         return self.api_key or os.environ.get(API_KEY_ENV) or None
 
     def check(self) -> None:
-        """Refuse inconsistent limits, naming the flag (``--precision`` is checked by ``load_for_serving``).
+        """Refuse inconsistent limits, naming the flag (``--precision`` and ``--backend`` are checked by ``load_inference_model``).
 
         Example:
             >>> ServeSettings(model="m", max_inputs=10, max_queue=5).check()

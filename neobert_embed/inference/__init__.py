@@ -1,0 +1,15 @@
+"""Inference on the machine at hand: what its matrix units can do, which compute precision a model
+runs in, and the ONNX/OpenVINO files other runtimes load.
+
+Why one package: the precision a model computes in is a property of the (model, machine) pair, not
+of a command. ``encode``, ``index``, ``mine-negatives``, ``mteb``, ``compare`` and ``serve`` all
+load a model through :func:`neobert_embed.inference.runtime.load_inference_model`, which applies
+the same ``--precision auto|fp32|bf16|fp16|int8`` rule and says what it chose.
+
+Modules:
+    machine: the CPU's (or GPU's) bf16 and int8 matrix units, read once per process.
+    kernels: int8 Linear layers (per-channel weights, per-token activations) and bf16 autocast.
+    runtime: loading a model at a compute precision, and ``auto``'s measured choice.
+    export: ``neobert-embed export`` (ONNX / OpenVINO in sentence-transformers' layout).
+    backends: running those files through ONNX Runtime or OpenVINO behind the same ``encode``.
+"""

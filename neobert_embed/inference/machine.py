@@ -1,0 +1,128 @@
+"""What the machine's matrix units can do: bf16 and int8 on this CPU (or GPU), read once per process.
+
+Why: the fastest exact-enough precision depends on the machine. An Intel Xeon with AMX runs bf16
+matrix products ~7× faster than fp32 and int8 ~4×; an AMD EPYC with avx512_bf16 and VNNI but no
+AMX runs bf16 ~2.4× and int8 ~4.6× faster; an older AVX2 CPU has neither unit, and there fp32 is
+the right answer. ``auto`` (:mod:`neobert_embed.inference.runtime`) only tries the precisions this
+module says the hardware has, then measures them on the model's own inputs.
+
+The CPU's flags come from ``/proc/cpuinfo`` (Linux) and PyTorch's own dispatch level
+(``torch.backends.cpu.get_cpu_capability()``). Setting ``NEOBERT_EMBED_CPU_FEATURES`` overrides the
+flags (a comma list such as ``avx512_bf16,avx512_vnni``, or ``none``): that is how tests force a CPU
+without bf16 or int8 units, and how a user can keep ``auto`` off a unit they distrust.
+
+Example:
+    >>> machine = describe_machine()
+    >>> machine.bf16_units, machine.int8_units
+    ('avx512_bf16', 'avx512_vnni')
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FEATURES_VARIABLE = "NEOBERT_EMBED_CPU_FEATURES"
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # best first: the unit named in the `used:` line
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The device a model will run on and the matrix units it has.
+
+    Attributes:
+        device: ``cpu`` or a torch device string (``cuda``, ``cuda:1``, ``mps``).
+        name: the CPU model name or the GPU's name.
+        flags: the CPU's matrix-unit flags this toolkit looks at (a subset of ``/proc/cpuinfo``).
+        torch_capability: PyTorch's CPU dispatch level (``AVX512``, ``AVX2`` …), or the GPU's
+            compute capability.
+        threads: intra-op threads torch uses.
+    """
+
+    device: str
+    name: str
+    flags: tuple[str, ...] = ()
+    torch_capability: str = ""
+    threads: int = 1
+    gpu_bf16: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def is_cpu(self) -> bool:
+        """True when the model runs on the CPU."""
+        return self.device == "cpu"
+
+    @property
+    def bf16_units(self) -> str | None:
+        """The unit that makes bf16 fast here (``amx_bf16``, ``avx512_bf16``, or the GPU), or None."""
+        if not self.is_cpu:
+            return self.name if self.gpu_bf16 else None
+        return next((flag for flag in BF16_FLAGS if flag in self.flags), None)
+
+    @property
+    def int8_units(self) -> str | None:
+        """The unit that makes int8 matrix products fast on this CPU (AMX, VNNI), or None."""
+        return next((flag for flag in INT8_FLAGS if flag in self.flags), None) if self.is_cpu else None
+
+    def summary(self) -> str:
+        """One line for logs and records, e.g. ``cpu AMD EPYC (AVX512; avx512_bf16, avx512_vnni), 2 threads``."""
+        units = ", ".join(self.flags) or "no bf16/int8 matrix units"
+        return f"{self.device} {self.name} ({self.torch_capability}; {units}), {self.threads} threads"
+
+
+def _cpu_info() -> tuple[str, set[str]]:
+    """The CPU's model name and flags from ``/proc/cpuinfo`` (empty on systems without it)."""
+    path = Path("/proc/cpuinfo")
+    name, flags = platform.processor() or platform.machine(), set()
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    return name, flags
+
+
+def _forced_flags() -> set[str] | None:
+    value = os.environ.get(FEATURES_VARIABLE)
+    if value is None:
+        return None
+    return {word.strip() for word in value.split(",") if word.strip() and word.strip() != "none"}
+
+
+def describe_machine(device: str | None = None) -> Machine:
+    """The machine a model on ``device`` (default: the CPU) runs on; cached per process and device.
+
+    Example:
+        >>> describe_machine().summary()
+        'cpu AMD EPYC (AVX512; avx512_bf16, avx512_vnni), 2 threads'
+    """
+    return _describe(device or "cpu", os.environ.get(FEATURES_VARIABLE))
+
+
+@functools.lru_cache(maxsize=8)
+def _describe(device: str, _forced: str | None) -> Machine:
+    import torch
+
+    threads = torch.get_num_threads()
+    if device != "cpu":
+        kind = torch.device(device).type
+        if kind == "cuda" and torch.cuda.is_available():
+            index = torch.device(device).index or 0
+            major, minor = torch.cuda.get_device_capability(index)
+            return Machine(device, torch.cuda.get_device_name(index), (), f"sm_{major}{minor}", threads,
+                           gpu_bf16=torch.cuda.is_bf16_supported())
+        return Machine(device, kind, (), "", threads, gpu_bf16=kind == "mps")
+    name, flags = _cpu_info()
+    forced = _forced_flags()
+    notes: tuple[str, ...] = ()
+    if forced is not None:
+        flags, notes = forced, (f"flags set by {FEATURES_VARIABLE}",)
+    wanted = tuple(flag for flag in (*BF16_FLAGS, *INT8_FLAGS) if flag in flags)
+    return Machine("cpu", name, wanted, torch.backends.cpu.get_cpu_capability(), threads, notes=notes)

@@ -1,0 +1,368 @@
+"""Loading a model to run at a compute precision, and ``auto``'s measured choice of that precision.
+
+Why measured: which precision is fastest depends on the machine (bf16 wins on an AMX Xeon, int8
+on an AMD EPYC with VNNI, fp32 on a CPU with neither) and on the model (a small model on short
+texts spends more of its time outside the matrix products). Which precision is *safe* depends on
+the model's numbers. So ``auto`` encodes a few of the real inputs with fp32 and with every
+precision the hardware has units for (:mod:`neobert_embed.inference.machine`), and takes the
+fastest whose sentence vectors stay within :data:`AUTO_TOLERANCE` of fp32 (mean cosine ≥ 0.9999,
+minimum ≥ 0.999) and that is at least :data:`AUTO_MIN_SPEEDUP` × faster than fp32, else fp32. The choice and its reason are in :attr:`PrecisionChoice.description`,
+which every command prints on its ``used:`` line and stores in its output record.
+
+The precisions (``--precision`` on every command that runs a model forward):
+
+=========  ==============================================================================
+``fp32``   the weights as saved, fp32 everywhere.
+``bf16``   matrix products in bf16 under autocast; norms, softmax, residual stream in fp32.
+``fp16``   the same with fp16 (GPUs; CPUs have no fp16 units).
+``int8``   Linear layers on int8 units (per-channel weights, per-token activations,
+           :class:`~neobert_embed.inference.kernels.Int8Linear`); attention in bf16 where the
+           CPU has bf16 units. CPU only. Mean cosine ≈ 0.997 to fp32: ``auto`` never picks it
+           under its 0.9999 tolerance; ask for it when speed matters more.
+``auto``   the measured choice above.
+=========  ==============================================================================
+
+Example:
+    >>> loaded = load_inference_model("sentence-transformers/all-MiniLM-L6-v2", "auto",
+    ...                               sample_texts=texts[:64])
+    >>> loaded.choice.description
+    'bf16 (avx512_bf16: 1.9× fp32, cosine to fp32 ≥ 0.99997, mean 0.99999, on 64 texts)'
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.inference.machine import Machine, describe_machine
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+logger = logging.getLogger(__name__)
+
+COMPUTE_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+BACKENDS = ("torch", "onnx", "openvino")
+AUTO_SAMPLE = 32  # texts auto encodes per candidate (after one warm-up batch)
+#: A precision other than fp32 must be at least this much faster than fp32 on the sample to be taken:
+#: timing noise must not flip a job between two precisions that are nearly as fast (tiny models,
+#: short texts), so that reruns of the same job on the same machine compute the same vectors.
+AUTO_MIN_SPEEDUP = 1.15
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close to fp32 a precision's sentence vectors must stay (cosine per text)."""
+
+    mean: float
+    minimum: float
+
+    def admits(self, mean: float, minimum: float) -> bool:
+        """True when both the mean and the worst text's cosine reach the bar."""
+        return mean >= self.mean and minimum >= self.minimum
+
+
+AUTO_TOLERANCE = Tolerance(mean=0.9999, minimum=0.999)
+
+#: Texts ``auto`` measures on when a command has none of its own yet (``serve`` without an index):
+#: short questions to paragraph-length passages, so the trial sees the lengths a server sees.
+BUILTIN_SAMPLE = (
+    "how do I reset my password?",
+    "A man is playing a guitar on stage.",
+    "What is the capital of Australia?",
+    "The cat sat on the mat.",
+    "Stocks fell sharply on Tuesday after the central bank raised interest rates by half a point, "
+    "its largest increase in two decades, citing persistent inflation.",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "error: cannot open shared object file: No such file or directory",
+    "Return the number of items in a container.",
+    "The committee will meet next week to review the proposal and vote on the final budget, which "
+    "includes funding for new research facilities, scholarships and the renovation of the library.",
+    "best hiking trails near lake tahoe",
+    "Two dogs are running through a field of tall grass while their owner watches from the fence.",
+    "def parse(path): read a JSON document and return its records as a list of dictionaries",
+    "The patient presented with fever, cough and shortness of breath for three days.",
+    "cheap flights to tokyo in april",
+    "In 1969, Apollo 11 landed on the Moon, and Neil Armstrong became the first person to walk on its "
+    "surface while Michael Collins orbited above in the command module.",
+    "Why is the sky blue?",
+)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One precision measured by ``auto``: texts per second and cosine to fp32 on the sample."""
+
+    precision: str
+    texts_per_second: float
+    cosine_mean: float
+    cosine_min: float
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The compute precision a model runs at, and why.
+
+    Attributes:
+        precision: ``fp32`` | ``bf16`` | ``fp16`` | ``int8`` (never ``auto``).
+        requested: what was asked for (``auto`` or the same as ``precision``).
+        reason: one phrase: the unit and the measured figures, or "asked for".
+        machine: :meth:`Machine.summary` of where it runs.
+        trials: what ``auto`` measured (empty when a precision was asked for).
+    """
+
+    precision: str
+    requested: str
+    reason: str
+    machine: str
+    trials: tuple[Trial, ...] = field(default=())
+
+    @property
+    def description(self) -> str:
+        """``bf16 (avx512_bf16: 1.9× fp32, …)``: what the ``used:`` line and records show."""
+        return f"{self.precision} ({self.reason})"
+
+    def to_json(self) -> dict[str, object]:
+        """The record form stored in OUTPUT.json, index manifests and mteb metadata."""
+        return {"precision": self.precision, "requested": self.requested, "reason": self.reason,
+                "machine": self.machine, "trials": [vars(trial) for trial in self.trials]}
+
+
+@dataclass
+class InferenceModel:
+    """A SentenceTransformer set to compute at :attr:`choice`, and the fingerprint of its fp32 weights
+    (what an index records, so a model is recognised whatever precision it runs at)."""
+
+    model: SentenceTransformer
+    choice: PrecisionChoice
+    backend: str = "torch"
+    fingerprint: str | None = None
+
+    @property
+    def precision(self) -> str:
+        """The precision it computes in."""
+        return self.choice.precision
+
+
+def model_fingerprint(model: SentenceTransformer) -> str:
+    """Hash every parameter and buffer (names, shapes, dtypes, bytes) of a SentenceTransformer.
+
+    Why: a fingerprint of the weights, not the model's name, decides whether a model matches an
+    index (a path can be retrained in place; two names can hold the same weights). It is taken
+    before any precision is applied, so it names the fp32 weights as saved.
+
+    Example:
+        >>> model_fingerprint(load_sentence_model("runs/my-embedder"))
+        'b1946ac92492d234'
+    """
+    import torch
+
+    digest = hashlib.blake2b(digest_size=8)
+    for name, tensor in model.state_dict().items():
+        value = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tuple(value.shape)}|{value.dtype}".encode())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_compute_precision(precision: str, flag: str = "--precision") -> str:
+    """``precision`` if it is one of :data:`COMPUTE_PRECISIONS`, else a one-line error naming ``flag``.
+
+    Example:
+        >>> check_compute_precision("int4")
+        Traceback (most recent call last):
+        UserInputError: --precision 'int4' is not one of auto, fp32, bf16, fp16, int8
+    """
+    if precision not in COMPUTE_PRECISIONS:
+        stored = " (the stored vector format is --store-precision)" if precision in ("float32", "float16",
+                                                                                    "binary") else ""
+        raise UserInputError(f"{flag} {precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}: it is the "
+                             f"precision the model computes in{stored}")
+    return precision
+
+
+def check_precision_fits(precision: str, machine: Machine, flag: str = "--precision") -> None:
+    """Refuse a precision the device cannot run, before any model is loaded.
+
+    Example:
+        >>> check_precision_fits("int8", describe_machine("cuda"))
+        Traceback (most recent call last):
+        UserInputError: --precision int8 runs on the CPU only (its kernels are CPU int8 kernels); …
+    """
+    if precision == "int8" and not machine.is_cpu:
+        raise UserInputError(f"{flag} int8 runs on the CPU only (its kernels are CPU int8 kernels); "
+                             f"drop --device {machine.device} or pick bf16/fp16")
+
+
+def apply_precision(model: SentenceTransformer, precision: str, machine: Machine) -> None:
+    """Set ``model`` (fp32, as loaded) to compute at ``precision`` on ``machine``, in place.
+
+    Example:
+        >>> apply_precision(model, "int8", describe_machine())
+    """
+    from neobert_embed.inference.kernels import quantize_linears_int8, run_forward_in
+
+    device_type = "cpu" if machine.is_cpu else machine.device.split(":")[0]
+    if precision == "int8":
+        quantize_linears_int8(model)
+        run_forward_in(model, device_type, "bf16" if machine.bf16_units else "fp32")
+    else:
+        run_forward_in(model, device_type, precision)
+
+
+def _spread(texts: Sequence[str], count: int) -> list[str]:
+    """Up to ``count`` texts taken evenly through ``texts`` (so lengths are representative)."""
+    if len(texts) <= count:
+        return list(texts)
+    step = len(texts) / count
+    return [texts[int(i * step)] for i in range(count)]
+
+
+def _timed_encode(model: SentenceTransformer, texts: list[str], batch_size: int) -> tuple[np.ndarray, float]:
+    """Vectors of ``texts`` and their texts/s, timed after a warm-up of a few texts."""
+    import torch
+
+    with torch.inference_mode():
+        model.encode(texts[:4], batch_size=batch_size, show_progress_bar=False)
+        start = time.perf_counter()
+        vectors = model.encode(texts, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True)
+        speed = len(texts) / max(time.perf_counter() - start, 1e-9)
+    return np.asarray(vectors, dtype=np.float32), speed
+
+
+def cosine_to(reference: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity of ``vectors`` to ``reference`` (the same texts).
+
+    Example:
+        >>> cosine_to(np.eye(2), np.eye(2)).tolist()
+        [1.0, 1.0]
+    """
+    reference = np.asarray(reference, dtype=np.float64)
+    vectors = np.asarray(vectors, dtype=np.float64)
+    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(vectors, axis=1)
+    return (reference * vectors).sum(axis=1) / np.maximum(norms, 1e-30)
+
+
+def candidates_for(machine: Machine) -> list[str]:
+    """The precisions ``auto`` tries on ``machine`` besides fp32 (only those with units behind them)."""
+    if not machine.is_cpu:
+        return ["bf16", "fp16"] if machine.bf16_units else ["fp16"]
+    return [name for name, unit in (("bf16", machine.bf16_units), ("int8", machine.int8_units)) if unit]
+
+
+def choose_precision(model: SentenceTransformer, sample_texts: Sequence[str], machine: Machine,
+                     batch_size: int = 32, tolerance: Tolerance = AUTO_TOLERANCE) -> PrecisionChoice:
+    """Measure fp32 and each candidate on ``sample_texts``; the fastest within ``tolerance`` wins.
+
+    ``model`` is left at fp32; the int8 trial runs on a copy.
+
+    Example:
+        >>> choose_precision(model, texts[:64], describe_machine()).precision
+        'bf16'
+    """
+    candidates = candidates_for(machine)
+    if not candidates:
+        return PrecisionChoice("fp32", "auto", "no bf16 or int8 matrix units on this "
+                               f"{'CPU' if machine.is_cpu else 'device'}", machine.summary())
+    texts = _spread([text for text in sample_texts if text.strip()] or list(BUILTIN_SAMPLE), AUTO_SAMPLE)
+    reference, fp32_speed = _timed_encode(model, texts, batch_size)
+    trials = [Trial("fp32", round(fp32_speed, 1), 1.0, 1.0)]
+    for precision in candidates:
+        trial_model = copy.deepcopy(model) if precision == "int8" else model
+        apply_precision(trial_model, precision, machine)
+        try:
+            vectors, speed = _timed_encode(trial_model, texts, batch_size)
+        finally:
+            if trial_model is model:
+                apply_precision(model, "fp32", machine)
+        cosine = cosine_to(reference, vectors)
+        trials.append(Trial(precision, round(speed, 1), round(float(cosine.mean()), 6), round(float(cosine.min()), 6)))
+    admitted = [trial for trial in trials if trial.precision == "fp32" or (
+        tolerance.admits(trial.cosine_mean, trial.cosine_min) and trial.texts_per_second >= AUTO_MIN_SPEEDUP * fp32_speed)]
+    best = max(admitted, key=lambda trial: trial.texts_per_second)
+    if best.precision == "fp32":
+        rejected = "; ".join(f"{trial.precision} {trial.texts_per_second / fp32_speed:.2f}× at cosine ≥ "
+                             f"{trial.cosine_min:.5f}" for trial in trials[1:])
+        reason = (f"no other precision was ≥ {AUTO_MIN_SPEEDUP}× faster within cosine {tolerance.mean} (mean) / "
+                  f"{tolerance.minimum} (min) of fp32 ({rejected}; on {len(texts)} texts)")
+    else:
+        unit = machine.bf16_units if best.precision in ("bf16", "fp16") else machine.int8_units
+        reason = (f"{unit}: {best.texts_per_second / fp32_speed:.2f}× fp32, cosine to fp32 ≥ {best.cosine_min:.5f}, "
+                  f"mean {best.cosine_mean:.5f}, on {len(texts)} texts")
+    return PrecisionChoice(best.precision, "auto", reason, machine.summary(), tuple(trials))
+
+
+def load_inference_model(
+    source: str | Path,
+    precision: str = "auto",
+    *,
+    device: str | None = None,
+    max_seq_length: int | None = None,
+    revision: str | None = None,
+    sample_texts: Sequence[str] | None = None,
+    batch_size: int = 32,
+    fingerprint: bool = False,
+    backend: str = "torch",
+    agree: Callable[[Callable[[], PrecisionChoice]], PrecisionChoice] | None = None,
+) -> InferenceModel:
+    """Load ``source`` (anything :func:`~neobert_embed.sentence.load_sentence_model` takes) to compute
+    at ``precision``; ``auto`` measures on ``sample_texts`` (else a built-in mixed-length sample).
+
+    The model keeps its own prompts, max_seq_length, pooling and normalization. ``fingerprint``
+    hashes the fp32 weights before any quantization, so an index built at one precision is
+    recognised by the same model at another. ``backend="onnx"|"openvino"`` runs the files written
+    by ``neobert-embed export`` (their runtime picks its own kernels; ``precision`` must be
+    ``auto``/``fp32`` there, or ``int8`` for the quantized file). ``agree`` makes several processes
+    of one job take one choice: it runs the measurement on one of them and hands its result to all
+    (``functools.partial(on_main, world)`` under torchrun), so every rank's vectors come from the
+    same arithmetic.
+
+    Example:
+        >>> loaded = load_inference_model("runs/my-embedder", "bf16")
+        >>> loaded.choice.description
+        'bf16 (asked for)'
+    """
+    check_compute_precision(precision)
+    if backend not in BACKENDS:
+        raise UserInputError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    machine = describe_machine(device)
+    check_precision_fits(precision, machine)
+    if backend != "torch":
+        return _load_exported(source, precision, backend, machine)
+    from neobert_embed.sentence import load_sentence_model
+
+    model = load_sentence_model(str(source), max_seq_length, device=device, revision=revision)
+    model.eval()
+    digest = model_fingerprint(model) if fingerprint else None
+    if precision == "auto":
+        measure = functools.partial(choose_precision, model, sample_texts or BUILTIN_SAMPLE, machine, batch_size)
+        choice = agree(measure) if agree is not None else measure()
+    else:
+        choice = PrecisionChoice(precision, precision, "asked for", machine.summary())
+    apply_precision(model, choice.precision, machine)
+    logger.debug("compute precision: %s on %s", choice.description, machine.summary())
+    return InferenceModel(model, choice, "torch", digest)
+
+
+def _load_exported(source: str | Path, precision: str, backend: str, machine: Machine) -> InferenceModel:
+    """An ``export`` output run by ONNX Runtime or OpenVINO (fp32 graph, or its int8 file)."""
+    from neobert_embed.inference.backends import load_backend_model
+
+    if precision not in ("auto", "fp32", "int8"):
+        raise UserInputError(f"--backend {backend} runs the exported graph as saved; --precision {precision} is "
+                             "for the torch backend (use auto, fp32, or int8 for the quantized export)")
+    model = load_backend_model(str(source), backend, quantized=precision == "int8")
+    runtime = "ONNX Runtime" if backend == "onnx" else "OpenVINO (its default inference precision)"
+    choice = PrecisionChoice("int8" if precision == "int8" else "fp32", precision, f"{runtime}, exported graph",
+                             machine.summary())
+    return InferenceModel(model, choice, backend, None)

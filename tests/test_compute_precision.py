@@ -1,0 +1,153 @@
+"""Compute precision (``--precision auto|fp32|bf16|fp16|int8``): accuracy against fp32, ``auto``'s
+choice and its fallback, and the record every output keeps of it.
+
+The accuracy bars are the documented ones: ``auto`` admits a precision only at mean cosine ≥ 0.9999
+and minimum ≥ 0.999 to fp32; ``int8`` keeps mean ≥ 0.995 and minimum ≥ 0.98 (issue: an int8 that
+keeps accuracy), measured on real mixed-length texts (STS-B sentences and AG News articles).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from neobert_embed.cli import app
+from neobert_embed.inference.kernels import Int8Linear, quantize_linears_int8
+from neobert_embed.inference.machine import FEATURES_VARIABLE, describe_machine
+from neobert_embed.inference.runtime import AUTO_TOLERANCE, cosine_to, load_inference_model
+
+
+@pytest.fixture(scope="module")
+def mixed_texts(shared_data) -> list[str]:
+    """128 STS-B sentences and 128 AG News articles: short and paragraph-length inputs."""
+    rows = [json.loads(line) for line in (shared_data / "stsb" / "dev.jsonl").open(encoding="utf-8")]
+    news = [json.loads(line)["text"] for line in (shared_data / "ag_news" / "test.jsonl").open(encoding="utf-8")]
+    return [row["sentence1"] for row in rows[:128]] + news[:128]
+
+
+@pytest.fixture(scope="module")
+def minilm_fp32_vectors(minilm_path, mixed_texts) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_path), device="cpu").encode(mixed_texts, batch_size=32)
+
+
+def test_int8_linear_matches_the_float_product_per_token_even_beside_an_outlier():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    x = torch.randn(2, 5, 64)
+    x[0, 0, 3] = 400.0  # one outlier feature in one token must not flatten the other tokens
+    with torch.no_grad():
+        exact, quantized = linear(x), Int8Linear.from_linear(linear)(x)
+        scale = x.abs().max() / 127  # one scale for the whole activation, as quantize_dynamic did
+        per_tensor = torch.nn.functional.linear(torch.round(x / scale) * scale, linear.weight, linear.bias)
+    assert quantized.shape == exact.shape and quantized.dtype == torch.float32
+
+    def worst(y):
+        return float(((y - exact).norm(dim=-1) / exact.norm(dim=-1)).max())
+
+    assert worst(quantized) < 0.02 and worst(per_tensor) > 10 * worst(quantized), (worst(quantized), worst(per_tensor))
+
+
+def test_quantize_linears_int8_replaces_only_what_it_is_told():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    assert quantize_linears_int8(model, keep=lambda name: name == "2") == 1
+    assert isinstance(model[0], Int8Linear) and type(model[2]) is torch.nn.Linear
+
+
+@pytest.mark.parametrize(("precision", "mean_floor", "min_floor"), [
+    ("bf16", AUTO_TOLERANCE.mean, AUTO_TOLERANCE.minimum),
+    ("int8", 0.995, 0.98),
+])
+def test_minilm_vectors_stay_close_to_fp32(minilm_path, mixed_texts, minilm_fp32_vectors, precision, mean_floor,
+                                           min_floor):
+    loaded = load_inference_model(str(minilm_path), precision)
+    assert loaded.choice.precision == precision and loaded.choice.reason == "asked for"
+    cosine = cosine_to(minilm_fp32_vectors, loaded.model.encode(mixed_texts, batch_size=32))
+    assert cosine.mean() >= mean_floor and cosine.min() >= min_floor, (precision, cosine.mean(), cosine.min())
+
+
+def test_int8_retrieval_ranking_matches_fp32(minilm_path, shared_data, minilm_fp32_vectors):
+    """Where users feel int8: the nearest neighbours of real queries, not a correlation."""
+    rows = [json.loads(line) for line in (shared_data / "snli_pairs" / "triplets.jsonl").open(encoding="utf-8")]
+    queries = [row["anchor"] for row in rows[:200]]
+    corpus = [row["positive"] for row in rows[:600]]
+    fp32 = load_inference_model(str(minilm_path), "fp32").model
+    int8 = load_inference_model(str(minilm_path), "int8").model
+    top = {}
+    for name, model in (("fp32", fp32), ("int8", int8)):
+        scores = model.encode(queries, normalize_embeddings=True) @ model.encode(corpus, normalize_embeddings=True).T
+        top[name] = np.argsort(-scores, axis=1)[:, :10]
+    top1 = float((top["fp32"][:, 0] == top["int8"][:, 0]).mean())
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top["fp32"], top["int8"], strict=True)])
+    hits = float(np.mean([i in row for i, row in enumerate(top["int8"])]))  # query i's positive is corpus[i]
+    hits_fp32 = float(np.mean([i in row for i, row in enumerate(top["fp32"])]))
+    assert top1 >= 0.95 and overlap >= 0.9 and abs(hits - hits_fp32) <= 0.01, (top1, overlap, hits, hits_fp32)
+
+
+def test_auto_takes_a_precision_within_its_tolerance_and_says_why(minilm_path, mixed_texts, minilm_fp32_vectors):
+    loaded = load_inference_model(str(minilm_path), "auto", sample_texts=mixed_texts)
+    choice = loaded.choice
+    assert choice.requested == "auto" and choice.precision in ("fp32", "bf16", "int8")
+    measured = {trial.precision for trial in choice.trials}
+    machine = describe_machine()
+    assert ("bf16" in measured) == bool(machine.bf16_units) and ("int8" in measured) == bool(machine.int8_units)
+    cosine = cosine_to(minilm_fp32_vectors, loaded.model.encode(mixed_texts, batch_size=32))
+    assert cosine.mean() >= AUTO_TOLERANCE.mean and cosine.min() >= AUTO_TOLERANCE.minimum
+    if choice.precision != "fp32":
+        unit = machine.bf16_units if choice.precision == "bf16" else machine.int8_units
+        assert choice.description.startswith(f"{choice.precision} ({unit}: ") and "× fp32" in choice.reason
+
+
+def test_auto_falls_back_to_fp32_on_a_cpu_without_bf16_or_int8_units(minilm_path, monkeypatch):
+    monkeypatch.setenv(FEATURES_VARIABLE, "none")
+    machine = describe_machine()
+    assert machine.bf16_units is None and machine.int8_units is None
+    loaded = load_inference_model(str(minilm_path), "auto", sample_texts=["a short text", "another one"])
+    assert loaded.choice.precision == "fp32" and loaded.choice.trials == ()
+    assert loaded.choice.description == "fp32 (no bf16 or int8 matrix units on this CPU)"
+
+
+def test_encode_defaults_to_auto_and_records_the_choice(minilm_path, tmp_path, mixed_texts):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(mixed_texts[:40]) + "\n", encoding="utf-8")
+    output = tmp_path / "vectors.npy"
+    result = CliRunner().invoke(app, ["encode", "--model", str(minilm_path), "--input", str(texts),
+                                      "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "vectors.npy.json").read_text(encoding="utf-8"))
+    compute = record["compute"]
+    assert compute["requested"] == "auto" and compute["precision"] in ("fp32", "bf16", "int8")
+    assert f"used: precision {compute['precision']} ({compute['reason']})" in " ".join(result.output.split())
+    assert record["precision"] == "float32"  # the stored format is a separate choice
+
+
+def test_precision_refuses_a_stored_format_before_loading_a_model(tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["encode", "--model", str(tmp_path / "no-such-model"), "--input", str(texts),
+                                      "--output", str(tmp_path / "v.npy"), "--precision", "float16"])
+    assert result.exit_code == 2 or isinstance(result.exception, Exception)
+    message = str(result.exception)
+    assert "--precision 'float16'" in message and "--store-precision" in message
+
+
+def test_an_index_remembers_its_precision_and_queries_default_to_it(minilm_path, tmp_path):
+    from neobert_embed.index.build import build_index
+    from neobert_embed.index.search import open_index
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": str(i), "text": f"document number {i} about topic {i % 3}"}) + "\n"
+                              for i in range(12)), encoding="utf-8")
+    manifest = build_index(str(minilm_path), str(corpus), tmp_path / "index", index_type="flat",
+                           compute_precision="bf16", show_progress=False)
+    assert manifest.compute_precision == "bf16" and manifest.compute["requested"] == "bf16"
+    with open_index(tmp_path / "index") as index:
+        assert index.encoder.compute_precision == "bf16"
+        assert index.search(["document number 4 about topic 1"], k=1)[0][0].doc_id == "4"
+    with open_index(tmp_path / "index", precision="fp32") as index:
+        assert index.encoder.compute_precision == "fp32"
