@@ -272,7 +272,10 @@ def main() -> None:
         args.texts, args.repeats, args.no_stsb = 256, 1, True
     if not DATA.is_dir():
         sys.exit(f"needs the real datasets at {DATA}")
-    report = run(args)
+    from neobert_embed.console import json_only_stdout
+
+    with json_only_stdout():  # library banners (DeepSpeed's accelerator line) must not corrupt the JSON
+        report = run(args)
     print_table(report)
     if args.chart:
         draw_chart(report, args.chart)

@@ -260,7 +260,9 @@ def bench_minilm(args: argparse.Namespace, levels: list[int], texts: list[str], 
     peers: tuple[str, ...] = ()
     if args.infinity_python and not args.quick:
         peers = tuple(f"infinity_{engine}" for engine in args.infinity_engines.split(","))
-        servers += [infinity(args.infinity_python, model, name.removeprefix("infinity_")) for name in peers]
+        onnx_dir = _onnx_export(model) if "infinity_optimum" in peers else None  # its optimum engine reads onnx/
+        servers += [infinity(args.infinity_python, onnx_dir if name == "infinity_optimum" else model,
+                             name.removeprefix("infinity_")) for name in peers]
     with running(servers, optional=peers) as startup:
         report["startup_seconds"] = startup
         report["default_precision"] = _health(servers[0]).get("precision")
@@ -284,6 +286,16 @@ def bench_minilm(args: argparse.Namespace, levels: list[int], texts: list[str], 
                 ratios[clients][f"{name}_over_best_infinity"] = _ratio(minilm[name][clients], minilm[best][clients])
     report["minilm_ratios"] = ratios
     return report
+
+
+def _onnx_export(model: str) -> str:
+    """The model exported by ``neobert-embed export --format onnx`` (infinity's optimum engine loads
+    ``onnx/model.onnx`` from the model directory and has no hub to export from here)."""
+    output = Path(tempfile.mkdtemp(prefix="serve-load-onnx-")) / "minilm-onnx"
+    subprocess.run([sys.executable, "-m", "neobert_embed.cli", "export", model, "--format", "onnx", "--output",
+                    str(output)], check=True, env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+                   stdout=subprocess.DEVNULL)
+    return str(output)
 
 
 def _health(server: Server) -> dict:

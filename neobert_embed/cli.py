@@ -22,7 +22,6 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import commands as evaluation_commands
 from neobert_embed.glue import commands as glue_commands
 from neobert_embed.index import commands as index_commands
-from neobert_embed.inference import commands as inference_commands
 from neobert_embed.modeling import commands as modeling_commands
 from neobert_embed.pretraining import commands as pretraining_commands
 from neobert_embed.runs import Interrupted, is_main_process
@@ -68,7 +67,7 @@ app = typer.Typer(
 )
 
 for _area in (general_commands, modeling_commands, contrastive_commands, evaluation_commands, index_commands,
-              pretraining_commands, glue_commands, serve_commands, inference_commands):
+              pretraining_commands, glue_commands, serve_commands):
     _area.register(app)
 
 

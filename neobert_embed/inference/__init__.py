@@ -10,6 +10,6 @@ Modules:
     machine: the CPU's (or GPU's) bf16 and int8 matrix units, read once per process.
     kernels: int8 Linear layers (per-channel weights, per-token activations) and bf16 autocast.
     runtime: loading a model at a compute precision, and ``auto``'s measured choice.
-    export: ``neobert-embed export`` (ONNX / OpenVINO in sentence-transformers' layout).
+    export: the ONNX / OpenVINO files of ``neobert-embed export`` (sentence-transformers' layout).
     backends: running those files through ONNX Runtime or OpenVINO behind the same ``encode``.
 """
