@@ -38,6 +38,9 @@ def encode(
     verbose: opt.Verbose = False,
     precision: opt.ComputePrecision = "auto",
     backend: opt.Backend = "torch",
+    blank: str = typer.Option("error", "--blank", help="A blank text is an error (default, naming its row), "
+                              "skip (left out; OUTPUT.json lists the rows) or keep (encoded as an empty text, "
+                              "so row i is line i + 1)."),
 ) -> None:
     """Encode a file of texts into an .npy matrix (length-batched, with progress).
 
@@ -57,7 +60,7 @@ def encode(
         report = encode_file(model, input_path, output, field=field, precision=store_precision,
                              batch_size=batch_size, max_seq_length=max_length, prompt_name=prompt_name,
                              show_progress=not as_json, calibration=calibration, overwrite=overwrite,
-                             compute_precision=precision, backend=backend)
+                             compute_precision=precision, backend=backend, blank=blank)
     typer.echo(report.used, err=True)
     if as_json:
         typer.echo(report_json(report))

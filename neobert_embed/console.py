@@ -219,6 +219,30 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
 
 
 @contextlib.contextmanager
+def without_progress_bars() -> Iterator[None]:
+    """Switch off the progress bars of transformers, huggingface_hub and tqdm for the block.
+
+    Why: a command whose console stays on screen (``serve``) has no log to send them to, and a
+    bar drawn while a model loads breaks its one-line messages (an error included). The switches
+    are read by tqdm when it is imported, so transformers' own switch is flipped as well.
+
+    Example:
+        >>> with without_progress_bars():
+        ...     model = load_sentence_model("bert")
+    """
+    from transformers.utils import logging as transformers_logging
+
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        with environment(PROGRESS_SWITCHES):
+            yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
 def environment(values: dict[str, str] | None = None, keep: tuple[str, ...] = ()) -> Iterator[None]:
     """Set ``values`` in ``os.environ`` for the block; afterwards those keys and ``keep`` are as before.
 

@@ -137,7 +137,14 @@ def encode_longest_first(encode: Callable[[list[Any]], np.ndarray], texts: Seque
     out = np.empty((len(texts), dimension), dtype=np.float32)
     for start in range(0, len(texts), step):
         rows = order[start:start + step]
-        out[rows] = encode([texts[i] for i in rows])
+        vectors = encode([texts[i] for i in rows])
+        finite = np.isfinite(vectors).all(axis=1)
+        if not finite.all():  # fp16 overflow, damaged weights: stop rather than store or index NaN
+            row = int(rows[int(np.argmin(finite))])
+            raise UserInputError(f"input row {row + 1} ({str(texts[row])[:60]!r}): the model produced NaN or Inf "
+                                 "values; nothing was written. Encode in --precision fp32, or check the model's "
+                                 "weights")
+        out[rows] = vectors
         if advance is not None:
             advance(len(rows))
     return out
@@ -207,6 +214,33 @@ class EncodeReport:
 
 
 ENCODE_WRITER = "neobert-embed encode"
+BLANK_POLICIES = ("error", "skip", "keep")
+
+
+def apply_blank_policy(texts: list[str], blank: str, source: str | Path) -> tuple[list[str], list[int]]:
+    """The texts to encode and the 1-based rows left out, by the ``blank`` policy (see
+    :func:`encode_file`); every blank text refused (``error``), or all of them blank, is one error.
+
+    Example:
+        >>> apply_blank_policy(["a", " ", "b"], "skip", "t.txt")
+        (['a', 'b'], [2])
+    """
+    if blank not in BLANK_POLICIES:
+        raise UserInputError(f"--blank {blank!r} is not one of {', '.join(BLANK_POLICIES)}")
+    rows = [row for row, text in enumerate(texts, start=1) if not text.strip()]
+    if len(rows) == len(texts):
+        raise UserInputError(f"{source}: no text to encode (all {len(texts)} rows are blank)")
+    if not rows or blank == "keep":
+        return texts, []
+    if blank == "error":
+        raise UserInputError(f"{source}: {len(rows)} blank text(s) (rows {_rows(rows)}); pass --blank skip to leave "
+                             "them out (OUTPUT.json lists their rows) or --blank keep to encode them as empty "
+                             "texts (row i stays line i + 1)")
+    return [text for text in texts if text.strip()], rows
+
+
+def _rows(rows: list[int], shown: int = 5) -> str:
+    return ", ".join(map(str, rows[:shown])) + (f" … {len(rows) - shown} more" if len(rows) > shown else "")
 
 
 def encode_file(
@@ -224,6 +258,7 @@ def encode_file(
     overwrite: bool = False,
     compute_precision: str = "auto",
     backend: str = "torch",
+    blank: str = "error",
 ) -> EncodeReport:
     """Encode every text of a file into an ``.npy`` matrix written atomically.
 
@@ -236,7 +271,10 @@ def encode_file(
     and binary, the calibration; pass that file as ``calibration`` when encoding more texts so
     identical texts get identical codes. ``compute_precision`` is the precision the model's forward
     runs in (:mod:`neobert_embed.inference.runtime`; ``auto`` measures on the first texts of the
-    file) and ``backend`` runs an ``export`` output through ONNX Runtime or OpenVINO. Everything a user can get wrong (output path, calibration,
+    file) and ``backend`` runs an ``export`` output through ONNX Runtime or OpenVINO. ``blank``
+    says what a blank text is (:data:`BLANK_POLICIES`): ``error`` (default: refused, naming its
+    row), ``skip`` (left out; the sidecar's ``skipped_rows`` lists them) or ``keep`` (the empty text
+    is encoded, so row ``i`` is always line ``i + 1``). Everything a user can get wrong (output path, calibration,
     length, model files, input lines) is checked before the model is loaded; an existing output is
     replaced only with ``overwrite`` and only if this command wrote it.
 
@@ -262,7 +300,8 @@ def encode_file(
     world = init_world()  # under torchrun, rank r encodes chunks i = r mod world; rank 0 writes the file
 
     def preflight():  # rank 0 checks; its refusal reaches every rank (no rank waits on a barrier)
-        check_output_file(output_path, writer=ENCODE_WRITER, inputs=[input_path, calibration], overwrite=overwrite)
+        check_output_file(output_path, writer=ENCODE_WRITER, inputs=[input_path, calibration], overwrite=overwrite,
+                          suffix=".npy")
         loaded = load_calibration(calibration) if calibration is not None else None
         if loaded is not None and loaded.precision != precision:
             raise UserInputError(f"--calibration {calibration} is for {loaded.precision} vectors but --store-precision "
@@ -272,7 +311,7 @@ def encode_file(
         return loaded
 
     saved = on_main(world, preflight)
-    texts = read_texts(input_path, field)
+    texts, skipped = apply_blank_policy(read_texts(input_path, field), blank, input_path)
     loaded = load_inference_model(model_name, compute_precision, device=world.device(None), backend=backend,
                                   max_seq_length=max_seq_length, sample_texts=texts, batch_size=batch_size,
                                   agree=functools.partial(on_main, world))
@@ -297,6 +336,8 @@ def encode_file(
     fitted = saved
     if fitted is None and precision in ("int8", "binary"):
         fitted = fit_calibration(embeddings, precision, model=model_name)
+        logger.warning("%s codes use a calibration fitted on these %d texts: they compare only with codes "
+                       "encoded with --calibration %s", precision, len(texts), sidecar_path(output_path))
     stored = quantize(embeddings, precision, fitted)
     import io
 
@@ -305,14 +346,17 @@ def encode_file(
     write_sidecar(output_path, ENCODE_WRITER, model=model_name, input=str(input_path), texts=len(texts),
                   dimension=int(embeddings.shape[1]), precision=precision, compute=compute.to_json(),
                   calibration=fitted.to_json() if fitted is not None else None,
-                  calibration_from=str(calibration) if calibration is not None else None)
+                  calibration_from=str(calibration) if calibration is not None else None,
+                  calibration_shared=calibration is not None if fitted is not None else None,
+                  blank=blank, skipped_rows=skipped)
     atomic_write_bytes(output_path, buffer.getvalue())
     return EncodeReport(texts=len(texts), dimension=int(embeddings.shape[1]), precision=precision,
                         seconds=round(seconds, 3), texts_per_second=round(len(texts) / max(seconds, 1e-9), 1),
                         output=str(output_path), max_seq_length=int(model.max_seq_length),
                         prompt_name=prompt_name if prompt else None, prompt=prompt or None,
                         used=used_line(model, [prompt_name if prompt else None],
-                                       None if source_format(input_path) == "txt" else field, compute.description),
+                                       None if source_format(input_path) == "txt" else field, compute.description)
+                        + (f"; {len(skipped)} blank texts skipped (rows {_rows(skipped)})" if skipped else ""),
                         calibration=str(sidecar_path(output_path)) if fitted is not None else None,
                         compute_precision=compute.description)
 

@@ -72,13 +72,16 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | Path, overwrite: bool = True, record: str | None = None) -> Iterator[Path]:
+def atomic_directory(path: str | Path, overwrite: bool = True, record: str | None = None,
+                     stamp: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling directory that replaces ``path`` only if the block succeeds.
 
     Used for saved models and exported checkpoints: an exception or Ctrl-C inside the block
     leaves ``path`` exactly as it was (absent, or the previous complete version). With
     ``record`` (the name of the file by which the command recognises its own output, such as
-    ``run.json``), a non-empty ``path`` without that file is never replaced.
+    ``run.json``), a non-empty ``path`` without that file is never replaced, and (with ``stamp``)
+    the record written in the block gets the list of entries the block wrote (``written``), by
+    which a later ``--overwrite`` tells the command's files from a user's.
 
     Example:
         >>> with atomic_directory("runs/model", record="export.json") as tmp:
@@ -95,6 +98,10 @@ def atomic_directory(path: str | Path, overwrite: bool = True, record: str | Non
     os.chmod(tmp, 0o777 & ~current_umask())
     try:
         yield tmp
+        if stamp and record is not None and (tmp / record).is_file():
+            data = json.loads((tmp / record).read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                atomic_write_json(tmp / record, {**data, "written": sorted(os.listdir(tmp))})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -181,6 +188,28 @@ def _feed(digest: Any, path: str | Path) -> None:
     with open(path, "rb") as handle:
         while block := handle.read(1 << 20):
             digest.update(block)
+
+
+def read_json(path: str | Path, what: str = "record") -> Any:
+    """The JSON value in ``path``; a damaged file is one located error, not a traceback.
+
+    Why: records (run, journal, manifest, state files) are read back by reruns; a file cut short by
+    a full disk or edited by hand must say which file, where, and what to do.
+
+    Example:
+        >>> read_json("runs/demo/stages.json", "demo journal")
+        Traceback (most recent call last):
+        UserInputError: runs/demo/stages.json:1: damaged demo journal (invalid JSON: ... column 2); ...
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{path}: damaged {what} (not UTF-8 at byte {exc.start}); restore it from a copy, "
+                             "or remove it to start that part over") from None
+    except json.JSONDecodeError as exc:
+        raise located(path, exc.lineno, f"damaged {what} (invalid JSON: {exc.msg}, column {exc.colno}); restore "
+                      "it from a copy, or remove it to start that part over") from None
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:

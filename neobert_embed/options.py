@@ -15,8 +15,11 @@ Example:
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from typing import Annotated, TypeVar
 
+import click
 import typer
 
 from neobert_embed.errors import UserInputError
@@ -24,9 +27,66 @@ from neobert_embed.errors import UserInputError
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
+MAX_BATCH = 1 << 20  # texts per forward pass: more than any machine's memory holds at once
+MAX_STEPS = 10**9
+
+
+def finite_float(low: float, high: float | None = None, *, low_open: bool = False) -> Callable[[str], float]:
+    """Parser of a float option in ``[low, high]`` (``(low, high]`` with ``low_open``) that refuses
+    NaN and ±Inf; ``typer.Option(..., parser=finite_float(0.0))``.
+
+    Why: click's float ranges compare with ``<``, so ``nan`` passes every bound, and a NaN
+    learning rate or margin then trains or filters silently to garbage.
+
+    Example:
+        >>> finite_float(0.0, 1.0, low_open=True)("nan")
+        Traceback (most recent call last):
+        ValueError: 'nan' is not a finite number
+    """
+    def parse(text: str | float) -> float:
+        number = float(text)
+        if not math.isfinite(number):
+            raise ValueError(f"{text!r} is not a finite number")
+        if number < low or (low_open and number == low) or (high is not None and number > high):
+            bounds = f"{'(' if low_open else '['}{low:g}, {'∞)' if high is None else f'{high:g}]'}"
+            raise ValueError(f"{number:g} is not in {bounds}")
+        return number
+    parse.__name__ = "float"  # what --help shows as the value's type
+    return parse
+
+
+def positive_float(high: float) -> Callable[[str], float]:
+    """Parser of a float in (0, high]: learning rates, temperatures, epochs.
+
+    Example:
+        >>> positive_float(1.0)("0")
+        Traceback (most recent call last):
+        ValueError: 0 is not in (0, 1]
+    """
+    return finite_float(0.0, high, low_open=True)
+
+
+def check_device_option(value: str | None) -> str | None:
+    """``--device``: refused at once, as a device error, when this machine has no such device.
+
+    Example:
+        >>> check_device_option("tpu7")
+        Traceback (most recent call last):
+        click.BadParameter: --device 'tpu7': ...
+    """
+    if value is None:
+        return None
+    from neobert_embed.devices import check_device
+
+    try:
+        return check_device(value)
+    except UserInputError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show third-party warnings and progress bars on "
                                        "screen instead of writing them to the run's log (OUTPUT.log).")]
-MaxLength = Annotated[int | None, typer.Option("--max-length", min=1, help="Truncate inputs to this many tokens "
+MaxLength = Annotated[int | None, typer.Option("--max-length", min=1, max=1 << 20, help="Truncate inputs to this many tokens "
                                                "(default: the model's own max_seq_length, or the recipe's).")]
 OldMaxLength = Annotated[int | None, typer.Option("--max-seq-length", min=1, hidden=True,
                                                   help="Deprecated spelling of --max-length.")]
@@ -38,8 +98,9 @@ ComputePrecision = Annotated[str, typer.Option(
     "Not the stored vector format (--store-precision).")]
 Backend = Annotated[str, typer.Option("--backend", help="torch (default), or onnx / openvino to run the files "
                                       "written by `neobert-embed export` (MODEL is then the export's directory).")]
-BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Texts per forward pass.")]
-Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda, mps… (default: automatic).")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, max=MAX_BATCH, help="Texts per forward pass.")]
+Device = Annotated[str | None, typer.Option("--device", callback=check_device_option,
+                                            help="cpu, cuda, mps… (default: automatic).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 NoWait = Annotated[bool, typer.Option("--no-wait", help="Fail at once if another process writes the same output.")]
 
@@ -85,3 +146,4 @@ def parse_data_option(entries: list[str]) -> dict[str, str]:
             raise UserInputError(f"--data: dataset name {name!r} is given twice; names must be unique")
         data[name] = path
     return data
+

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import fnmatch
 import json
 import os
 from collections.abc import Iterable
@@ -30,6 +31,8 @@ from typing import Any
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
+
+WRITTEN_KEY = "written"  # a directory record's list of the entries its writer made
 
 
 class DirectoryState(str, enum.Enum):
@@ -139,22 +142,34 @@ def write_sidecar(path: str | Path, writer: str, **fields: Any) -> None:
 
 
 def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | Path | None] = (),
-                      overwrite: bool = False, flag: str = "--output") -> None:
-    """Check a file output before any work: right kind, writable, not an input, and an existing
-    file replaced only with ``overwrite`` *and* proof that ``writer`` made it.
+                      overwrite: bool = False, flag: str = "--output", suffix: str | None = None) -> None:
+    """Check a file output and its sidecar before any work: right kind and suffix, writable, not
+    an input, and an existing file (or sidecar) replaced only with ``overwrite`` *and* proof that
+    ``writer`` made it.
 
     Args:
         writer: the command that writes it (``neobert-embed encode``), as in its sidecar.
+        suffix: the one suffix the written format has (``.npy``): another one is refused, so a
+            matrix never lands in ``notes.txt``.
 
     Example:
-        >>> check_output_file("docs.npy", writer="neobert-embed encode", inputs=["docs.txt"])
+        >>> check_output_file("docs.npy", writer="neobert-embed encode", inputs=["docs.txt"], suffix=".npy")
     """
     path = Path(path)
     if path.is_dir():
         raise UserInputError(f"{flag} {path} is a directory; give a file path such as {path / 'output'}"
-                             f"{path.suffix or ''}")
+                             f"{suffix or path.suffix or ''}")
+    side = sidecar_path(path)
     check_not_input(path, inputs, flag)
+    check_not_input(side, inputs, f"{flag}'s record")
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise UserInputError(f"{flag} {path}: {writer} writes a {suffix} file; give a path ending in {suffix} "
+                             f"(e.g. {path.with_suffix(suffix)})")
     check_writable_location(path, flag)
+    if side.is_dir() or (side.exists() and (read_sidecar(path) or {}).get("writer") != writer):
+        raise UserInputError(f"{flag} {path}: its record {side} would be written over, but {side.name} exists "
+                             f"and was not written by {writer}; nothing was replaced: choose another path or "
+                             "move that file")
     if not path.exists():
         return
     if not overwrite:
@@ -166,8 +181,9 @@ def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | P
                              "record); nothing was replaced: choose another path or remove it yourself")
 
 
-def directory_state(path: str | Path, record: str) -> DirectoryState:
-    """Classify an output directory by whether it carries the command's ``record`` file.
+def directory_state(path: str | Path, record: str | tuple[str, ...]) -> DirectoryState:
+    """Classify an output directory by whether it carries the command's ``record`` file (or any
+    of several: a results root is recognised by ``results/`` or ``summary.md``).
 
     Example:
         >>> directory_state("runs/x", "run.json")
@@ -176,7 +192,7 @@ def directory_state(path: str | Path, record: str) -> DirectoryState:
     path = Path(path)
     if not path.exists():
         return DirectoryState.ABSENT
-    if (path / record).exists():
+    if any((path / name).exists() for name in ((record,) if isinstance(record, str) else record)):
         return DirectoryState.OWNED
     return DirectoryState.FOREIGN if any(path.iterdir()) else DirectoryState.EMPTY
 
@@ -196,10 +212,15 @@ def check_directory_path(path: str | Path, flag: str = "--output", what: str = "
     check_writable_location(path, flag)
 
 
-def check_output_directory(path: str | Path, *, record: str, inputs: Iterable[str | Path | None] = (),
-                           flag: str = "--output", what: str = "output") -> DirectoryState:
+def check_output_directory(path: str | Path, *, record: str | tuple[str, ...], inputs: Iterable[str | Path | None] = (),
+                           flag: str = "--output", what: str = "output", replace: str | None = None,
+                           owned: Iterable[str] = ()) -> DirectoryState:
     """Check a directory output before any work; refuse a file, an input, an unwritable place and
     a non-empty directory that lacks ``record`` (foreign content is never deleted).
+
+    With ``replace`` (the flag that replaces it: ``--overwrite``, ``--fresh``), an owned directory must hold nothing but
+    what its record claims (:func:`check_replaceable`; ``owned``: name patterns the command always
+    writes there).
 
     Returns the directory's state so the caller can decide what ``--overwrite``/``--resume`` mean
     for its own output.
@@ -209,14 +230,68 @@ def check_output_directory(path: str | Path, *, record: str, inputs: Iterable[st
         <DirectoryState.ABSENT: 'absent'>
     """
     path = Path(path)
-    check_directory_path(path, flag, what)
     check_not_input(path, inputs, flag)
+    check_directory_path(path, flag, what)
     state = directory_state(path, record)
     if state is DirectoryState.FOREIGN:
-        raise UserInputError(f"{flag} {path} is not empty and holds no {record}, so it is not a {what} "
+        names = record if isinstance(record, str) else " or ".join(record)
+        raise UserInputError(f"{flag} {path} holds {_some_entries(path)} but no {names}, so it is not a {what} "
                              "written by neobert-embed; nothing was deleted: choose another path or an "
                              "empty directory")
+    if replace and state is DirectoryState.OWNED:
+        check_replaceable(path, record if isinstance(record, str) else record[0], owned=owned, flag=flag,
+                          verb=replace)
     return state
+
+
+def claimed_entries(directory: str | Path, record: str, owned: Iterable[str] = ()) -> set[str]:
+    """Name patterns of the entries of ``directory`` that its writer claims: the record itself,
+    what the record lists (``written``, written by :func:`~neobert_embed.files.atomic_directory`;
+    the top folders of its ``files``) and the writer's own ``owned`` patterns.
+
+    Example:
+        >>> claimed_entries("runs/index", "manifest.json", owned=("index.ivfdata",))
+        {'manifest.json', 'index.faiss', 'documents.sqlite', 'index.ivfdata'}
+    """
+    try:
+        data = json.loads((Path(directory) / record).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = {}
+    data = data if isinstance(data, dict) else {}
+    files = data.get("files") if isinstance(data.get("files"), dict | list) else []
+    written = data.get(WRITTEN_KEY) if isinstance(data.get(WRITTEN_KEY), list) else []
+    return {record, *owned, *(str(name) for name in written), *(Path(str(name)).parts[0] for name in files)}
+
+
+def check_replaceable(directory: str | Path, record: str, *, owned: Iterable[str] = (), flag: str = "--output",
+                      verb: str = "--overwrite") -> None:
+    """Refuse to replace (or clear) an owned output directory that holds entries its writer did
+    not claim (:func:`claimed_entries`): files a user put inside an earlier output are never
+    deleted. Hidden entries (locks, temporary siblings' debris) and logs are the tool's own.
+
+    Example:
+        >>> check_replaceable("runs/index", "manifest.json")
+        Traceback (most recent call last):
+        UserInputError: --output runs/index holds notes.txt, which manifest.json does not list ...
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    claimed = claimed_entries(directory, record, owned)
+    foreign = sorted(entry.name for entry in directory.iterdir() if not entry.name.startswith(".")
+                     and not entry.name.endswith(".log") and not any(fnmatch.fnmatch(entry.name, p) for p in claimed))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserInputError(f"{flag} {directory} holds {shown}, which {record} does not list as written by "
+                             f"neobert-embed; {verb} would delete it, so nothing was deleted: move it out of "
+                             f"{directory} or choose another path")
+
+
+def _some_entries(directory: Path, shown: int = 3) -> str:
+    """``a.txt, b/ and 4 more``: what a directory holds, for an error message."""
+    entries = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in directory.iterdir())
+    listed = ", ".join(entries[:shown])
+    return listed + (f" and {len(entries) - shown} more" if len(entries) > shown else "")
 
 
 def model_label(model: str) -> str:

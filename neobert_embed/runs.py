@@ -148,7 +148,7 @@ def promoted(output: str | Path, record: str = RUN_FILE) -> Iterator[Path]:
         ...     model.save(str(tmp))
     """
     output = Path(output)
-    with atomic_directory(output, record=record) as tmp:
+    with atomic_directory(output, record=record, stamp=False) as tmp:  # the user's entries move in below
         yield tmp
         moved: list[str] = []
         try:

@@ -116,8 +116,29 @@ def load_sentence_model(
         if Path(name).exists() and not isinstance(exc, OSError):
             raise
         raise _explain_missing(name, original, exc) from exc
+    check_finite_weights(model, original)
     if max_seq_length is not None:
         if max_seq_length < 1:
             raise UserInputError(f"max_seq_length must be positive, got {max_seq_length}")
         model.max_seq_length = int(max_seq_length)
     return model
+
+
+def check_finite_weights(model: Any, source: str | Path) -> None:
+    """Refuse a model whose weights hold NaN or Inf, naming the first such tensor.
+
+    Why: a diverged training run saves NaN weights without complaint; encoded with them, every
+    vector is NaN, an index of them "evaluates" at recall 1.000 and searches return nothing.
+
+    Example:
+        >>> check_finite_weights(load_sentence_model("runs/diverged"), "runs/diverged")
+        Traceback (most recent call last):
+        UserInputError: runs/diverged: weight 0.auto_model.encoder.layer.0.output.dense.weight holds NaN ...
+    """
+    import torch
+
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            kind = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
+            raise UserInputError(f"{source}: weight {name} holds {kind} values (a diverged or damaged "
+                                 "checkpoint); use an earlier checkpoint or retrain")

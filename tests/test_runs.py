@@ -209,7 +209,8 @@ def test_prepare_ctrl_c_says_to_rerun_and_a_changed_rerun_names_every_key(tmp_pa
     assert isinstance(changed.exception, UserInputError), changed.output
     assert ("rerunning prepare must continue the same run, but shard_documents (30 → 20), vocab_size "
             "(300 → 400) changed" in str(changed.exception))
-    first = (out / "shards" / "000000.arrow").stat().st_mtime_ns
+    assert not out.exists()  # the unfinished preparation waits in a hidden sibling, never in --output
+    first = (prepare_module.partial_path(out) / "shards" / "000000.arrow").stat().st_mtime_ns
     assert runner.invoke(app, command).exit_code == 0
     assert json.loads((out / "manifest.json").read_text())["num_documents"] == 90
     assert (out / "shards" / "000000.arrow").stat().st_mtime_ns == first  # the finished shard was kept

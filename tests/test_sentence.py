@@ -117,7 +117,7 @@ def test_encode_command_writes_each_precision(tiny_dirs, tmp_path, precision, dt
     source.write_text("first line\n\nthird line after a blank one\n")
     out = tmp_path / "emb.npy"
     result = runner.invoke(app, ["encode", "--model", str(tiny_dirs["neobert"]), "--input", str(source),
-                                 "--output", str(out), "--store-precision", precision, "--json"])
+                                 "--output", str(out), "--store-precision", precision, "--json", "--blank", "keep"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     matrix = np.load(out)

@@ -33,7 +33,7 @@ def index_dir(tiny_neobert, tmp_path_factory) -> Path:
 
 
 def _hostile_requests(model: str) -> list[tuple[str, str, dict]]:
-    """(method, path, httpx kwargs) of 50 malformed or hostile requests."""
+    """(method, path, httpx kwargs) of 52 malformed or hostile requests."""
     emb, embed, search = "/v1/embeddings", "/embed", "/search"
     raw = {"headers": {"content-type": "application/json"}}
     requests = [
@@ -86,13 +86,15 @@ def _hostile_requests(model: str) -> list[tuple[str, str, dict]]:
         ("POST", search, {"json": {"query": "a", "queries": ["b"]}}),
         ("POST", search, {"json": {"queries": []}}),
         ("POST", search, {"json": {"queries": "not a list"}}),
+        ("POST", search, {"json": {"query": ""}}),
+        ("POST", search, {"json": {"queries": ["fine", "  "]}}),
         ("POST", "/no/such/endpoint", {"json": {}}),
     ]
-    assert len(requests) == 50
+    assert len(requests) == 52
     return requests
 
 
-def test_fifty_hostile_requests_get_4xx_then_valid_requests_work(tiny_neobert, index_dir):
+def test_hostile_requests_get_4xx_then_valid_requests_work(tiny_neobert, index_dir):
     from sentence_transformers import SentenceTransformer
 
     from neobert_embed.serve.app import create_app

@@ -36,14 +36,14 @@ def train_contrastive_command(
                                    help="NAME=PATH (repeatable): .jsonl/.json/.csv/.parquet, a directory, "
                                         "saved dataset or hub id."),
     recipe: Path = typer.Option(None, "--recipe", "-r", help="YAML recipe (default: the paper's settings)."),
-    max_steps: int = typer.Option(None, "--max-steps", min=1, help="Override the recipe's max_steps."),
-    text_budget: int = typer.Option(None, "--text-budget", min=1, help="Texts per step (clears batch_size)."),
-    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Examples per step (clears text_budget)."),
-    learning_rate: float = typer.Option(None, "--lr", help="Override the recipe's learning_rate."),
-    temperature: float = typer.Option(None, "--temperature", help="Override the InfoNCE temperature."),
+    max_steps: int = typer.Option(None, "--max-steps", min=1, max=opt.MAX_STEPS, help="Override the recipe's max_steps."),
+    text_budget: int = typer.Option(None, "--text-budget", min=2, max=opt.MAX_BATCH, help="Texts per step (clears batch_size)."),
+    batch_size: int = typer.Option(None, "--batch-size", min=2, max=opt.MAX_BATCH, help="Examples per step (clears text_budget)."),
+    learning_rate: float = typer.Option(None, "--lr", parser=opt.positive_float(1.0), help="Override the recipe's learning_rate."),
+    temperature: float = typer.Option(None, "--temperature", parser=opt.positive_float(10.0), help="Override the InfoNCE temperature."),
     max_length: opt.MaxLength = None,
     cached: bool = typer.Option(None, "--cached/--no-cached", help="GradCache loss (large batches, low memory)."),
-    seed: int = typer.Option(None, "--seed", help="Override the recipe's seed."),
+    seed: int = typer.Option(None, "--seed", min=0, max=2**32 - 1, help="Override the recipe's seed."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in --output."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run in --output."),
     as_json: opt.AsJson = False,
@@ -72,7 +72,9 @@ def train_contrastive_command(
                                 recipe=loaded, resume=resume, overwrite=overwrite, wait=not no_wait)
     if not (out / "summary.json").is_file():  # a non-zero rank under torchrun: rank 0 reports
         return
-    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    from neobert_embed.files import read_json
+
+    summary = read_json(out / "summary.json", "training summary")
     if as_json:
         typer.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:
@@ -86,10 +88,10 @@ def mine_negatives_command(
     model: str = typer.Option(..., "--model", "-m", help="Model that ranks candidates (key, hub id or dir)."),
     data: Path = typer.Option(..., "--data", "-d", help="Pairs file (query/positive columns)."),
     output: Path = typer.Option(..., "--output", "-o", help="JSON-lines file: anchor, positive, negative_1..n."),
-    num_negatives: int = typer.Option(3, "--num-negatives", "-n", min=1, help="Negatives per row."),
+    num_negatives: int = typer.Option(3, "--num-negatives", "-n", min=1, max=1000, help="Negatives per row."),
     rank_range: str = typer.Option(None, "--range",
                                    help="Candidate ranks MIN:MAX (skip the top MIN to avoid false negatives)."),
-    margin: float = typer.Option(None, "--margin", help="Keep candidates scoring ≥ margin below the positive."),
+    margin: float = typer.Option(None, "--margin", parser=opt.finite_float(0.0), help="Keep candidates scoring ≥ margin below the positive."),
     batch_size: opt.BatchSize = 32,
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by mine-negatives."),
     max_length: opt.MaxLength = None,

@@ -70,7 +70,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     if range_min < 0:
         raise UserInputError(f"--range {range_min}:{range_max}: ranks start at 0")
     check_precision_fits(check_compute_precision(precision), describe_machine(device))
-    check_output_file(output, writer=MINE_WRITER, inputs=[data, model], overwrite=overwrite)
+    check_output_file(output, writer=MINE_WRITER, inputs=[data, model], overwrite=overwrite, suffix=".jsonl")
     check_model_files(model)
     if range_max is not None and range_max - range_min < num_negatives:
         raise UserInputError(f"--range {range_min}:{range_max} leaves fewer than {num_negatives} candidates")

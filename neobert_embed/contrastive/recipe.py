@@ -38,7 +38,7 @@ class DataSource(BaseModel):
     the recipe-wide ones.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     path: str = Field(min_length=1)
     subset: str | None = None
@@ -71,7 +71,7 @@ class ContrastiveRecipe(BaseModel):
         32
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # optimisation
     max_steps: int = Field(2000, ge=1)

@@ -47,6 +47,7 @@ from neobert_embed.files import atomic_write_json
 from neobert_embed.locks import writer_lock
 from neobert_embed.outputs import DirectoryState, check_output_directory
 from neobert_embed.recipes import Spec
+from neobert_embed.training_precision import TrainingPrecision
 
 logger = logging.getLogger(__name__)
 
@@ -241,9 +242,11 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     if resume and (output / "summary.json").is_file() and (output / "modules.json").is_file():
         logger.warning("%s: this run already finished; nothing to resume", output)
         return output
-    precision = _chosen_precision(recipe)  # refuses fp16 on the CPU before anything is written
+    chosen = _chosen_precision(recipe)  # refuses fp16 on the CPU before anything is written
     sets = _checked_training_data(sources, recipe)
     sentence_model = _load_model(model_name, recipe, sources)
+    logger.info(chosen.announcement)
+    precision = chosen.label
     loss = build_contrastive_loss(sentence_model, recipe)
     checkpoint = last_checkpoint(output) if resume else None
     fresh = checkpoint is None and (state is not DirectoryState.OWNED or overwrite)
@@ -284,14 +287,12 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     return output
 
 
-def _chosen_precision(recipe: ContrastiveRecipe) -> str:
-    """The precision this run trains in, named with its reason (``bf16 autocast: avx512_bf16``) and
-    shown on the console: ``auto`` depends on the machine, so the run says what it used."""
+def _chosen_precision(recipe: ContrastiveRecipe) -> TrainingPrecision:
+    """The precision this run trains in, named with its reason (``bf16 autocast: avx512_bf16``),
+    which the run shows once its inputs are loaded: ``auto`` depends on the machine."""
     from neobert_embed.training_precision import chosen_precision
 
-    chosen = chosen_precision(recipe.precision)
-    logger.info(chosen.announcement)
-    return chosen.label
+    return chosen_precision(recipe.precision)
 
 
 def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, Any]:

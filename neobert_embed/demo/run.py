@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -28,11 +27,13 @@ from typing import Any
 from neobert_embed.console import capture_third_party
 from neobert_embed.demo.docstring_data import collect_stdlib_docstrings, split_pairs, write_demo_data
 from neobert_embed.demo.report import read_losses, write_demo_outputs
-from neobert_embed.files import atomic_write_json
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.paths import recipe_path
 
 JOURNAL_NAME = "stages.json"
 LOG_NAME = "demo.log"
+DEMO_OWNED = ("data", "index", "models", "mteb", "pretrain", "summary.json", "summary.png", "summary.md")
 MINILM = "all-MiniLM-L6-v2"
 EXAMPLE_QUERIES = (
     "parse a JSON document into Python objects",
@@ -82,8 +83,12 @@ class _Journal:
 
     def __init__(self, output: Path) -> None:
         self.path = output / JOURNAL_NAME
-        raw = json.loads(self.path.read_text()) if self.path.is_file() else []
-        self.stages = {item["name"]: Stage(**item) for item in raw}
+        raw = read_json(self.path, "demo journal") if self.path.is_file() else []
+        try:
+            self.stages = {item["name"]: Stage(**item) for item in raw}
+        except (TypeError, KeyError):
+            raise UserInputError(f"{self.path}: damaged demo journal (expected a list of finished stages); "
+                                 "remove it, or rerun with --fresh after moving your own files out") from None
 
     def run(self, name: str, work: Callable[[], tuple[str, list[str], dict[str, Any]]]) -> Stage:
         if name in self.stages:
@@ -217,7 +222,8 @@ def run_demo(output: str | Path = "runs/demo", settings: DemoSettings | None = N
     output = Path(output)
     check_output_directory(output, record=JOURNAL_NAME, what="demo directory")
     with writer_lock(output, command="neobert-embed demo", wait=wait):
-        if fresh and check_output_directory(output, record=JOURNAL_NAME) is DirectoryState.OWNED:
+        if fresh and check_output_directory(output, record=JOURNAL_NAME, replace="--fresh",
+                                            owned=DEMO_OWNED) is DirectoryState.OWNED:
             shutil.rmtree(output)
         output.mkdir(parents=True, exist_ok=True)
         if not (output / JOURNAL_NAME).exists():

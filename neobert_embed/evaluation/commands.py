@@ -118,7 +118,7 @@ def mteb_command(
     task_dir: list[Path] = typer.Option(None, "--task-dir", help=TASK_DIR_HELP),
     recipe: Path = typer.Option(None, "--recipe", "-r", help="Evaluation recipe YAML for --protocol uniform "
                                 "(default recipes/mteb-eval.yaml)."),
-    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Encoding batch size."),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, max=opt.MAX_BATCH, help="Encoding batch size."),
     max_length: opt.MaxLength = None,
     precision: opt.ComputePrecision = None,  # None: fp32, or the uniform recipe's
     no_instructions: bool = typer.Option(False, "--no-instructions", help="Uniform protocol: encode without the "
@@ -178,7 +178,7 @@ def compare_command(
     task_types: str = typer.Option(None, "--task-types", help="Comma-separated task types."),
     task_dir: list[Path] = typer.Option(None, "--task-dir", help=TASK_DIR_HELP),
     eval_recipe: Path = typer.Option(None, "--eval-recipe", help="Evaluation recipe YAML."),
-    batch_size: int = typer.Option(None, "--batch-size", min=1, help="Encoding batch size for evaluation."),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, max=opt.MAX_BATCH, help="Encoding batch size for evaluation."),
     max_length: opt.MaxLength = None,
     precision: opt.ComputePrecision = None,  # None: the evaluation recipe's (fp32)
     device: opt.Device = None,

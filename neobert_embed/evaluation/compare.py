@@ -33,8 +33,8 @@ from typing import Any
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.protocol import check_protocol
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
-from neobert_embed.evaluation.run import EvaluationReport, TaskOutcome, run_mteb, select_tasks
-from neobert_embed.outputs import model_label
+from neobert_embed.evaluation.run import RESULTS_MARKS, EvaluationReport, TaskOutcome, run_mteb, select_tasks
+from neobert_embed.outputs import check_output_directory, model_label
 
 logger = logging.getLogger(__name__)
 COMPARE_PROTOCOL = "uniform"
@@ -93,6 +93,8 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
     if duplicates:
         raise UserInputError(f"--models: {duplicates} appear more than once; each model needs its own name")
     output = Path(output)
+    check_output_directory(output, record=("models", *RESULTS_MARKS), inputs=[*models, *(task_dirs or [])],
+                           what="comparison directory")
     contrastive = recipe if recipe is None or not isinstance(recipe, str | Path) else load_contrastive_recipe(recipe)
     check_protocol(protocol)
     evaluation = evaluation or load_evaluation_recipe()

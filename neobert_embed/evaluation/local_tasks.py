@@ -50,7 +50,7 @@ DEFAULT_MAIN_SCORES = {"STS": "cosine_spearman", "PairClassification": "max_ap",
 class TaskSpec(BaseModel):
     """The validated content of a ``task.json``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mteb_task: str | None = None
     name: str | None = None

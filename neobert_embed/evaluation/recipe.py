@@ -40,7 +40,7 @@ E5_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
 class TaskInstruction(BaseModel):
     """Instruction for one task: ``query`` for queries (and symmetric tasks), ``document`` for documents."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     query: str | None = None
     document: str | None = None
 
@@ -68,7 +68,7 @@ class EvaluationRecipe(BaseModel):
         12
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_length: int = Field(1024, ge=1)
     normalize: bool = True

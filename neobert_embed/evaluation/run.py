@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,8 +33,9 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, load_task_dirs
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
-from neobert_embed.files import atomic_write_json
+from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.inference.runtime import check_compute_precision
+from neobert_embed.outputs import check_output_directory
 from neobert_embed.runs import Interrupted
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ DEFAULT_BENCHMARK = "MTEB(eng, v2)"
 METADATA_KEY = "neobert_embed"
 TASK_TYPE_NAMES = ("Classification", "Clustering", "PairClassification", "Reranking", "Retrieval", "STS",
                    "Summarization")
+
+
+RESULTS_MARKS = ("results", "summary.md")  # what a results directory of earlier runs holds (mteb's cache, the table)
 
 
 @dataclass
@@ -211,7 +214,7 @@ def _record_metadata(path: Path, task: Any, lazy: _LazyEncoder) -> None:
     if lazy.overrides:
         metadata["overrides"] = lazy.overrides
     if path.is_file():
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = read_json(path, "mteb result")
         saved[METADATA_KEY] = metadata
         atomic_write_json(path, saved)
 
@@ -225,7 +228,7 @@ def _settings(lazy: _LazyEncoder, outcomes: list[TaskOutcome]) -> dict[str, Any]
     for outcome in outcomes:
         path = Path(outcome.result_file or "")
         if outcome.status == "cached" and path.is_file():
-            saved = json.loads(path.read_text(encoding="utf-8")).get(METADATA_KEY)
+            saved = read_json(path, "mteb result").get(METADATA_KEY)
             if saved:
                 return {key: value for key, value in saved.items() if key not in ("prompts", "description")}
     return {}
@@ -307,6 +310,10 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
     from neobert_embed.evaluation.notices import collect_mteb_notices
     from neobert_embed.evaluation.summary import write_summary
 
+    if Path(str(model)).exists() and Path(output).resolve().is_relative_to(Path(str(model)).resolve()):
+        raise UserInputError(f"--output {output} lies in the model directory {model}, an input of this command; "
+                             "choose an output outside it")
+    check_output_directory(output, record=RESULTS_MARKS, inputs=list(task_dirs or []), what="results directory")
     check_protocol(protocol)
     if precision is not None:
         check_compute_precision(precision)

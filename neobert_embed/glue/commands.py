@@ -27,11 +27,11 @@ def glue_command(
     task_dir: list[Path] = typer.Option(None, "--task-dir",
                                         help="Local task directory (task.json + train/validation.jsonl); repeatable."),
     preset: str = typer.Option("quick", "--preset", "-p", help="quick, paper or a YAML grid file."),
-    seeds: int = typer.Option(None, "--seeds", min=1, help="Run seeds 0..N-1 for every configuration."),
-    epochs: float = typer.Option(None, "--epochs", help="Override the preset's epochs."),
+    seeds: int = typer.Option(None, "--seeds", min=1, max=1000, help="Run seeds 0..N-1 for every configuration."),
+    epochs: float = typer.Option(None, "--epochs", parser=opt.positive_float(1000.0), help="Override the preset's epochs."),
     max_length: opt.MaxLength = None,
-    batch_size: int = typer.Option(None, "--batch-size", help="One batch size instead of the preset's grid."),
-    learning_rate: float = typer.Option(None, "--lr", help="One learning rate instead of the preset's grid."),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, max=opt.MAX_BATCH, help="One batch size instead of the preset's grid."),
+    learning_rate: float = typer.Option(None, "--lr", parser=opt.positive_float(1.0), help="One learning rate instead of the preset's grid."),
     devices: str = typer.Option(None, "--devices", help="Parallel trials, one per device: cuda:0,cuda:1 (or cpu,cpu)."),
     predict_test: bool = typer.Option(False, "--predict-test",
                                       help="Write GLUE-server TSVs for tasks with (unlabelled) test files."),
@@ -48,9 +48,9 @@ def glue_command(
 
     if not tasks and not task_dir:
         raise UserInputError("no tasks: pass --tasks cola,sst2,... (hub) or --task-dir DIR (local)")
-    loaded = load_glue_preset(preset, seeds=list(range(seeds)) if seeds else None, epochs=epochs,
-                              max_length=max_length, batch_size=[batch_size] if batch_size else None,
-                              learning_rate=[learning_rate] if learning_rate else None)
+    loaded = load_glue_preset(preset, seeds=None if seeds is None else list(range(seeds)), epochs=epochs,
+                              max_length=max_length, batch_size=None if batch_size is None else [batch_size],
+                              learning_rate=None if learning_rate is None else [learning_rate])
     show_progress = not as_json or sys.stderr.isatty()
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = run_glue(model, output, tasks=opt.comma_list(tasks), task_dirs=task_dir or [], preset=loaded,

@@ -21,11 +21,10 @@ Example:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from neobert_embed.files import atomic_write_json
+from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.runs import check_resume, write_record
 
@@ -64,7 +63,7 @@ class Journal:
     def results(self, label: str, task: str) -> list[dict[str, Any]]:
         """Every finished trial of ``label`` on ``task``."""
         folder = self.output / "trials" / label / task
-        return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+        return [read_json(p, "trial result") for p in sorted(folder.glob("*.json"))]
 
     def write(self, label: str, trial: Trial, result: dict[str, Any]) -> None:
         atomic_write_json(self.trial_path(label, trial), result)

@@ -48,7 +48,7 @@ class GluePreset(BaseModel):
         [16, 32]
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     batch_size: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [32])
     learning_rate: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [2e-5])

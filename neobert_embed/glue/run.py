@@ -41,8 +41,8 @@ from neobert_embed.glue.journal import Journal
 from neobert_embed.glue.presets import GluePreset, Trial, expand_trials, load_glue_preset
 from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
-from neobert_embed.outputs import model_label
-from neobert_embed.runs import Interrupted, is_main_process
+from neobert_embed.outputs import check_output_directory, model_label
+from neobert_embed.runs import RUN_FILE, Interrupted, is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -287,6 +287,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     if not models:
         raise UserInputError("no model: pass --model (a registry key, hub id or local directory)")
     preset_name = preset_name or (Path(str(preset)).stem if not isinstance(preset, GluePreset) else "custom")
+    check_output_directory(output, record=(RUN_FILE, "trials"), inputs=[*models, *(task_dirs or [])], what="GLUE run")
     preset = preset if isinstance(preset, GluePreset) else load_glue_preset(preset)
     labels = {model_label(m): m for m in models}
     if len(labels) != len(models):

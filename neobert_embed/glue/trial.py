@@ -72,6 +72,7 @@ def load_classifier(source: str, task: GlueTask, reset_head: bool = False) -> tu
 
     import neobert_embed.modeling  # noqa: F401  (registers NeoBERTForSequenceClassification)
     from neobert_embed.errors import UserInputError
+    from neobert_embed.sentence import check_finite_weights
 
     kwargs: dict[str, Any] = {"num_labels": task.num_labels,
                               "problem_type": "regression" if task.is_regression else "single_label_classification"}
@@ -87,6 +88,7 @@ def load_classifier(source: str, task: GlueTask, reset_head: bool = False) -> tu
         raise UserInputError(f"cannot load model {source!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}. "
                              "Pass a local model directory, a reachable hub id or a registry key "
                              "(HF_HUB_OFFLINE=1 allows only local and cached models)") from None
+    check_finite_weights(model, source)
     return model, tokenizer
 
 
@@ -281,7 +283,7 @@ def _keep_if_best(model: Any, tokenizer: Any, directory: Path, result: dict[str,
     """Save this trial's model as ``directory`` if it beats the one there (file lock: parallel trials)."""
     from filelock import FileLock
 
-    from neobert_embed.files import atomic_directory, atomic_write_json
+    from neobert_embed.files import atomic_directory, atomic_write_json, read_json
     from neobert_embed.glue.tasks import TASKS
 
     selection = TASKS[result["task"]].selection_metric
@@ -289,7 +291,7 @@ def _keep_if_best(model: Any, tokenizer: Any, directory: Path, result: dict[str,
     with FileLock(str(directory) + ".lock"):
         best_file = directory / BEST_FILE
         if best_file.is_file():
-            previous = json.loads(best_file.read_text(encoding="utf-8"))
+            previous = read_json(best_file, "best-trial record")
             if previous["scores"][selection] >= result["scores"][selection]:
                 return
         with atomic_directory(directory) as tmp:

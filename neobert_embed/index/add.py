@@ -89,7 +89,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
         def locked_and_staged() -> _Staged:
             held.enter_context(writer_lock(index_dir, command="neobert-embed index add", wait=wait,
                                            on_stale=lambda holder: remove_debris(index_dir)))
-            return _stage(index_dir, held.enter_context(atomic_directory(index_dir, record=MANIFEST_NAME)),
+            return _stage(index_dir, held.enter_context(atomic_directory(index_dir, record=MANIFEST_NAME, stamp=False)),
                           corpus, fields, row_ids, on_duplicate)
 
         staged = on_main(world, locked_and_staged)

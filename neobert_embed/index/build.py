@@ -80,12 +80,13 @@ SAMPLE_SEED = 0
 # it rather than measuring again, so every chunk comes from the same arithmetic.
 RESUME_KEYS = ("model", "corpus", "text_field", "id_field", "title_field", "row_ids", "split",
                "chunk_size", "max_seq_length")
+INDEX_OWNED = ("index.ivfdata", "chunks")  # written beside the files the manifest lists (on-disk lists, shards)
 
 
 class BuildOptions(BaseModel):
     """Everything ``index build`` accepts; the result-relevant part is saved for ``--resume``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str
     corpus: str
@@ -355,7 +356,7 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
     world = init_world()
     with contextlib.ExitStack() as held:
         def checked_and_locked() -> None:  # rank 0 only: the other ranks wait for its verdict, not on the lock
-            _preflight(opts, output)
+            _preflight(opts, output, overwrite)
             held.enter_context(writer_lock(output, command="neobert-embed index build", wait=wait,
                                            on_stale=lambda holder: _report_stale(holder, output)))
 
@@ -368,11 +369,12 @@ def _sample_texts(opts: BuildOptions, count: int = 32) -> list[str]:
     return [document.encoded_text for document in itertools.islice(read_corpus(opts.corpus, opts.fields), count)]
 
 
-def _preflight(opts: BuildOptions, output: Path) -> None:
+def _preflight(opts: BuildOptions, output: Path, overwrite: bool) -> None:
     """Every check that needs no model weights (the factory is checked against the corpus size
     here when the model's width can be read from its files, else again after the import)."""
     check_compute_precision(opts.compute_precision)
-    check_output_directory(output, record=MANIFEST_NAME, inputs=[opts.corpus, opts.model], what="index")
+    check_output_directory(output, record=MANIFEST_NAME, inputs=[opts.corpus, opts.model], what="index",
+                           replace="--overwrite" if overwrite else None, owned=INDEX_OWNED)
     check_model_files(opts.model)
     check_length_flag(opts.model, opts.max_seq_length, "--max-length")
     dimension = embedding_dimension(opts.model)

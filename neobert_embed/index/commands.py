@@ -66,7 +66,7 @@ def build(
     factory: Annotated[str | None, typer.Option(
         "--factory", help="Explicit FAISS factory string, e.g. 'IVF4096,PQ64'.")] = None,
     store_precision: opt.StorePrecision = None,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", min=1, max=1 << 24,
                                             help="Documents encoded and persisted per chunk.")] = 8192,
     batch_size: opt.BatchSize = 32,
     max_length: opt.MaxLength = None,
@@ -160,7 +160,7 @@ def add(
 def search(
     index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
     query: Annotated[str | None, typer.Argument(help="Query text.")] = None,
-    k: Annotated[int, typer.Option("--k", min=1, help="Results per query.")] = 10,
+    k: Annotated[int, typer.Option("--k", min=1, max=100_000, help="Results per query.")] = 10,
     queries: Annotated[Path | None, typer.Option(
         "--queries", help="File of queries: .txt (one per line), or .jsonl/.json/.csv/.parquet… with 'text'.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a table.")] = False,
@@ -181,6 +181,8 @@ def search(
         check_compute_precision(precision)
     if (query is None) == (queries is None):
         raise UserInputError("give either a QUERY argument or --queries FILE (not both)")
+    if query is not None and not query.strip():
+        raise UserInputError("QUERY is empty; give the text to search for (or --queries FILE)")
     texts = [query] if query is not None else read_texts(queries, "text", keep_blank=False)
     with json_only_stdout(as_json), open_index(index_dir, model=model, device=device, batch_size=batch_size,
                                                precision=precision) as index:
@@ -216,7 +218,7 @@ def _print_tables(texts: list[str], results: list) -> None:
 def evaluate(
     index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
     task_dir: Annotated[Path, typer.Option("--task-dir", help="BEIR task: queries.jsonl, qrels/<split>.tsv.")],
-    k: Annotated[int, typer.Option("--k", min=1, help="Cut-off reported as the main metrics.")] = 10,
+    k: Annotated[int, typer.Option("--k", min=1, max=100_000, help="Cut-off reported as the main metrics.")] = 10,
     split: Annotated[str, typer.Option("--split", help="Which qrels/<split>.tsv to use.")] = "test",
     as_json: Annotated[bool, typer.Option("--json", help="End with one JSON object of all metrics.")] = False,
     model: ModelOverride = None,
@@ -237,10 +239,10 @@ def evaluate(
 
         check_compute_precision(precision)
     manifest = read_manifest(index_dir)
-    logger.info(_used_line(manifest, kind="query", compute=precision))
     with json_only_stdout(as_json):
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
                                 device=device, precision=precision)
+    logger.info(_used_line(manifest, kind="query", compute=str(scores["compute_precision"])))
     table = Table(title=f"{index_dir} on {task_dir} ({scores['queries']} queries)", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -276,7 +278,7 @@ def verify(
 @index_app.command("plan")
 def plan(
     vectors: Annotated[int, typer.Option("--vectors", min=1, help="Number of vectors to index.")],
-    dim: Annotated[int, typer.Option("--dim", min=1, help="Embedding dimension.")],
+    dim: Annotated[int, typer.Option("--dim", min=1, max=65_536, help="Embedding dimension.")],
     index_type: Annotated[str, typer.Option("--index-type", help="flat | ivf | hnsw | ivfpq | auto | all")] = "all",
     on_disk: Annotated[bool, typer.Option("--on-disk", help="IVF lists memory-mapped from disk.")] = False,
     costs: Annotated[Path | None, typer.Option(

@@ -57,6 +57,19 @@ def with_checksums(directory: str | Path, manifest: IndexManifest) -> IndexManif
                                                  if (directory / name).is_file()}})
 
 
+def check_index_files(directory: str | Path) -> IndexManifest:
+    """The manifest of ``directory``, after checking that every file it lists is there at its
+    recorded size (no hashing: milliseconds, so commands run it before loading a model).
+
+    Example:
+        >>> check_index_files("runs/news-index").documents
+        120000
+    """
+    manifest = read_manifest(directory)
+    _check_sizes(Path(directory), manifest)
+    return manifest
+
+
 def _check_sizes(directory: Path, manifest: IndexManifest) -> None:
     for name, recorded in manifest.files.items():
         path = directory / name

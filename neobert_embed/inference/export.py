@@ -154,7 +154,8 @@ def check_export_output(output: str | Path, source: str | Path, overwrite: bool)
 
     output = Path(output)
     state = check_output_directory(output, record=EXPORT_RECORD, inputs=[source] if Path(source).exists() else [],
-                                   what="model export")
+                                   what="model export",
+                                   replace="--overwrite" if overwrite else None)
     if state is not DirectoryState.OWNED:
         return
     record = read_record(output, EXPORT_RECORD) or {}

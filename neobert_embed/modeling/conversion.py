@@ -178,7 +178,8 @@ def convert_checkpoint(
     from neobert_embed.outputs import check_output_directory
 
     output = Path(output)
-    check_output_directory(output, record=CONVERT_RECORD, inputs=[source], what="converted model")
+    check_output_directory(output, record=CONVERT_RECORD, inputs=[source], what="converted model",
+                           replace="--overwrite" if overwrite else None)
     if output.exists() and not overwrite:
         raise UserInputError(f"{output} already exists; pass --overwrite (overwrite=True) to replace it "
                              "or choose another output")

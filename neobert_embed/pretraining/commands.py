@@ -25,9 +25,9 @@ def pretrain_command(
     recipe: Path = typer.Option(None, "--recipe", help="Pretraining recipe YAML (recipes/pretrain-*.yaml)."),
     corpus: str = typer.Option(None, "--corpus", help="Raw corpus file/dir/HF dataset, or a prepared dir."),
     output: Path = typer.Option(None, "--output", help="Run directory: checkpoints, metrics.jsonl, final/."),
-    max_steps: int = typer.Option(None, "--max-steps", help="Override training.max_steps (schedule follows)."),
+    max_steps: int = typer.Option(None, "--max-steps", min=1, max=opt.MAX_STEPS, help="Override training.max_steps (schedule follows)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest usable checkpoint."),
-    stop_after_steps: int = typer.Option(None, "--stop-after-steps",
+    stop_after_steps: int = typer.Option(None, "--stop-after-steps", min=1, max=opt.MAX_STEPS,
                                          help="Leave after N steps of this session (checkpointed); --resume later."),
     no_wait: opt.NoWait = False,
     verbose: opt.Verbose = False,
@@ -51,11 +51,11 @@ def pretrain_command(
 
     from neobert_embed.console import third_party_log
     from neobert_embed.locks import writer_lock
-    from neobert_embed.outputs import check_directory_path
+    from neobert_embed.outputs import check_output_directory
     from neobert_embed.pretraining.train import pretrain
-    from neobert_embed.runs import is_main_process
+    from neobert_embed.runs import RUN_FILE, is_main_process
 
-    check_directory_path(output, what="pretraining run")
+    check_output_directory(output, record=(RUN_FILE, "checkpoints"), inputs=[corpus], what="pretraining run")
     with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if is_main_process()
           else contextlib.nullcontext()), third_party_log(output, verbose):  # one lock per job, held by rank 0
         pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
@@ -68,7 +68,7 @@ def prepare_command(
     output: Path = typer.Option(..., "--output", help="Directory of the tokenized corpus."),
     tokenizer: str = typer.Option("google-bert/bert-base-uncased", "--tokenizer",
                                   help="Hub id, local directory, or 'train' (WordPiece on this corpus)."),
-    vocab_size: int = typer.Option(None, "--vocab-size", help="Vocabulary size for --tokenizer train."),
+    vocab_size: int = typer.Option(None, "--vocab-size", min=100, max=10_000_000, help="Vocabulary size for --tokenizer train."),
     text_field: str = typer.Option("text", "--text-field", help="Field/column holding the document."),
     num_proc: int = typer.Option(1, "--num-proc", min=1, help="Tokenizing processes."),
     split: str = typer.Option("train", "--split", help="Split of a Hugging Face dataset."),

@@ -44,7 +44,8 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
     from neobert_embed.outputs import check_output_directory
 
     output = Path(output)
-    check_output_directory(output, record=EXPORT_RECORD, inputs=[source], what="exported model")
+    check_output_directory(output, record=EXPORT_RECORD, inputs=[source], what="exported model",
+                           replace="exporting again")
     checkpoint = find_checkpoint(Path(source))
     config = AutoConfig.from_pretrained(str(checkpoint / MODEL_FILES))
     weights = {key.removeprefix(OBJECTIVE_PREFIX): value for key, value in consolidated_state_dict(checkpoint).items()}

@@ -28,16 +28,18 @@ import itertools
 import logging
 import multiprocessing
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json
+from neobert_embed.files import atomic_write_json, replace_directory
+from neobert_embed.outputs import check_output_directory
 from neobert_embed.pretraining.documents import iter_documents
 from neobert_embed.pretraining.prepared import MANIFEST, PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
-from neobert_embed.runs import Interrupted, check_resume, write_record
+from neobert_embed.runs import Interrupted, check_resume, read_record, write_record
 from neobert_embed.sources import fingerprint
 
 STATE = "prepare.json"
@@ -79,7 +81,8 @@ def prepare_corpus(
     documents = functools.partial(iter_documents, corpus, text_field, split, streaming)
     if next(documents(), None) is None:
         raise UserInputError(f"{corpus}: the corpus holds no documents (it is empty or only blank lines)")
-    _claim_output(output, plan)
+    check_output_directory(output, record=(MANIFEST, STATE), inputs=[corpus], what="prepared corpus")
+    final, output = output, _claim_partial(output, plan)
     tokenizer_dir = output / "tokenizer"
     if not tokenizer_dir.is_dir():
         if tokenizer == "train":
@@ -100,18 +103,32 @@ def prepare_corpus(
     atomic_write_json(output / MANIFEST, {
         "shards": [name for name, _, _ in shards], "num_documents": num_documents,
         "num_tokens": num_tokens, **plan})
-    logger.info("prepared %s documents, %s tokens -> %s", f"{num_documents:,}", f"{num_tokens:,}", output)
-    return load_prepared(output)
+    replace_directory(output, final)
+    logger.info("prepared %s documents, %s tokens -> %s", f"{num_documents:,}", f"{num_tokens:,}", final)
+    return load_prepared(final)
 
 
-def _claim_output(output: Path, plan: dict) -> None:
-    """Start a preparation in ``output``, or check that the partial one there is the same job."""
-    if check_resume(output, plan, name=STATE, verb="rerunning prepare",
-                    hint="rerun with the same corpus and options to resume it, or choose another --output"):
-        return
-    if output.exists() and any(output.iterdir()):
-        raise UserInputError(f"{output} exists and is not a prepared corpus; choose another --output")
-    write_record(output, plan, name=STATE)
+def partial_path(output: Path) -> Path:
+    """Where an unfinished preparation of ``output`` lives: a hidden sibling, renamed into place
+    only when its last shard and manifest are written (``data/x`` → ``data/.x.partial``)."""
+    return output.with_name(f".{output.name}.partial")
+
+
+def _claim_partial(output: Path, plan: dict) -> Path:
+    """The partial directory to work in. The same job's unfinished shards are resumed; a rerun
+    with other options is refused (naming them); shards of a corpus that changed since (fixed
+    after a bad line, say) are stale debris of this command, so they are deleted and it starts over."""
+    partial = partial_path(output)
+    if (output / STATE).is_file():  # an unfinished preparation of an earlier version, kept in place
+        os.replace(output, partial)
+    saved = read_record(partial, STATE)
+    if saved is not None and saved.get("fingerprint") != plan["fingerprint"]:
+        logger.info("%s changed since the unfinished preparation in %s; starting over", plan["corpus"], partial)
+        shutil.rmtree(partial)
+    if check_resume(partial, plan, name=STATE, verb="rerunning prepare",
+                    hint="rerun with the same corpus and options to resume it, or choose another --output") is None:
+        write_record(partial, plan, name=STATE)
+    return partial
 
 
 def _chunks(documents: Iterator[str], size: int) -> Iterator[tuple[int, list[str]]]:

@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import read_json
 
 MANIFEST = "manifest.json"
 
@@ -73,7 +73,7 @@ def load_prepared(path: str | Path) -> PreparedCorpus:
     if not is_prepared(path):
         raise UserInputError(f"{path}: not a prepared corpus (no {MANIFEST}); run "
                              "`neobert-embed pretrain prepare` on it, or finish the interrupted run")
-    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    manifest = read_json(path / MANIFEST, "prepared-corpus manifest")
     flats, shard_ids, starts, lengths = [], [], [], []
     for shard_index, name in enumerate(manifest["shards"]):
         shard = path / "shards" / name

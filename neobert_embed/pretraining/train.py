@@ -32,6 +32,7 @@ import torch
 
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
+from neobert_embed.outputs import check_output_directory
 from neobert_embed.pretraining.batches import BatchMaker
 from neobert_embed.pretraining.checkpoint import (
     checkpoint_name,
@@ -44,7 +45,7 @@ from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.prepared import PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
-from neobert_embed.runs import Interrupted, check_resume, is_main_process, write_record
+from neobert_embed.runs import RUN_FILE, Interrupted, check_resume, is_main_process, write_record
 
 # Recipe keys that may change on --resume: they do not shape the training trajectory (with
 # training.max_steps the run stops at the new count; the schedule keeps its original length).
@@ -116,6 +117,7 @@ def pretrain(
         recipe = load_pretrain_recipe(recipe)
     recipe = recipe.with_max_steps(max_steps)
     output = Path(output)
+    check_output_directory(output, record=(RUN_FILE, "checkpoints"), inputs=[corpus], what="pretraining run")
     _warn_short_schedule(recipe)
     existing = list_checkpoints(output / "checkpoints")
     if existing and not resume:
@@ -123,10 +125,11 @@ def pretrain(
                              "to continue it, or choose another --output")
     settings = {**recipe.model_dump(mode="json"),
                 "corpus": os.path.abspath(corpus) if Path(corpus).exists() else str(corpus)}
-    if existing:  # a resume must continue the run the checkpoints belong to
-        check_resume(output, settings, operational=OPERATIONAL_KEYS,
-                     hint="resume with the run's recipe and corpus, or start a new --output")
-    elif is_main_process():
+    # a resume must continue the run the checkpoints belong to; a run that stopped before its first
+    # checkpoint still has its record, which a rerun must match too (and never silently replaces)
+    recorded = check_resume(output, settings, operational=OPERATIONAL_KEYS,
+                            hint="resume with the run's recipe and corpus, or start a new --output")
+    if recorded is None and is_main_process():
         write_record(output, settings)
     with process_scope(recipe.training.cpu_threads):
         return _run(recipe, corpus, output, resume, existing, stop_after_steps, progress)

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.index.integrity import check_index_files
 from neobert_embed.inference.runtime import InferenceModel, load_inference_model
 from neobert_embed.serve.batcher import DynamicBatcher
 from neobert_embed.serve.engine import Embedder
@@ -73,6 +74,8 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
         (512, ['my-index'])
     """
     settings.check()
+    for directory in settings.indexes:  # a damaged index fails now, before the model loads
+        check_index_files(directory)
     if served is None:
         served = load_inference_model(settings.model, settings.precision, device=settings.device,
                                       fingerprint=bool(settings.indexes), backend=settings.backend)

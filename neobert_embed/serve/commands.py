@@ -18,7 +18,7 @@ def serve(
     index: Annotated[list[str] | None, typer.Option(
         "--index", help="Index directory to serve on /search (repeatable; named by its directory).")] = None,
     host: Annotated[str, typer.Option("--host", help="Address to bind (default: loopback only).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8080,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8080,
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="NEOBERT_EMBED_API_KEY", show_envvar=True,
         help="Require 'Authorization: Bearer KEY' (401 otherwise).")] = None,
@@ -27,7 +27,7 @@ def serve(
     max_batch_tokens: Annotated[int, typer.Option(
         "--max-batch-tokens", min=1, help="Padded tokens per forward pass (inputs x longest).")] = 16384,
     max_wait_ms: Annotated[float, typer.Option(
-        "--max-wait-ms", min=0, help="How long an idle model waits for a batch to fill.")] = 2.0,
+        "--max-wait-ms", parser=opt.finite_float(0.0, 60_000.0), help="How long an idle model waits for a batch to fill.")] = 2.0,
     max_inputs: Annotated[int, typer.Option("--max-inputs", min=1, help="Texts per request (413 beyond).")] = 2048,
     max_input_tokens: Annotated[int | None, typer.Option(
         "--max-input-tokens", min=1, help="Tokens per text (413 beyond, or truncation with --truncate); "
@@ -52,13 +52,14 @@ def serve(
 
     import uvicorn
 
-    from neobert_embed.console import user_console
+    from neobert_embed.console import user_console, without_progress_bars
     from neobert_embed.serve.app import create_app
     from neobert_embed.serve.settings import ServeSettings
 
     settings = ServeSettings(indexes=list(options.pop("index") or []), **options)
     console = user_console(stderr=True)
-    app = create_app(settings)
+    with without_progress_bars():  # loading bars would break the console's lines
+        app = create_app(settings)
     state = app.app.state.server
     engine = state.engine
     console.print(f"[bold]neobert-embed serve[/] {settings.name}: {engine.dimension}-d, "

@@ -20,7 +20,7 @@ MAX_K = 1000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class EmbeddingsRequest(_Strict):
@@ -100,6 +100,10 @@ class SearchRequest(_Strict):
     def _one_of(self) -> SearchRequest:
         if (self.query is None) == (self.queries is None):
             raise ValueError("give exactly one of 'query' (a string) or 'queries' (a list of strings)")
+        blank = [i for i, text in enumerate(self.texts) if not text.strip()]
+        if blank:
+            where = "'query'" if self.query is not None else f"'queries'[{blank[0]}]"
+            raise ValueError(f"{where} is empty; give the text to search for")
         return self
 
     @property
