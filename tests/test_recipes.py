@@ -59,10 +59,16 @@ def test_contrastive_recipe_errors_name_file_line_and_nested_key(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_bad_command_line_override_is_named_as_such(tmp_path):
+def test_a_bad_override_is_named_as_such(tmp_path):
+    from neobert_embed.contrastive.recipe import ContrastiveRecipe
+    from neobert_embed.recipes import read_spec
+
     recipe = _write(tmp_path / "c.yaml", "max_steps: 10\ntemperature: 0.05\n")
-    message = _error(_contrastive(recipe, tmp_path, "--temperature", "-1"))
-    assert message.startswith("override: key 'temperature': Input should be greater than 0"), message
+    with pytest.raises(UserInputError) as refused:  # the Python API: the override, not the file, is named
+        read_spec(recipe).validate(ContrastiveRecipe, {"temperature": -1})
+    assert str(refused.value).startswith("override: key 'temperature': Input should be greater than 0"), refused
+    result = runner.invoke(app, _contrastive(recipe, tmp_path, "--temperature", "-1"))  # the CLI: its flag
+    assert result.exit_code == 2 and "--temperature" in result.output and "(0, 10]" in result.output
 
 
 def test_pretraining_recipe_error_names_file_line_and_section_key(tmp_path):

@@ -93,7 +93,7 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
     if duplicates:
         raise UserInputError(f"--models: {duplicates} appear more than once; each model needs its own name")
     output = Path(output)
-    check_output_directory(output, record=("models", *RESULTS_MARKS), inputs=[*models, *(task_dirs or [])],
+    check_output_directory(output, record=RESULTS_MARKS, inputs=[*models, *(task_dirs or [])],
                            what="comparison directory")
     contrastive = recipe if recipe is None or not isinstance(recipe, str | Path) else load_contrastive_recipe(recipe)
     check_protocol(protocol)

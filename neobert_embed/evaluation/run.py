@@ -45,7 +45,8 @@ TASK_TYPE_NAMES = ("Classification", "Clustering", "PairClassification", "Rerank
                    "Summarization")
 
 
-RESULTS_MARKS = ("results", "summary.md")  # what a results directory of earlier runs holds (mteb's cache, the table)
+# what a results directory of earlier runs holds: mteb's cache, the table, or compare's trained models
+RESULTS_MARKS = ("results", "summary.md", "models")
 
 
 @dataclass
