@@ -256,3 +256,31 @@ def test_batcher_cuts_length_ordered_token_budgeted_batches():
     calls.clear()
     asyncio.run(run(min_fill=0.5))
     assert calls == [[20, 10], [7], [3, 2], [1]]  # nothing padded to more than twice its length
+
+
+def test_readme_serving_example_answers_200_with_the_models_vectors(minilm_path, minilm_st, tmp_path):
+    """README's `serve --model runs/my-embedder` then `{"model": "my-embedder", ...}`, its JSON body
+    taken verbatim from README.md; any other model name is answered too (one model per server)."""
+    import re
+    import shutil
+
+    from fastapi.testclient import TestClient
+    from safety_helpers import REPO
+
+    from neobert_embed.serve.app import create_app
+    from neobert_embed.serve.settings import ServeSettings
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    serve_line = re.search(r"neobert-embed serve --model (\S+)", readme).group(1)
+    body = json.loads(re.search(r"-d '(\{\"model\": \"my-embedder\".*?\})'", readme).group(1))
+    model_dir = tmp_path / Path(serve_line).name  # runs/my-embedder: a directory named my-embedder
+    shutil.copytree(minilm_path, model_dir)
+    with TestClient(create_app(ServeSettings(model=str(model_dir), precision="fp32"))) as client:
+        answer = client.post("/v1/embeddings", json=body)
+        assert answer.status_code == 200, answer.text
+        got = np.array([item["embedding"] for item in answer.json()["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got, minilm_st.encode(body["input"]), atol=1e-5)
+        assert answer.json()["model"] == "my-embedder"
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["my-embedder"]
+        other = client.post("/v1/embeddings", json={**body, "model": "text-embedding-3-small"})
+        assert other.status_code == 200 and other.json()["data"][0]["embedding"] == answer.json()["data"][0]["embedding"]

@@ -53,7 +53,7 @@ def _hostile_requests(model: str) -> list[tuple[str, str, dict]]:
         ("POST", emb, {"json": {"input": ["ok", None], "model": model}}),
         ("POST", emb, {"json": {"input": {"text": "a"}, "model": model}}),
         ("POST", emb, {"json": {"input": [], "model": model}}),
-        ("POST", emb, {"json": {"input": "a", "model": "not-this-model"}}),
+        ("POST", emb, {"json": {"input": "a", "model": 7}}),
         ("POST", emb, {"json": {"input": "a", "model": model, "encoding_format": "int8"}}),
         ("POST", emb, {"json": {"input": "a", "model": model, "dimensions": 0}}),
         ("POST", emb, {"json": {"input": "a", "model": model, "dimensions": -4}}),

@@ -129,10 +129,9 @@ def create_app(settings: ServeSettings, served: InferenceModel | None = None) ->
     @app.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERRORS, dependencies=guarded,
               tags=["OpenAI"])
     async def openai_embeddings(body: EmbeddingsRequest) -> Response:
-        """Embed ``input`` (OpenAI-compatible); ``dimensions`` truncates and renormalizes."""
-        if body.model not in {state.settings.name, state.settings.model}:
-            raise APIError(404, f"model {body.model!r} is not served here; use {state.settings.name!r} "
-                           "(GET /v1/models)", "model_not_found")
+        """Embed ``input`` (OpenAI-compatible); ``dimensions`` truncates and renormalizes. The server
+        holds one model, so any ``model`` value is answered by it (as TEI does): clients send whatever
+        name their user configured."""
         prompt = state.engine.prompt_for(body.prompt_name)
         vectors, tokens = await _embed(state, "/v1/embeddings", body.texts, prompt, state.settings.truncate)
         if body.dimensions is not None:

@@ -23,7 +23,8 @@ def serve(
         "--api-key", envvar="NEOBERT_EMBED_API_KEY", show_envvar=True,
         help="Require 'Authorization: Bearer KEY' (401 otherwise).")] = None,
     served_name: Annotated[str | None, typer.Option(
-        "--served-model-name", help="Model id for /v1/models and the 'model' field (default: --model).")] = None,
+        "--served-model-name", help="Model id for /v1/models (default: the model directory's name, or the key / hub id); any "
+        "'model' a client sends is answered.")] = None,
     max_batch_tokens: Annotated[int, typer.Option(
         "--max-batch-tokens", min=1, help="Padded tokens per forward pass (inputs x longest).")] = 16384,
     max_wait_ms: Annotated[float, typer.Option(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from neobert_embed.errors import UserInputError
 
@@ -27,7 +28,7 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     api_key: str | None = None
-    served_name: str | None = None  # the id clients pass as `model`; default: --model as given
+    served_name: str | None = None  # the id /v1/models lists; default: the model directory's name, or the key / hub id
     max_batch_tokens: int = 16384
     max_wait_ms: float = 2.0
     max_inputs: int = 2048
@@ -41,8 +42,16 @@ class ServeSettings:
 
     @property
     def name(self) -> str:
-        """The model id of ``/v1/models`` and the ``model`` field clients send."""
-        return self.served_name or self.model
+        """The model id of ``/v1/models``: ``--served-model-name``, else the model directory's name
+        (``runs/my-embedder`` → ``my-embedder``), else the registry key or hub id as given.
+
+        Example:
+            >>> ServeSettings(model="runs/my-embedder").name
+            'my-embedder'
+        """
+        if self.served_name:
+            return self.served_name
+        return Path(self.model).name if Path(self.model).is_dir() else self.model
 
     def resolved_api_key(self) -> str | None:
         """``--api-key``, else the ``NEOBERT_EMBED_API_KEY`` environment variable, else no key."""
