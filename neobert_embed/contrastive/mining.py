@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,8 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
         raise UserInputError(f"--batch-size must be at least 1, got {batch_size}")
     if range_min < 0:
         raise UserInputError(f"--range {range_min}:{range_max}: ranks start at 0")
+    if margin is not None and not (math.isfinite(margin) and margin >= 0):
+        raise UserInputError(f"--margin {margin}: must be a finite number ≥ 0 (a score difference below the positive)")
     check_precision_fits(check_compute_precision(precision), describe_machine(device))
     check_output_file(output, writer=MINE_WRITER, inputs=[data, model], overwrite=overwrite, suffix=".jsonl")
     check_model_files(model)
