@@ -365,3 +365,16 @@ def test_a_failed_prepare_leaves_nothing_and_a_rerun_works(world, tmp_path, caps
     assert code == 0, err
     assert json.loads((output / "manifest.json").read_text(encoding="utf-8"))["num_documents"] == 51
     assert not list(tmp_path.glob(".prepared*"))
+
+
+def test_a_document_without_text_is_skipped_and_said(world, tmp_path, capsys):
+    """A row with an empty text and no title is not indexed as the vector of "" (which every query
+    would find); the build says how many it skipped and where the first one is."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"_id": "a", "text": "cats purr"}, {"_id": "b", "text": "  "},
+                                                {"_id": "c", "text": "oil prices rose"}])
+    code, _, err = run_main(["index", "build", "--model", world.paths["model"], "--corpus", corpus, "--output",
+                             tmp_path / "idx", "--precision", "fp32"], capsys)
+    assert code == 0, err
+    assert "skipped 1 document(s) with no text" in err and "c.jsonl:2" in err, err
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["documents"] == 2

@@ -13,12 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neobert_embed.sources import Location, iter_records, source_format
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,5 +109,13 @@ def read_corpus(source: str | Path, fields: CorpusFields | None = None) -> Itera
     """
     fields = fields or CorpusFields()
     row_ids = fields.row_ids or source_format(source) == "txt"
+    skipped: list[str] = []
     for where, record in iter_records(source, split=fields.split, text_key=fields.text_field):
-        yield _document(where, record, fields, row_ids)
+        document = _document(where, record, fields, row_ids)
+        if document.encoded_text:
+            yield document
+        else:  # an empty text and title would be indexed as the vector of "", found by every query
+            skipped.append(str(where))
+    if skipped:
+        logger.warning("%s: skipped %d document(s) with no text and no title (first: %s)", source, len(skipped),
+                       skipped[0])
