@@ -144,7 +144,9 @@ def test_bert_roberta_modernbert_neobert_each_run_one_trial(tmp_path, models, ta
     assert [r["model"] for r in rows] == list(models)
     assert all(float(r["RTE"]) == pytest.approx(100 * report["models"][r["model"]]["rte"]["accuracy"], abs=1e-3)
                for r in rows)
-    assert "| RTE | Avg. |" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "| RTE | Avg. |" in summary
+    assert "nothing was selected on validation" in summary and "optimistic" not in summary  # quick: one config
     assert (out / "glue.png").read_bytes()[:4] == b"\x89PNG"
     assert not (out / ".work").exists()
 
@@ -192,6 +194,7 @@ def test_interrupted_grid_resumes_and_runs_only_missing_trials(tmp_path, models,
                                     "bs16-lr0.0001-wd0.01-seed0", "bs16-lr0.0001-wd0.01-seed1"} - set(finished))
     choice = result.choices["neobert"]["stsb"]
     assert (choice.trials, choice.configs, choice.seeds) == (4, 2, 2)
+    assert "chosen **on validation**" in (out / "summary.md").read_text()  # a grid: selected, optimistic
     assert choice.spread["pearson"]["min"] <= choice.scores["pearson"] <= choice.spread["pearson"]["max"]
 
     calls.clear()  # a third run has nothing left to do

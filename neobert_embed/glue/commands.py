@@ -40,7 +40,8 @@ def glue_command(
 ) -> None:
     """Fine-tune on GLUE with the paper's protocol (any backbone) and write its table.
 
-    Each task's reported figure is its best configuration on validation, as in the paper (optimistic).
+    A grid preset reports, per task, its best configuration on validation, as in the paper (optimistic); a
+    single-configuration preset (quick) selects nothing, and its summary says so.
     """
     from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.glue.presets import load_glue_preset
