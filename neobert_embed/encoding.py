@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from neobert_embed.errors import UserInputError
+from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import atomic_write_bytes
 from neobert_embed.sources import iter_records, source_format
 
@@ -233,14 +233,10 @@ def apply_blank_policy(texts: list[str], blank: str, source: str | Path) -> tupl
     if not rows or blank == "keep":
         return texts, []
     if blank == "error":
-        raise UserInputError(f"{source}: {len(rows)} blank text(s) (rows {_rows(rows)}); pass --blank skip to leave "
+        raise UserInputError(f"{source}: {len(rows)} blank text(s) (rows {listing(rows, 5)}); pass --blank skip to leave "
                              "them out (OUTPUT.json lists their rows) or --blank keep to encode them as empty "
                              "texts (row i stays line i + 1)")
     return [text for text in texts if text.strip()], rows
-
-
-def _rows(rows: list[int], shown: int = 5) -> str:
-    return ", ".join(map(str, rows[:shown])) + (f" … {len(rows) - shown} more" if len(rows) > shown else "")
 
 
 def encode_file(
@@ -356,7 +352,7 @@ def encode_file(
                         prompt_name=prompt_name if prompt else None, prompt=prompt or None,
                         used=used_line(model, [prompt_name if prompt else None],
                                        None if source_format(input_path) == "txt" else field, compute.description)
-                        + (f"; {len(skipped)} blank texts skipped (rows {_rows(skipped)})" if skipped else ""),
+                        + (f"; {len(skipped)} blank texts skipped (rows {listing(skipped, 5)})" if skipped else ""),
                         calibration=str(sidecar_path(output_path)) if fitted is not None else None,
                         compute_precision=compute.description)
 

@@ -8,6 +8,7 @@ traceback.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -28,3 +29,14 @@ def located(path: str | Path, line: int | None, message: str) -> UserInputError:
     """
     where = f"{path}:{line}" if line is not None else str(path)
     return UserInputError(f"{where}: {message}")
+
+
+def listing(items: Sequence[object], shown: int = 3) -> str:
+    """The first ``shown`` items of an error message's list, and how many more there are.
+
+    Example:
+        >>> listing(["a.txt", "b/", "c", "d", "e"])
+        'a.txt, b/, c and 2 more'
+    """
+    head = ", ".join(map(str, items[:shown]))
+    return head + (f" and {len(items) - shown} more" if len(items) > shown else "")

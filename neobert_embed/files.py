@@ -19,6 +19,8 @@ from typing import Any
 
 from neobert_embed.errors import UserInputError, located
 
+WRITTEN_KEY = "written"  # a directory record's list of the entries its writer made (see atomic_directory)
+
 
 def current_umask() -> int:
     """The process's file-creation mask (read without changing it for longer than one call).
@@ -101,7 +103,7 @@ def atomic_directory(path: str | Path, overwrite: bool = True, record: str | Non
         if stamp and record is not None and (tmp / record).is_file():
             data = json.loads((tmp / record).read_text(encoding="utf-8"))
             if isinstance(data, dict):
-                atomic_write_json(tmp / record, {**data, "written": sorted(os.listdir(tmp))})
+                atomic_write_json(tmp / record, {**data, WRITTEN_KEY: sorted(os.listdir(tmp))})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -146,4 +146,3 @@ def parse_data_option(entries: list[str]) -> dict[str, str]:
             raise UserInputError(f"--data: dataset name {name!r} is given twice; names must be unique")
         data[name] = path
     return data
-

@@ -29,10 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json
-
-WRITTEN_KEY = "written"  # a directory record's list of the entries its writer made
+from neobert_embed.errors import UserInputError, listing
+from neobert_embed.files import WRITTEN_KEY, atomic_write_json
 
 
 class DirectoryState(str, enum.Enum):
@@ -281,17 +279,14 @@ def check_replaceable(directory: str | Path, record: str, *, owned: Iterable[str
     foreign = sorted(entry.name for entry in directory.iterdir() if not entry.name.startswith(".")
                      and not entry.name.endswith(".log") and not any(fnmatch.fnmatch(entry.name, p) for p in claimed))
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise UserInputError(f"{flag} {directory} holds {shown}, which {record} does not list as written by "
+        raise UserInputError(f"{flag} {directory} holds {listing(foreign)}, which {record} does not list as written by "
                              f"neobert-embed; {verb} would delete it, so nothing was deleted: move it out of "
                              f"{directory} or choose another path")
 
 
-def _some_entries(directory: Path, shown: int = 3) -> str:
+def _some_entries(directory: Path) -> str:
     """``a.txt, b/ and 4 more``: what a directory holds, for an error message."""
-    entries = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in directory.iterdir())
-    listed = ", ".join(entries[:shown])
-    return listed + (f" and {len(entries) - shown} more" if len(entries) > shown else "")
+    return listing(sorted(entry.name + ("/" if entry.is_dir() else "") for entry in directory.iterdir()))
 
 
 def model_label(model: str) -> str:
