@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from neobert_embed.beir import read_beir_task
@@ -21,7 +22,8 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.index.search import open_index
 
 MTEB_K_VALUES = (1, 3, 5, 10, 20, 100, 1000)
-METRICS = ("ndcg", "map", "recall", "precision", "mrr")
+TREC_MEASURES = {"ndcg": "ndcg_cut", "map": "map_cut", "recall": "recall", "precision": "P"}
+MTEB_DIGITS = 5
 
 
 def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, split: str = "test",
@@ -38,8 +40,6 @@ def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, 
         >>> evaluate_index("runs/news-index", "tasks/news", k=20)["ndcg_at_20"]
         0.45
     """
-    from mteb._evaluators.retrieval_metrics import calculate_retrieval_scores
-
     if k < 1:
         raise UserInputError(f"--k must be at least 1, got {k}")
     task = read_beir_task(task_dir, split, with_corpus=False)
@@ -51,8 +51,41 @@ def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, 
         documents = index.manifest.documents
         compute = index.encoder.compute_precision
     results = {qid: {hit.doc_id: hit.score for hit in ranked} for qid, ranked in zip(query_ids, hits, strict=True)}
-    scores = calculate_retrieval_scores(results, task.qrels, k_values)
-    out: dict[str, float | str] = {f"{metric}_at_{key.split('@')[1]}": float(value)
-                             for metric in METRICS for key, value in getattr(scores, metric).items()}
+    out: dict[str, float | str] = {**ranking_scores(results, task.qrels, k_values)}
     out.update(queries=len(query_ids), documents=documents, k=k, compute_precision=compute)
     return out
+
+
+def ranking_scores(results: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
+                   k_values: Sequence[int]) -> dict[str, float]:
+    """nDCG, MAP, recall, precision and MRR at each k, averaged over the ranked queries, as mteb reports them.
+
+    Example:
+        >>> ranking_scores({"q1": {"d1": 0.9, "d2": 0.5}}, {"q1": {"d2": 1}}, [1, 10])["mrr_at_10"]
+        0.5
+    """
+    import pytrec_eval
+
+    measures = {f"{name}.{','.join(map(str, k_values))}" for name in TREC_MEASURES.values()}
+    per_query = pytrec_eval.RelevanceEvaluator(dict(qrels), measures).evaluate(dict(results))
+    out: dict[str, float] = {}
+    for metric, trec_name in TREC_MEASURES.items():
+        for k in k_values:
+            mean = sum(scores[f"{trec_name}_{k}"] for scores in per_query.values()) / len(per_query)
+            out[f"{metric}_at_{k}"] = round(mean, MTEB_DIGITS)
+    reciprocal = _reciprocal_ranks(results, qrels, k_values)
+    out.update({f"mrr_at_{k}": sum(ranks) / len(ranks) for k, ranks in reciprocal.items()})
+    return out
+
+
+def _reciprocal_ranks(results: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
+                      k_values: Sequence[int]) -> dict[int, list[float]]:
+    """1/rank of the first relevant document within each k; ties broken by document id, descending."""
+    ranks: dict[int, list[float]] = {k: [] for k in k_values}
+    for query_id, doc_scores in results.items():
+        relevant = {doc for doc, grade in qrels[query_id].items() if grade > 0}
+        ranked = [doc for doc, _ in sorted(doc_scores.items(), key=lambda item: (item[1], item[0]), reverse=True)]
+        first = next((rank for rank, doc in enumerate(ranked, 1) if doc in relevant), None)
+        for k in k_values:
+            ranks[k].append(1.0 / first if first is not None and first <= k else 0.0)
+    return ranks
