@@ -148,6 +148,8 @@ def test_an_index_remembers_its_precision_and_queries_default_to_it(minilm_path,
     assert manifest.compute_precision == "bf16" and manifest.compute["requested"] == "bf16"
     with open_index(tmp_path / "index") as index:
         assert index.encoder.compute_precision == "bf16"
+        assert index.encoder.choice.description == "bf16 (the index's own, recorded at build)"  # never "asked for"
         assert index.search(["document number 4 about topic 1"], k=1)[0][0].doc_id == "4"
     with open_index(tmp_path / "index", precision="fp32") as index:
         assert index.encoder.compute_precision == "fp32"
+        assert index.encoder.choice.description == "fp32 (asked for)"

@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,9 @@ def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | No
                              "pass --model with its new location") from None
     encoder.check_matches(manifest, directory)
     encoder.prompts = dict(manifest.prompts)
+    if loaded is None and precision is None:  # nobody asked: the used: line says where the precision came from
+        encoder.choice = replace(encoder.choice, requested="index",
+                                 reason="the index's own, recorded at build")
     return encoder
 
 
