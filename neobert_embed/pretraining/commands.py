@@ -52,13 +52,15 @@ def pretrain_command(
     from neobert_embed.console import third_party_log
     from neobert_embed.locks import writer_lock
     from neobert_embed.outputs import check_output_directory
+    from neobert_embed.pretraining.recipe import load_pretrain_recipe
     from neobert_embed.pretraining.train import pretrain
     from neobert_embed.runs import RUN_FILE, is_main_process
 
+    settings = load_pretrain_recipe(recipe)  # a bad recipe is refused before anything is created
     check_output_directory(output, record=(RUN_FILE, "checkpoints"), inputs=[corpus], what="pretraining run")
     with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if is_main_process()
           else contextlib.nullcontext()), third_party_log(output, verbose):  # one lock per job, held by rank 0
-        pretrain(recipe, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
+        pretrain(settings, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
 
 
 @pretrain_app.command("prepare")
