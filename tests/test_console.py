@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -176,3 +177,23 @@ def test_json_stdout_holds_only_the_json_even_inside_the_run_log(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout == '{"ok": 1}\n'
     assert "C-level noise" in result.stderr and "python noise" in (tmp_path / "out.log").read_text()
+
+
+@pytest.mark.parametrize("command", ["index search {out}/index 'fresh news' --k 2",
+                                     "index eval {out}/index --task-dir {task}"])
+def test_read_only_index_commands_draw_no_third_party_bars(command, world, tmp_path, capfd):
+    """search and eval have no run folder for a log: loading bars are switched off, not drawn."""
+    import shutil
+
+    if "eval" in command:
+        pytest.importorskip("pytrec_eval")
+        task = tmp_path / "beir"
+        (task / "qrels").mkdir(parents=True)
+        write_jsonl(task / "queries.jsonl", [{"_id": "q1", "text": "fresh news"}])
+        (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n", encoding="utf-8")
+    shutil.copytree(world["root"] / "index", tmp_path / "index")
+    args = shlex.split(command.format(out=tmp_path, task=tmp_path / "beir"))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    screen = result.output + "".join(capfd.readouterr())
+    assert "Loading weights" not in screen and "it/s]" not in screen, screen

@@ -170,7 +170,7 @@ def search(
     precision: IndexPrecision = None,
 ) -> None:
     """Search with the index's model and query prompt: a table (rank, score, id, snippet) or JSON lines."""
-    from neobert_embed.console import json_only_stdout
+    from neobert_embed.console import json_only_stdout, without_progress_bars
     from neobert_embed.encoding import read_texts
     from neobert_embed.errors import UserInputError
     from neobert_embed.index.search import open_index
@@ -184,8 +184,8 @@ def search(
     if query is not None and not query.strip():
         raise UserInputError("QUERY is empty; give the text to search for (or --queries FILE)")
     texts = [query] if query is not None else read_texts(queries, "text", keep_blank=False)
-    with json_only_stdout(as_json), open_index(index_dir, model=model, device=device, batch_size=batch_size,
-                                               precision=precision) as index:
+    with json_only_stdout(as_json), without_progress_bars(), \
+            open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision) as index:
         choice = index.encoder.choice
         logger.info(_used_line(index.manifest, kind="query", compute=choice.description if choice else None))
         results = index.search(texts, k=k)
@@ -230,7 +230,7 @@ def evaluate(
     from rich.console import Console
     from rich.table import Table
 
-    from neobert_embed.console import json_only_stdout
+    from neobert_embed.console import json_only_stdout, without_progress_bars
     from neobert_embed.index.evaluate import evaluate_index
     from neobert_embed.index.manifest import read_manifest
 
@@ -239,7 +239,7 @@ def evaluate(
 
         check_compute_precision(precision)
     manifest = read_manifest(index_dir)
-    with json_only_stdout(as_json):
+    with json_only_stdout(as_json), without_progress_bars():  # no log folder: loading bars would break the lines
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
                                 device=device, precision=precision)
     logger.info(_used_line(manifest, kind="query", compute=str(scores["compute_precision"])))
