@@ -47,7 +47,15 @@ def test_plan_cli_uses_the_saved_measured_costs(tmp_path):
     report = json.loads(result.output)
     assert report["measured_on"] == load_costs()["machine"]
     assert [row["index_type"] for row in report["rows"]] == ["flat", "ivf", "hnsw", "ivfpq"]
-    assert all(row["queries_per_s"] > 0 and row["build_s"] > 0 for row in report["rows"])
+    # the flat row by hand from the saved unit costs: a query scans all 1e8 x 768 dimensions once, a
+    # build appends each of them once (estimates are rounded to 4 significant figures)
+    unit, n, d = load_costs()["unit"], 10**8, 768
+    rows = {row["index_type"]: row for row in report["rows"]}
+    assert rows["flat"]["queries_per_s"] == pytest.approx(1 / (n * d * unit["flat_scan_s_per_dim"]), rel=1e-3)
+    assert rows["flat"]["build_s"] == pytest.approx(n * d * unit["flat_add_s_per_dim"], rel=1e-3)
+    for kind in ("ivf", "hnsw", "ivfpq"):  # at 1e8 vectors: faster to query than a full scan, dearer to build
+        assert rows[kind]["queries_per_s"] > 10 * rows["flat"]["queries_per_s"], kind
+        assert rows["flat"]["build_s"] < rows[kind]["build_s"] < float("inf"), kind
     table = CliRunner().invoke(app, ["index", "plan", "--vectors", "1000000", "--dim", "384"])
     assert table.exit_code == 0 and "IVF1024,PQ48x8" in table.output
     missing = CliRunner().invoke(app, ["index", "plan", "--vectors", "10", "--dim", "8", "--costs",

@@ -6,6 +6,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -109,20 +110,59 @@ def test_long_text_is_truncated_with_one_warning(tiny_dirs, caplog):
     np.testing.assert_allclose(vectors[0], encode_texts(model, [cut])[0], atol=1e-5)
 
 
-@pytest.mark.parametrize(("precision", "dtype", "width"),
-                         [("float32", np.float32, 32), ("float16", np.float16, 32), ("int8", np.int8, 32),
-                          ("binary", np.int8, 4)])
-def test_encode_command_writes_each_precision(tiny_dirs, tmp_path, precision, dtype, width):
+ENCODE_TEXTS = ["first line", "", "third line after a blank one"]
+
+
+@pytest.fixture(scope="module")
+def neobert_fp32(tiny_dirs) -> np.ndarray:
+    """fp32 vectors of ENCODE_TEXTS straight from the model: no command, no stored format."""
+    return load_sentence_model(str(tiny_dirs["neobert"])).encode(ENCODE_TEXTS, convert_to_numpy=True)
+
+
+def _decoded(matrix: np.ndarray, precision: str, sidecar: dict) -> np.ndarray:
+    """Float vectors back from stored codes, by the formats' definitions (written out here, not the library's)."""
+    if precision == "int8":  # code = floor((x - min) / step) - 128 with step = (max - min) / 255: bucket midpoints
+        low, high = np.asarray(sidecar["calibration"]["ranges"], dtype=np.float64)
+        return low + (matrix.astype(np.float64) + 128 + 0.5) * (high - low) / 255
+    return matrix.astype(np.float64)
+
+
+@pytest.mark.parametrize(("precision", "dtype", "width", "cosine_floor"),
+                         [("float32", np.float32, 32, 0.999999), ("float16", np.float16, 32, 0.99999),
+                          ("int8", np.int8, 32, 0.999), ("binary", np.int8, 4, None)])
+def test_encode_command_stores_each_precision_true_to_fp32(tiny_dirs, neobert_fp32, tmp_path, precision, dtype,
+                                                            width, cosine_floor):
+    """Stored values against the model's fp32 vectors: float16 keeps 11 significant bits (cosine
+    >= 0.99999), int8 is within half a bucket of every value (cosine >= 0.999 for 256 buckets per
+    dimension), binary holds exactly the fp32 signs."""
     source = tmp_path / "texts.txt"
-    source.write_text("first line\n\nthird line after a blank one\n")
+    source.write_text("".join(text + "\n" for text in ENCODE_TEXTS))
     out = tmp_path / "emb.npy"
+    started = time.perf_counter()
     result = runner.invoke(app, ["encode", "--model", str(tiny_dirs["neobert"]), "--input", str(source),
-                                 "--output", str(out), "--store-precision", precision, "--json", "--blank", "keep"])
+                                 "--output", str(out), "--store-precision", precision, "--precision", "fp32",
+                                 "--json", "--blank", "keep"])
+    wall = time.perf_counter() - started
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     matrix = np.load(out)
     assert matrix.shape == (3, width) and matrix.dtype == dtype  # the blank line keeps its row
-    assert report["texts"] == 3 and report["texts_per_second"] > 0
+    reference = neobert_fp32.astype(np.float64)
+    if precision == "binary":  # packed sign bits, shifted by -128 into int8
+        bits = np.unpackbits((matrix.astype(np.int16) + 128).astype(np.uint8), axis=1).astype(bool)
+        np.testing.assert_array_equal(bits, reference > 0)
+    else:
+        sidecar = json.loads((tmp_path / "emb.npy.json").read_text())
+        decoded = _decoded(matrix, precision, sidecar)
+        if precision == "int8":
+            low, high = np.asarray(sidecar["calibration"]["ranges"], dtype=np.float64)
+            assert np.all(np.abs(decoded - reference) <= (high - low) / 510 + 1e-6)
+        cosines = (decoded * reference).sum(1) / np.linalg.norm(decoded, axis=1) / np.linalg.norm(reference, axis=1)
+        assert cosines.min() >= cosine_floor, cosines
+    # the speed figure: the texts over the measured seconds (rounded to 1 ms), inside the command's wall time
+    seconds, rate = report["seconds"], report["texts_per_second"]
+    assert report["texts"] == 3 and 0 <= seconds <= wall
+    assert 3 / (seconds + 5e-4) - 0.05 <= rate <= 3 / max(seconds - 5e-4, 1e-9) + 0.05, (seconds, rate)
 
 
 def test_encode_command_reads_jsonl_field_and_names_bad_lines(tiny_dirs, tmp_path):
