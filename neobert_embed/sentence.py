@@ -138,7 +138,30 @@ def check_finite_weights(model: Any, source: str | Path) -> None:
     import torch
 
     for name, tensor in model.state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if tensor.is_floating_point() and not _all_finite(tensor):
             kind = "NaN" if bool(torch.isnan(tensor).any()) else "Inf"
             raise UserInputError(f"{source}: weight {name} holds {kind} values (a diverged or damaged "
                                  "checkpoint); use an earlier checkpoint or retrain")
+
+
+def _all_finite(tensor: Any) -> bool:
+    """True when every value of a floating-point tensor is finite.
+
+    Why numpy for CPU fp16/fp32/fp64 tensors: ``torch.isfinite(t).all()`` runs two parallel
+    regions per tensor; over all-MiniLM-L6-v2's 103 weights that took 2.4 to 4.1 s of every model
+    load on a busy 2-core machine (threads waiting on each other), 0.3 s on one thread, where
+    numpy's single-threaded pass over the same memory (no copy) takes 0.02 s. Other dtypes (bf16)
+    and devices keep torch's check.
+    """
+    import torch
+
+    if tensor.device.type == "cpu" and tensor.dtype in (torch.float16, torch.float32, torch.float64):
+        import numpy as np
+
+        try:
+            values = tensor.detach().numpy()  # the tensor's own memory
+        except (RuntimeError, TypeError):  # a layout or subclass numpy cannot view: torch checks it
+            values = None
+        if values is not None:
+            return bool(np.isfinite(values).all())
+    return bool(torch.isfinite(tensor).all())

@@ -171,7 +171,7 @@ def model_fingerprint(model: SentenceTransformer) -> str:
     for name, tensor in model.state_dict().items():
         value = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{tuple(value.shape)}|{value.dtype}".encode())
-        digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(value.reshape(-1).view(torch.uint8).numpy())  # hashed in place, not copied first
     return digest.hexdigest()
 
 
