@@ -280,6 +280,9 @@ CASES = [
     *_numbers((*PRETRAIN, "--output", "{case}/run"), "--stop-after-steps", ("0", "-1")),
     Case("pretrain damaged run record", (*PRETRAIN, "--output", "{case}/run", "--resume"), ("run.json",),
          _foreign("run/run.json", "[1, 2")),
+    Case("pretrain unknown recipe key", ("pretrain", "--recipe", "{case}/bad.yaml", "--corpus", T, "--output",
+                                         "{case}/runs/run"), ("bad.yaml", "learning_rat"),
+         _foreign("bad.yaml", "training:\n  learning_rat: 0.1\n")),
     Case("pretrain export output read-only", ("pretrain", "export", "{root}", "--output", READ_ONLY),
          ("/proc/1",)),
     Case("convert output under a file", ("convert", "{root}", "--output", "{file}/x"), ("a-file",)),
@@ -315,9 +318,17 @@ def test_the_table_covers_every_command_with_at_least_80_cases():
 BAR = re.compile("━")  # the last frame of a progress bar, which a non-terminal stderr keeps (a terminal erases it)
 
 
+# What a refused command may leave: its writer lock file (``.NAME.lock``: deleting a lock file that a
+# waiting process has open would let two writers in), its third-party log (``NAME.log``: what the
+# libraries said, for the user who wants to know more than the one error line) and an index build's
+# ``NAME.partial`` (resume state; the next build replaces it when it holds no encoded chunk).
+KEPT_ON_REFUSAL = re.compile(r"(/\.[^/]+\.lock|\.log|\.partial(/.*)?)$")
+
+
 def _files(root: Path) -> dict[str, object]:
-    """Every file under ``root`` (new files may appear: a log, a lock; existing ones must not change)."""
-    return {str(path): snapshot(path) for path in root.rglob("*") if path.is_file()}
+    """Every file and folder under ``root``: existing ones must not change, new ones must not appear
+    (but for :data:`KEPT_ON_REFUSAL`)."""
+    return {str(path): snapshot(path) if path.is_file() else "dir" for path in root.rglob("*")}
 
 
 def _fill(text: str, paths: dict[str, Path]) -> str:
@@ -345,6 +356,8 @@ def test_hostile_case_exits_2_naming_the_fault_and_changes_nothing(case, world, 
     assert not missing, f"{missing} not in: {lines[0]}"
     after = _files(world.paths["root"]) | _files(tmp_path)
     assert {path: after.get(path) for path in before} == before
+    left = sorted(path for path in set(after) - set(before) if not KEPT_ON_REFUSAL.search(path))
+    assert not left, f"a refused command left files behind: {left}"
     if case.fast:
         assert seconds < FAST_SECONDS, f"took {seconds:.1f} s to refuse"
 
