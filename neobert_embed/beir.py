@@ -18,11 +18,13 @@ Example:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import iter_jsonl, iter_text_lines
+from neobert_embed.files import atomic_write_text, iter_jsonl, iter_text_lines
 
 
 @dataclass
@@ -111,3 +113,34 @@ def read_beir_task(directory: str | Path, split: str = "test", *, with_corpus: b
                 raise UserInputError(f"{qrels_path}: corpus-id {unknown[0]!r} (query {query_id!r}) is not in "
                                      f"{directory / 'corpus.jsonl'}")
     return BeirTask(corpus=corpus, queries=queries, qrels=qrels)
+
+
+def write_triplet_task(rows: Iterable[Mapping[str, str]], directory: str | Path, split: str = "test") -> BeirTask:
+    """Write a BEIR-layout retrieval task made of ``anchor``/``positive``/``negative`` rows and return it.
+
+    Why: (anchor, entailed, contradicting) triplets such as SNLI's are the cheapest honest retrieval
+    task: each anchor is a query (``q0``, ``q1``, … in row order) whose one relevant document is its
+    positive, and every positive and negative, deduplicated (``d0``, ``d1``, …), is the corpus, so the
+    negatives are hard distractors. ``index eval`` and ``mteb`` read the result like any BEIR task.
+
+    Example:
+        >>> task = write_triplet_task(rows[:1500], "tasks/snli-retrieval")
+        >>> len(task.queries), task.qrels["q0"]
+        (1500, {'d0': 1})
+    """
+    rows = list(rows)
+    ids: dict[str, str] = {}
+    for row in rows:
+        for text in (row["positive"], row["negative"]):
+            ids.setdefault(text, f"d{len(ids)}")
+    task = BeirTask(corpus={doc_id: {"title": "", "text": text} for text, doc_id in ids.items()},
+                    queries={f"q{i}": row["anchor"] for i, row in enumerate(rows)},
+                    qrels={f"q{i}": {ids[row["positive"]]: 1} for i, row in enumerate(rows)})
+    directory = Path(directory)
+    atomic_write_text(directory / "corpus.jsonl", "".join(json.dumps({"_id": doc_id, "text": text}) + "\n"
+                                                          for text, doc_id in ids.items()))
+    atomic_write_text(directory / "queries.jsonl", "".join(json.dumps({"_id": qid, "text": text}) + "\n"
+                                                           for qid, text in task.queries.items()))
+    atomic_write_text(directory / "qrels" / f"{split}.tsv", "query-id\tcorpus-id\tscore\n" + "".join(
+        f"{qid}\t{doc_id}\t{score}\n" for qid, judged in task.qrels.items() for doc_id, score in judged.items()))
+    return task

@@ -16,8 +16,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
+import logging
 import math
 import shutil
 import sys
@@ -30,9 +32,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.console import document_progress
+from neobert_embed.distributed import World, barrier, init_world, on_main
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import remove_debris, replace_directory
-from neobert_embed.index.distributed import World, barrier, init_world, on_main
 from neobert_embed.index.documents import CorpusFields, read_corpus
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import (
@@ -61,7 +63,6 @@ from neobert_embed.index.rerank import (
     with_rerank,
     write_rerank_vectors,
 )
-from neobert_embed.index.shards import ShardDirectory
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
 from neobert_embed.inference.runtime import check_compute_precision
@@ -69,6 +70,7 @@ from neobert_embed.locks import LockHolder, writer_lock
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.runs import Interrupted, check_resume, read_record, write_record
+from neobert_embed.shards import ShardDirectory
 from neobert_embed.sources import fingerprint
 
 STATE_NAME = "build_state.json"
@@ -81,6 +83,8 @@ SAMPLE_SEED = 0
 RESUME_KEYS = ("model", "corpus", "text_field", "id_field", "title_field", "row_ids", "split",
                "chunk_size", "max_seq_length")
 INDEX_OWNED = ("index.ivfdata", "chunks")  # written beside the files the manifest lists (on-disk lists, shards)
+
+log = logging.getLogger(__name__)
 
 
 class BuildOptions(BaseModel):
@@ -197,8 +201,30 @@ def _trained(spec: IndexSpec, dimension: int, sample: Callable[[np.ndarray], np.
     return index
 
 
+def held_out_rows(spec: IndexSpec, total: int) -> int:
+    """How many of the last vectors a graph index (HNSW) keeps out until it is calibrated.
+
+    A vector stored in a graph is linked to its neighbours and finds them through those links, so
+    its recall says little about an unseen query's (:mod:`neobert_embed.index.tuning`); other
+    indexes are calibrated on a sample of their stored vectors and hold nothing back.
+
+    Example:
+        >>> held_out_rows(choose_index_spec("hnsw", 10_000, 384), 10_000), held_out_rows(ivf_spec, 10_000)
+        (512, 0)
+    """
+    return min(CALIBRATION_QUERIES, total // 4) if spec.tuned_parameter == "efSearch" else 0
+
+
+def _rows_below(blocks: Any, limit: int) -> Any:
+    """The ``(first_row, vectors)`` blocks cut to rows ``< limit``."""
+    for first_row, block in blocks:
+        if first_row < limit:
+            yield first_row, block[:limit - first_row]
+
+
 def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
-               sample: Callable[[np.ndarray], np.ndarray], total: int, report: dict | None = None) -> Any:
+               sample: Callable[[np.ndarray], np.ndarray], total: int, report: dict | None = None,
+               hold_out: int = 0) -> Any:
     """Create ``spec``, train it on a seeded sample of the vectors, and add every block.
 
     Shared with the benchmark so measured indexes are built exactly as ``index build`` builds them.
@@ -207,23 +233,31 @@ def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
         blocks: returns a fresh iterator of ``(first_row, vectors)``.
         sample: returns the vectors at sorted rows.
         report: receives ``train_vectors`` and ``train_seconds``.
+        hold_out: leave out the last ``hold_out`` rows (:func:`held_out_rows`); the caller adds them
+            after :func:`calibrate_index` has used them as unseen queries.
 
     Example:
         >>> index = fill_index(spec, 384, lambda: [(0, x)], lambda rows: x[rows], len(x))
     """
     index = _trained(spec, dimension, sample, total, report)
-    for _, block in blocks():
+    for _, block in _rows_below(blocks(), total - hold_out):
         index.add(as_codes(spec, np.asarray(block, dtype=np.float32)))
     return index
 
 
 def calibration_queries(blocks: Callable[[], Any], sample: Callable[[np.ndarray], np.ndarray],
-                        total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Seeded sample of indexed vectors and their exact top-10 (each excluding itself).
+                        total: int, held_out: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Calibration queries and their exact top-10: a seeded sample of the indexed vectors (each
+    excluding itself), or the last ``held_out`` rows against the rows before them.
 
     Example:
         >>> rows, queries, exact = calibration_queries(lambda: [(0, x)], lambda r: x[r], len(x))
     """
+    if held_out:
+        rows = np.arange(total - held_out, total, dtype=np.int64)
+        queries = sample(rows)
+        indexed = total - held_out
+        return rows, queries, exact_neighbours(queries, _rows_below(blocks(), indexed), k=min(10, indexed))
     rows = _sample_rows(total, CALIBRATION_QUERIES, SAMPLE_SEED + 1)
     queries = sample(rows)
     return rows, queries, exact_neighbours(queries, blocks(), k=min(10, max(1, total - 1)), query_rows=rows)
@@ -231,18 +265,20 @@ def calibration_queries(blocks: Callable[[], Any], sample: Callable[[np.ndarray]
 
 def calibrate_index(index: Any, spec: IndexSpec, blocks: Callable[[], Any],
                     sample: Callable[[np.ndarray], np.ndarray], total: int,
-                    queries: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[dict[str, int], Any]:
-    """Calibrate the search parameter on sampled indexed vectors against brute-force search.
+                    queries: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                    held_out: int = 0) -> tuple[dict[str, int], Any]:
+    """Calibrate the search parameter on queries the index has not seen against brute-force search.
 
     Exact float indexes need no calibration (their recall is 1 by construction); every other index,
-    quantized flat ones included, is measured. ``queries`` reuses :func:`calibration_queries`.
+    quantized flat ones included, is measured. ``queries`` reuses :func:`calibration_queries`;
+    ``held_out``: the index lacks the last rows (:func:`fill_index`), which become the queries.
 
     Example:
         >>> params, calibration = calibrate_index(index, spec, lambda: [(0, x)], lambda r: x[r], len(x))
     """
     if spec.factory == "Flat":
         return {}, Calibration(parameter=None, value=None, recall_at_10=1.0, target=RECALL_TARGET, queries=0)
-    rows, vectors, exact = queries or calibration_queries(blocks, sample, total)
+    rows, vectors, exact = queries or calibration_queries(blocks, sample, total, held_out)
     return calibrate(index, spec, vectors, rows, exact)
 
 
@@ -252,14 +288,19 @@ def _import_and_check(partial: Path, opts: BuildOptions, dimension: int, show_pr
         total = _import_corpus(store, opts, show_progress)
         if opts.factory is not None:  # before encoding: corpora that could not be counted earlier
             check_factory_for_corpus(opts.factory, total, dimension)
-    _build_spec(opts, total, dimension)
+    log.info("index: %s", _build_spec(opts, total, dimension).reason)   # before the long encoding
     return total
 
 
 def _build_spec(opts: BuildOptions, total: int, dimension: int) -> IndexSpec:
-    """The index to build; with ``--on-disk``, ``auto`` means IVF-PQ (the memory-bounded choice)."""
-    index_type = "ivfpq" if opts.on_disk and opts.index_type == "auto" and opts.factory is None else opts.index_type
-    spec = choose_index_spec(index_type, total, dimension, opts.precision, opts.factory)
+    """The index to build; with ``--on-disk``, ``auto`` means IVF-PQ (the memory-bounded choice).
+    Its ``reason`` is the line the user is shown and the manifest keeps (``index_choice``)."""
+    on_disk_auto = opts.on_disk and opts.index_type == "auto" and opts.factory is None
+    spec = choose_index_spec("ivfpq" if on_disk_auto else opts.index_type, total, dimension, opts.precision,
+                             opts.factory)
+    if on_disk_auto:
+        spec = dataclasses.replace(spec, reason=f"ivfpq: auto with --on-disk, product-quantized codes keep "
+                                                f"{total:,} vectors' memory bounded")
     if opts.on_disk:
         check_on_disk(spec)
     return spec
@@ -288,14 +329,17 @@ def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: in
     sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
     details: dict[str, Any] = {"on_disk": opts.on_disk,
                                "rerank_k_factor": RERANK_K_FACTOR if needs_rerank(spec.factory) else None}
+    hold_out = 0 if opts.on_disk else held_out_rows(spec, total)
     if opts.on_disk:
         index = build_on_disk(_trained(spec, dimension, sample, total, details), spec, blocks(), partial)
     else:
-        index = fill_index(spec, dimension, blocks, sample, total, report=details)
+        index = fill_index(spec, dimension, blocks, sample, total, report=details, hold_out=hold_out)
     if details["rerank_k_factor"]:
         write_rerank_vectors(partial / RERANK_NAME, blocks(), total, dimension)
     searchable = with_rerank(index, partial, details["rerank_k_factor"])
-    params, calibration = calibrate_index(searchable, spec, blocks, sample, total)
+    params, calibration = calibrate_index(searchable, spec, blocks, sample, total, held_out=hold_out)
+    if hold_out:  # the graph's calibration queries, now that they have served
+        index.add(as_codes(spec, sample(np.arange(total - hold_out, total, dtype=np.int64))))
     if not opts.on_disk:
         write_faiss_index(index, partial / INDEX_NAME)
     return spec, params, calibration, details
@@ -313,8 +357,8 @@ def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncod
         compute_precision=encoder.compute_precision,
         compute=encoder.choice.to_json() if encoder.choice is not None else None,
         index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
-        search_params=params, calibration=calibration, documents=total, vectors=total,
-        sources=[opts.corpus], **details)
+        index_choice=spec.reason, search_params=params, calibration=calibration, documents=total,
+        vectors=total, sources=[opts.corpus], **details)
     manifest = with_checksums(partial, manifest)
     write_manifest(partial, manifest)
     ShardDirectory(partial / "shards").remove()

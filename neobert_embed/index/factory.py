@@ -52,6 +52,7 @@ class IndexSpec:
         binary: codes are sign bits searched by Hamming distance.
         tuned_parameter: search-time knob calibrated for recall (nprobe, efSearch) or None.
         train_size: vectors sampled to train the index (0: needs no training).
+        reason: which index this is and why, for the user (``auto`` says why it chose it).
     """
 
     index_type: str
@@ -60,6 +61,7 @@ class IndexSpec:
     binary: bool
     tuned_parameter: str | None
     train_size: int
+    reason: str = dataclasses.field(default="", compare=False)
 
     @property
     def candidates(self) -> tuple[int, ...]:
@@ -128,7 +130,8 @@ def _custom_spec(factory: str, n_vectors: int) -> IndexSpec:
     binary = factory.startswith("B")
     tuned = "nprobe" if "IVF" in factory else ("efSearch" if "HNSW" in factory else None)
     needs_training = "IVF" in factory or "PQ" in factory or "SQ" in factory or "LSH" in factory
-    spec = IndexSpec("custom", factory, "binary" if binary else "float32", binary, tuned, 0)
+    spec = IndexSpec("custom", factory, "binary" if binary else "float32", binary, tuned, 0,
+                     reason=f"custom: --factory {factory!r}")
     # k-means wants >= 40 points per list (faiss refuses fewer than one); 4096 lists' worth covers the rest
     train_size = min(n_vectors, max(256 * 39, KMEANS_POINTS_PER_CENTROID * max(4096, spec.lists)))
     return dataclasses.replace(spec, train_size=train_size if needs_training else 0)
@@ -146,7 +149,9 @@ def choose_index_spec(index_type: str, n_vectors: int, dimension: int, precision
     lists every cluster gets its own cells and nprobe 8 reaches recall@10 1.0 at >100x flat's
     queries/s (``benchmarks/index_sweep.py``; figures in docs/indexing.md). The approximate
     indexes get their search parameter calibrated after building so recall@10 against exact
-    search stays >= 0.95 (see :mod:`neobert_embed.index.tuning`).
+    search reaches 0.99 (plus a 0.005 margin) on queries the index has not seen, which keeps
+    nDCG@10 within 0.005 of exact search (see :mod:`neobert_embed.index.tuning`). Below ``EXACT_SEARCH_LIMIT`` exact
+    search is fast enough that no approximation is worth its risk; ``IndexSpec.reason`` says so.
 
     Example:
         >>> choose_index_spec("hnsw", 50_000, 384, precision="int8").factory
@@ -156,8 +161,34 @@ def choose_index_spec(index_type: str, n_vectors: int, dimension: int, precision
     if factory is not None:
         return _custom_spec(factory, n_vectors)
     binary = precision == "binary"
+    asked = index_type
     if index_type == "auto":
         index_type = "flat" if n_vectors < EXACT_SEARCH_LIMIT else ("hnsw" if binary else "ivf")
+    spec = _resolved_spec(index_type, n_vectors, dimension, precision, binary)
+    return dataclasses.replace(spec, reason=choice_reason(asked, spec, n_vectors))
+
+
+def choice_reason(asked: str, spec: IndexSpec, n_vectors: int) -> str:
+    """One line for the user: the index built and, for ``auto``, why.
+
+    Example:
+        >>> choice_reason("auto", choose_index_spec("auto", 4000, 384), 4000)
+        'flat (exact): auto, 4,000 vectors < 100,000, exact search is fast'
+    """
+    name = f"{spec.index_type} (exact)" if spec.index_type == "flat" and spec.precision == "float32" else spec.index_type
+    if asked != "auto":
+        return f"{name}: --index-type {asked}"
+    if spec.index_type == "flat":
+        return f"{name}: auto, {n_vectors:,} vectors < {EXACT_SEARCH_LIMIT:,}, exact search is fast"
+    if spec.binary:
+        return (f"{name}: auto, {n_vectors:,} vectors >= {EXACT_SEARCH_LIMIT:,}, exact search slows down; "
+                "binary codes have no IVF here, so HNSW")
+    return (f"{name}: auto, {n_vectors:,} vectors >= {EXACT_SEARCH_LIMIT:,}, exact search slows down; IVF with "
+            f"{spec.lists:,} lists, its nprobe calibrated against exact search")
+
+
+def _resolved_spec(index_type: str, n_vectors: int, dimension: int, precision: str, binary: bool) -> IndexSpec:
+    """The :class:`IndexSpec` of a concrete ``index_type`` (not auto) for ``n_vectors``."""
     nlist = ivf_lists(n_vectors, IVF_FLAT_LISTS_PER_ROOT if index_type == "ivf" else 1)
     ivf_train = min(n_vectors, KMEANS_POINTS_PER_CENTROID * nlist)
     sq_train = min(n_vectors, 100_000) if precision in ("int8",) else 0
@@ -190,9 +221,10 @@ def create_index(spec: IndexSpec, dimension: int) -> Any:
         if spec.binary:
             return faiss.index_binary_factory(dimension, spec.factory)
         index = faiss.index_factory(dimension, spec.factory, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # "Error in <C++ signature> at <file>:<line>: <reason>": the reason alone
+        reason = re.sub(r"^Error in .* at \S+:\d+: ", "", str(exc).strip().splitlines()[-1])
         raise UserInputError(f"--factory {spec.factory!r} is not a valid FAISS factory string for "
-                             f"{dimension}-d vectors: {str(exc).strip().splitlines()[-1]}") from None
+                             f"{dimension}-d vectors: {reason}") from None
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         ivf.cp.seed = 1234

@@ -67,6 +67,8 @@ class IndexManifest(BaseModel):
     prompts: dict[str, str] = Field(default_factory=dict, description="'query' and 'document' prompts")
     index_type: Literal["flat", "ivf", "hnsw", "ivfpq", "custom"]
     factory: str
+    index_choice: str | None = Field(default=None, description="the index built and why, e.g. 'flat (exact): auto, "
+                                     "4,000 vectors < 100,000, exact search is fast' (None before it was kept)")
     precision: Literal["float32", "float16", "int8", "binary"] = Field(description="how vectors are stored")
     compute_precision: Literal["fp32", "bf16", "fp16", "int8"] = Field(
         default="fp32", description="what the model's forward ran in for the documents; queries default to it")
