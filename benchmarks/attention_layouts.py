@@ -30,8 +30,12 @@ import platform
 import random
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
 
 
 def packed_rows(rows: int, length: int, mean_doc: int, seed: int) -> list[int]:
@@ -140,6 +144,17 @@ def main() -> None:
         "cases": rows_out,
         "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "platform": platform.platform(),
                     "cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2)},
+        "conditions": conditions(
+            data=(f"synthetic packed rows: {len(rows_out)} cases of (heads x head_dim) {heads_dims} x (rows, length) "
+                  f"{shapes} x mean document length {means} (exponential lengths, seed mean + length); random "
+                  "q, k, v and output gradient"),
+            precision="fp32",
+            protocol=("sdpa_varlen attention forward + backward (varlen_attention) of the same packed rows in "
+                      "layout 'documents' and 'rows'; the cost rule scored against the faster layout"),
+            selection=(f"best_constants_on_this_run: grid search (7 x 5 x 4 constants) scored on these same "
+                       f"{len(rows_out)} cases (in-sample); constants_in_code: not selected here"),
+            timing=f"best of {repeats} runs per layout, layouts interleaved, each run 1 warm-up step + 1 timed step",
+            threads=torch.get_num_threads()),
     }, indent=1))
 
 

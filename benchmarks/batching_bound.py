@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_load import mixed_texts, random_neobert  # noqa: E402
+from conditions import conditions  # noqa: E402
+from serve_load import STSB_DEV, mixed_texts, random_neobert  # noqa: E402
 
 
 def gemm_rates(device: str) -> dict[str, float]:
@@ -102,6 +103,18 @@ def main() -> None:
     if share:
         gain = report["gemm_gain_1184_over_37_rows"]
         report["bound_from_gemm_efficiency"] = round(1 / ((1 - share) + share / gain), 2)
+    source = "STS-B dev sentences (../shared/data/stsb/dev.jsonl)" if STSB_DEV.is_file() else "synthetic sentences"
+    report["conditions"] = conditions(
+        data=(f"{args.texts} texts drawn from {source}, 1 in 5 a paragraph of 4-10 of them (serve_load.mixed_texts, "
+              "seed 1); GEMM inputs random"),
+        precision="fp32 (load_inference_model(..., 'fp32'); fp32 random GEMM operands)",
+        protocol=("(M x 768) @ (768 x 3072) matmul at 12/37/150/1184 rows; the server's Embedder.forward over "
+                  "every text 1 and 32 at a time; torch.profiler share of aten::mm/addmm/bmm over 32 texts one at "
+                  "a time; NeoBERT 4 x 768 with random weights"),
+        selection="nothing selected",
+        timing=("GEMM: best of 6 runs, each the mean of max(3, 4000 // rows) products; forward: one pass over all "
+                "texts after an 8-text warm-up"),
+        threads=args.threads, device=args.device)
     print(json.dumps(report, indent=2))
 
 

@@ -26,6 +26,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SNLI = ROOT.parent / "shared" / "data" / "snli_pairs" / "triplets.jsonl"
 
@@ -95,13 +98,14 @@ def run_variant(variant: str, model: str, data: Path, steps: int, batch: int, mi
         out = train_contrastive(model=model, data={"train": str(data)}, output=Path(tmp) / "run", recipe=recipe,
                                 callbacks=[Measure()])
         metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        precision = json.loads((out / "summary.json").read_text()).get("precision")  # auto's choice, with why
     rates = [m["examples_per_s"] for m in metrics[1:]] or [metrics[0]["examples_per_s"]]
     result = {"variant": variant, "batch_examples": batch, "texts_per_step": batch * 3, "steps": steps,
               "mini_batch_size": mini_batch if cached else None,
               "examples_per_s": round(statistics.median(rates), 2),
               "peak_rss_mb": round(peak.peak / 2**20, 1),
               "training_rss_increase_mb": round((peak.peak - peak.baseline) / 2**20, 1),
-              "losses": [round(m["loss"], 4) for m in metrics]}
+              "losses": [round(m["loss"], 4) for m in metrics], "precision": precision}
     if torch.cuda.is_available():
         result["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return result
@@ -164,6 +168,19 @@ def main() -> None:
         "cached_vs_plain_speed": round(cached["examples_per_s"] / plain["examples_per_s"], 3),
         "cached_vs_plain_training_memory": round(cached["training_rss_increase_mb"]
                                                  / max(plain["training_rss_increase_mb"], 1e-9), 3),
+        "conditions": conditions(
+            data=(f"SNLI triplets (../{SNLI.relative_to(ROOT.parent)}), the {steps} x {args.batch} examples the trainer "
+                  "draws (its own seed 0)" if data == SNLI else
+                  "600 synthetic paraphrase triplets (SNLI not found)"),
+            precision={variant: result["precision"] for variant, result in (("plain", plain), ("cached", cached))},
+            protocol=(f"train_contrastive, InfoNCE at {args.batch} examples per step (anchor, positive, negative), "
+                      f"max_length {args.max_length}; plain vs cached (GradCache, mini-batch {args.mini_batch}), "
+                      "each variant in its own child process"),
+            selection="nothing selected",
+            timing=(f"median examples/s over the logged steps after the first (of {steps}); peak RSS sampled every "
+                    "10 ms during training; one run per variant"),
+            threads=args.threads or None, device="cuda" if torch.cuda.is_available() else "cpu",
+            model="tiny-bert" if args.tiny else "all-MiniLM-L6-v2"),
     }, indent=2))
 
 

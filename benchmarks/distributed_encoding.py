@@ -22,12 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def _run(nproc: int, model: Path, corpus: Path, output: Path, chunk_size: int) -> float:
-    from neobert_embed.index.distributed import free_port
+    from neobert_embed.distributed import free_port
 
     command = [sys.executable, "-m", "neobert_embed.cli", "index", "build", "--model", str(model), "--corpus",
                str(corpus), "--output", str(output), "--row-ids", "--index-type", "flat", "--chunk-size",
@@ -73,9 +76,23 @@ def main() -> None:
                                           "end_to_end_docs_per_s": round(len(texts) / total, 1),
                                           "all_wall_s": [round(t, 1) for t in times[nproc]["total"]],
                                           "all_fixed_s": [round(t, 1) for t in times[nproc]["fixed"]]}
+        from neobert_embed.index import read_manifest
+
+        precisions = {f"{nproc}_process": read_manifest(Path(tmp) / f"b{nproc}0").compute_precision for nproc in (1, 2)}
     one, two = report["1_process"], report["2_process"]
     report["encoding_throughput_2_over_1"] = round(two["encoding_docs_per_s"] / one["encoding_docs_per_s"], 3)
     report["extra_fixed_overhead_s"] = round(two["fixed_overhead_s"] - one["fixed_overhead_s"], 1)
+    report["conditions"] = conditions(
+        data=(f"the first {len(texts)} AG News test texts (../shared/data/ag_news/test.jsonl); the fixed-cost build: "
+              "the first 16 of them"),
+        precision={mode: f"{chosen} (index build's default --precision auto)" for mode, chosen in precisions.items()},
+        protocol=("`neobert-embed index build --index-type flat --row-ids --batch-size 32` as a whole CLI process, "
+                  "1 process vs torchrun --nproc-per-node 2; encoding throughput = texts / (wall - fixed-cost wall)"),
+        selection="nothing selected",
+        timing=f"wall seconds of each whole process, best of {args.repeats} repeats, modes interleaved",
+        threads=(f"1 process: torch's default (os.cpu_count() = {os.cpu_count()}); 2 processes: OMP_NUM_THREADS = "
+                 f"{max(1, (os.cpu_count() or 1) // 2)} each"),
+        probe_torch=True, model="all-MiniLM-L6-v2")
     print(json.dumps(report, indent=2))
 
 

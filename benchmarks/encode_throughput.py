@@ -32,6 +32,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 FULL_DEPTH = {"neobert": 28, "modernbert": 22, "bert": 12}
 
 
@@ -269,6 +272,21 @@ def main() -> None:
         "criterion_own_forward_2x_faster_than_padded_fp32_mixed": (
             criterion[0]["vs_padded"] >= 2.0 if criterion else None),
         "results": rows,
+        "conditions": conditions(
+            data=("synthetic: random token ids (seed 0) in batches "
+                  + "; ".join(f"{b.name} ({len(b.lengths)} sequences, {b.real_tokens} real tokens)" for b in inputs)
+                  + "; mixed lengths spread evenly over the range, shuffled (seed 0)"),
+            precision={"equal_depth": args.dtypes.split(","),
+                       "full_depth": [] if args.quick or args.no_full_depth else args.full_depth_dtypes.split(","),
+                       "how": "weights and activations in that dtype (from_config(dtype=...)), no autocast"},
+            protocol=(f"forward only under inference_mode, random-weight NeoBERT / ModernBERT / BERT configurations "
+                      f"({args.layers} layers x 768, and unless quick/--no-full-depth the mixed batch at 28/22/12 "
+                      "layers); NeoBERT un-padded (auto/varlen) vs padded on the same inputs; real tokens only"),
+            selection=("fraction_of_peak: over the better of two matmul-peak measurements (before and after the run); "
+                       "nothing else selected"),
+            timing=(f"best of {args.repeats} runs (full depth: {max(1, args.repeats - 1)}) after a warm-up on a "
+                    "4-row slice, paths interleaved per repeat"),
+            threads=torch.get_num_threads()),
     }, indent=1))
 
 

@@ -32,8 +32,12 @@ import json
 import os
 import platform
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
 
 PAPER_A100 = {"neobert": {"512": 24500, "4096": 17200}}
 MODELS = ("neobert", "modernbert", "bert")
@@ -204,6 +208,20 @@ def main() -> None:
         "paper_a100_tokens_per_s": PAPER_A100,
         "machine": {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                     "load_average_1min": round(os.getloadavg()[0], 2)},
+        "conditions": conditions(
+            data=(f"synthetic: random token ids (never special tokens; seed 0) in full-length batches at lengths "
+                  f"{lengths}; mixed column: lengths spread evenly over [16, L] (seed 1)"),
+            precision=(f"{str(dtype).removeprefix('torch.')} weights and activations (from_config(dtype=...)), "
+                       "no autocast"),
+            protocol=("the NeoBERT paper's Table 10: forward only under inference_mode, random weights, "
+                      f"models {', '.join(args.models.split(','))} at {args.layers or 'their published'} layers; batch sizes "
+                      f"powers of two up to {args.max_tokens} tokens and {args.max_batch} rows or out of memory; "
+                      f"mfu over {peak_source}"),
+            selection=("tokens_per_s and mfu: the best batch size of each length's sweep (the protocol's figure); "
+                       "the mixed column runs at the largest batch that fit"),
+            timing=(f"best of {args.repeats} forwards after {args.warmup} warm-up forwards, per batch size "
+                    "(synchronized on a GPU)"),
+            threads=torch.get_num_threads(), device=str(device)),
     }, indent=1))
 
 

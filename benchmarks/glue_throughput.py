@@ -28,6 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -92,6 +95,7 @@ def main() -> None:
     preset = GluePreset(batch_size=[args.batch], learning_rate=[2e-5], epochs=1, max_length=args.max_length,
                         precision="fp32")
     best: dict[str, float] = {}
+    precisions: dict[str, str] = {}
     # library banners go to stderr: stdout is the JSON only
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         root = Path(tmp)
@@ -108,6 +112,7 @@ def main() -> None:
                 result = run_trial(str(models[kind]), data, Trial("rte", args.batch, 2e-5, 0.01, repeat), preset,
                                    root / "work" / kind, device="cpu")
                 best[kind] = max(best.get(kind, 0.0), result["train_examples_per_s"])
+                precisions[kind] = result["precision"]
     lengths = [len(tokenizer(r["sentence1"], r["sentence2"])["input_ids"])
                for r in _texts(tokenizer, args.rows, args.min_length, args.max_length, 0)]
     print(json.dumps({
@@ -118,6 +123,18 @@ def main() -> None:
         "repeats": args.repeats, "train_examples_per_s": best,
         "neobert_unpadded_vs_padded": round(best["neobert"] / best["neobert-padded"], 3),
         "neobert_unpadded_vs_bert": round(best["neobert"] / best["bert"], 3),
+        "conditions": conditions(
+            data=(f"synthetic sentence pairs of words from the bert-base-uncased vocabulary: {args.rows} training rows "
+                  f"(seed 0) whose token counts are spread evenly over {args.min_length}..{args.max_length}, "
+                  "shuffled; 8 validation rows (seed 1); labels alternate"),
+            precision=precisions,
+            protocol=(f"one epoch of run_trial (task rte, batch {args.batch}, lr 2e-5, dynamic padding, "
+                      f"classification head, backward) on random-weight {args.layers} x 768 models: NeoBERT "
+                      "(attention_backend auto: un-padded), the same forced to padded, and BERT-base's configuration"),
+            selection="nothing selected",
+            timing=(f"best train_examples_per_s (the Trainer's train_samples_per_second) of {args.repeats} trial(s) "
+                    "per model, models interleaved"),
+            threads=torch.get_num_threads()),
     }, indent=2))
 
 

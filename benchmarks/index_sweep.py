@@ -22,7 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from index_bench import clustered_vectors  # noqa: E402
+from conditions import conditions  # noqa: E402
+from index_bench import CLUSTERS, DIMENSION, clustered_vectors  # noqa: E402
 
 from neobert_embed.index.tuning import exact_neighbours, recall_at_k  # noqa: E402
 
@@ -99,7 +100,22 @@ def main() -> None:
     results = [sweep(f, vectors, queries, truth, flat_qps, args.k_factor) for f in args.factories.split(";")]
     print(json.dumps({"benchmark": "index_sweep", "vectors": args.vectors, "noise": args.noise,
                       "queries": args.queries, "threads": faiss.omp_get_max_threads(),
-                      "flat_queries_per_s": round(flat_qps, 1), "factories": results}, indent=2))
+                      "flat_queries_per_s": round(flat_qps, 1), "factories": results,
+                      "conditions": conditions(
+                          data=(f"synthetic: {args.vectors} + {args.queries} held-out query vectors, unit "
+                                f"{DIMENSION}-d around {CLUSTERS} random centres, noise {args.noise} (seed 0, "
+                                "index_bench.clustered_vectors); IVF training sample: seeded (0) rows of the corpus"),
+                          precision="float32 vectors; each factory's own codes (e.g. PQ4 fast-scan, RFlat re-ranking "
+                                    "in float32)",
+                          protocol=(f"faiss.index_factory(..., METRIC_INNER_PRODUCT) per factory, searched over "
+                                    f"nprobe {list(NPROBES)} (IVF) or efSearch {list(EF_SEARCH)} (HNSW), k_factor "
+                                    f"{args.k_factor} for RFlat; recall@10 against exact top-10 of the held-out "
+                                    "queries"),
+                          selection=("a factory's sweep stops at the first point with recall@10 >= 0.99; "
+                                     "meets_target: any point with recall@10 >= 0.95 and >= 10x flat's queries/s, "
+                                     "judged on these same queries (in-sample)"),
+                          timing="one pass over all queries after an 8-query warm-up, per point",
+                          threads=faiss.omp_get_max_threads(), faiss=faiss.__version__)}, indent=2))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "tasks" / "stsb-dev"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
 
 
 def sts_rows(limit: int) -> tuple[list[dict], str]:
@@ -124,6 +126,19 @@ def main() -> None:
         "within_10_percent_cpu": cpu_ratio >= 0.9,
         "full_mteb_evaluate_s": round(evaluate_s, 3),
         "full_evaluate_vs_raw_encode_wall": round(evaluate_s / min(raw_wall), 3),
+        "conditions": conditions(
+            data=(f"STS-B dev (../shared/data/tasks/stsb-dev/test.jsonl, the dev split in a task folder), the first "
+                  f"{len(rows)} pairs, both sentences" if source == "STS-B dev" else
+                  f"{len(rows)} synthetic sentence pairs (STS-B dev not found)"),
+            precision=f"{recipe.precision} (EvaluationRecipe default) for both paths: the runner's model is the raw one",
+            protocol=("the MTEB runner's encode (mteb create_dataloader + UniformEncoder.encode) vs "
+                      f"SentenceTransformer.encode(batch {args.batch_size}, normalized) of the same texts; plus one "
+                      "whole mteb.evaluate of the task"),
+            selection="nothing selected",
+            timing=(f"{repeats} rounds after one warm-up of each path, order alternating per round; verdicts: median "
+                    "over rounds of the per-round ratio (wall and this process's CPU time); *_best: the best round; "
+                    "evaluate: one run"),
+            model="all-MiniLM-L6-v2", mteb=mteb.__version__),
     }
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -24,13 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 DIMENSION = 384
 CLUSTERS = 1000
 
 
 def write_shards(directory: Path, n: int, chunk_size: int, noise: float) -> int:
     """Clustered unit vectors (as in index_bench.py) streamed to ``chunk-*.npy`` shards."""
-    from neobert_embed.index.shards import ShardDirectory
+    from neobert_embed.shards import ShardDirectory
 
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((CLUSTERS, DIMENSION), dtype=np.float32)
@@ -49,7 +52,7 @@ def build(mode: str, directory: Path, n: int, chunk_size: int, n_chunks: int) ->
     from neobert_embed.index.factory import choose_index_spec, write_faiss_index
     from neobert_embed.index.ondisk import build_on_disk, train_index
     from neobert_embed.index.rerank import RERANK_K_FACTOR, RERANK_NAME, with_rerank, write_rerank_vectors
-    from neobert_embed.index.shards import ShardDirectory
+    from neobert_embed.shards import ShardDirectory
 
     shards = ShardDirectory(directory / "shards")
     blocks = functools.partial(shards.blocks, n_chunks)
@@ -104,6 +107,16 @@ def main() -> None:
             print(f"{mode}: {json.dumps(report[mode])}", file=sys.stderr, flush=True)
     report["ondisk_over_flat_peak_rss"] = round(report["ondisk"]["peak_rss_mb"] / report["flat"]["peak_rss_mb"], 3)
     report["below_half"] = bool(report["ondisk_over_flat_peak_rss"] < 0.5)
+    report["conditions"] = conditions(
+        data=(f"synthetic: {args.vectors} unit {DIMENSION}-d vectors around {CLUSTERS} random centres, noise "
+              f"{args.noise} (seed 0), written as {report['shards']} shards of {args.chunk_size} rows"),
+        precision=("float32 vectors; ondisk: IVF-PQ codes on disk, float16 re-rank vectors; flat: float32 in "
+                   "memory"),
+        protocol=("each index built from the shards in a fresh process exactly as index build does after encoding "
+                  "(flat in memory vs --on-disk IVF-PQ with calibration); peak RSS = that process's ru_maxrss"),
+        selection="nothing selected",
+        timing="one build per mode (peak RSS is the figure; seconds are one run)",
+        threads="faiss's default in each worker process (not set)")
     print(json.dumps(report, indent=2))
 
 

@@ -5,7 +5,7 @@ BEIR-layout task from ``../shared/data/snli_pairs/triplets.jsonl`` (the first ``
 rows): each anchor is a query whose one relevant document is its entailed positive; the corpus is
 every positive and every contradicting negative (so each query has a near-miss distractor). Then,
 for the real all-MiniLM-L6-v2, it builds a flat (exact) index at ``--precision fp32``, the default
-``auto`` and ``int8``, and scores each with ``index eval`` (queries at the index's own precision).
+``auto``, ``int8`` and ``bf16`` (``--precisions``), and scores each with ``index eval`` (queries at the index's own precision).
 Prints one JSON object: nDCG@10, recall@10 and MRR@10 per precision, the differences to fp32, and
 what ``auto`` chose.
 
@@ -25,25 +25,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "snli_pairs" / "triplets.jsonl"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # also when imported by path (index_defaults imports write_task)
+
+from conditions import conditions  # noqa: E402
 
 
 def write_task(directory: Path, triplets: int) -> tuple[Path, Path]:
-    """corpus.jsonl (positives + negatives, deduplicated), queries.jsonl and qrels/test.tsv."""
+    """The first ``triplets`` SNLI triplets as a BEIR task (``neobert_embed.beir.write_triplet_task``)."""
+    from neobert_embed.beir import write_triplet_task
+
     rows = [json.loads(line) for line in DATA.open(encoding="utf-8")][:triplets]
-    ids: dict[str, str] = {}
-    for row in rows:
-        for text in (row["positive"], row["negative"]):
-            ids.setdefault(text, f"d{len(ids)}")
-    directory.mkdir(parents=True)
-    (directory / "corpus.jsonl").write_text(
-        "".join(json.dumps({"_id": doc_id, "text": text}) + "\n" for text, doc_id in ids.items()), encoding="utf-8")
-    (directory / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": f"q{i}", "text": row["anchor"]}) + "\n" for i, row in enumerate(rows)),
-        encoding="utf-8")
-    (directory / "qrels").mkdir()
-    (directory / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\t{ids[row['positive']]}\t1\n" for i, row in enumerate(rows)),
-        encoding="utf-8")
+    write_triplet_task(rows, directory)
     return directory, directory / "corpus.jsonl"
 
 
@@ -79,6 +71,17 @@ def main() -> None:
     if base:
         report["ndcg_at_10_minus_fp32"] = {p: round(r["ndcg_at_10"] - base["ndcg_at_10"], 5)
                                            for p, r in report["runs"].items()}
+    report["conditions"] = conditions(
+        data=(f"SNLI (../shared/data/snli_pairs/triplets.jsonl), the first {args.triplets} triplets: anchors as "
+              "queries, each relevant to its entailed positive; corpus: every positive and contradicting negative "
+              f"({report['documents']} documents after de-duplication)"),
+        precision={asked: f"{run['compute_precision']} (asked {asked}" + (f"; {run['reason']})" if run["reason"] else ")")
+                   for asked, run in report["runs"].items()},
+        protocol=("all-MiniLM-L6-v2 builds a flat (exact) index per --precision and index eval scores it, queries "
+                  "encoded at the index's own precision: nDCG@10, recall@10, MRR@10 against the qrels"),
+        selection="nothing selected",
+        timing="seconds: one build + eval per precision",
+        model="all-MiniLM-L6-v2")
     print(json.dumps(report, indent=1))
 
 

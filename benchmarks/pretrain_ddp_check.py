@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conditions import conditions  # noqa: E402
 from pretrain_throughput import write_corpus  # noqa: E402
 
 TOLERANCE = 1e-5  # on every step's loss (the criterion)
@@ -110,6 +111,17 @@ def main() -> None:
                  "--recipe", str(work / f"two-{stage}.yaml"), "--output", str(work / f"two-{stage}")], env)
             report["stages"][f"zero{stage}"] = compare(work / f"one-{stage}", work / f"two-{stage}")
     report["pass"] = all(s["pass"] for s in report["stages"].values())
+    report["conditions"] = conditions(
+        data=("Python stdlib docstrings (pretrain_throughput.write_corpus), prepared with a tokenizer trained on "
+              "them (vocab 2048); both runs see the same micro-batches"),
+        precision="fp32 (the recipe's training.precision)",
+        protocol=(f"neobert-embed pretrain, NeoBERT 2 x 64, {steps} steps, micro-batch 2, DeepSpeed ZeRO stage(s) "
+                  f"{stages}: 1 process with gradient accumulation 4 vs torchrun 2 processes (gloo, 127.0.0.1) with "
+                  f"accumulation 2; per-step losses must agree within {TOLERANCE}, exported weights within "
+                  f"{WEIGHT_SANITY}"),
+        selection="nothing selected",
+        timing="not timed (a correctness check)",
+        threads="OMP_NUM_THREADS=1 in every process", probe_torch=True)
     print(json.dumps(report, indent=2))
 
 

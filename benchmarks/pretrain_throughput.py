@@ -40,6 +40,9 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 MODES = {
     "packed": {"packing": True, "attention_backend": "auto"},
     "packed_per_length_groups": {"packing": True, "attention_backend": "auto"},
@@ -178,6 +181,18 @@ def main() -> None:
                 best["packed_per_length_groups"]["real_tokens_per_s"] / best["padded_unpadded"]["real_tokens_per_s"],
             "machine": {"python": sys.version.split()[0], "torch": torch.__version__,
                         "platform": platform.platform(), "cpus": os.cpu_count()},
+            "conditions": conditions(
+                data=(f"Python stdlib docstrings longer than 40 characters from {len(MODULES)} modules ({documents} "
+                      "documents), prepared with a tokenizer trained on them (vocab 4096); rows drawn in the "
+                      "recipe's seeded document order (the same seed in every mode)"),
+                precision="fp32 (the recipe's training.precision)",
+                protocol=(f"pretrain() on NeoBERT {args.layers} x {args.hidden}, {args.rows} rows x {args.seq_length} "
+                          f"tokens per micro-batch, {args.steps} steps, engine {args.engine}: packed vs packed with "
+                          "per-length groups vs padded vs padded with un-padding; real tokens only"),
+                selection="nothing selected",
+                timing=(f"per mode: median per-step tokens/s from metrics.jsonl after {args.warmup} warm-up steps; "
+                        f"best of {args.rounds} round(s), modes interleaved"),
+                threads=args.threads),
         }
     print(json.dumps(report, indent=2))
 

@@ -44,6 +44,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 STSB_DEV = ROOT.parent / "shared" / "data" / "stsb" / "dev.jsonl"
 
@@ -326,11 +329,8 @@ def main() -> None:
     DEVICE["device"] = args.device
     levels = [int(c) for c in args.concurrency.split(",")]
     texts = mixed_texts(4000)
-    report: dict = {"conditions": {
-        "cpus": os.cpu_count(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "device": args.device, "note": "load generator on the same machine as the servers; scenarios "
-                "alternate at each concurrency", "seconds_per_point": seconds, "torch_threads_per_server": args.threads, "texts": "STS-B dev sentences, "
-                "1 in 5 a 4-10 sentence paragraph", "model": "all-MiniLM-L6-v2"}}
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    report: dict = {}
 
     if not args.skip_minilm:
         report.update(bench_minilm(args, levels, texts, seconds))
@@ -352,7 +352,31 @@ def main() -> None:
             report["neobert_4x768_random"] = result
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-    report["conditions"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    source = "STS-B dev sentences (../shared/data/stsb/dev.jsonl)" if STSB_DEV.is_file() else "synthetic sentences"
+    measured_stsb = "stsb_dev_spearman" in report
+    report["conditions"] = conditions(
+        data=(f"4000 texts drawn from {source}, 1 in 5 a paragraph of 4-10 of them (seed 0), one per request"
+              + ("; STS-B dev Spearman on every dev pair" if measured_stsb else "")),
+        precision={**({"ours_default": f"auto (the server's /health: {report.get('default_precision')})",
+                       "ours_fp32": "fp32", "ours_int8": "int8",
+                       "infinity_*": "infinity-emb's own default for its engine"} if "minilm" in report else {}),
+                   **({"neobert_*": "the server's default (--precision auto)"}
+                      if "neobert_4x768_random" in report else {})},
+        protocol=(f"closed-loop clients at concurrency {levels} over loopback, each posting one text per request "
+                  "and waiting for its answer; servers started side by side (neobert-embed serve, infinity-emb v2); "
+                  "NeoBERT 4 x 768 random weights: dynamic batching vs --max-batch-tokens 1"),
+        selection=("*_over_best_infinity: against the infinity-emb engine with the highest requests/s at that "
+                   "concurrency in this run; nothing else selected"),
+        timing=(f"per server and concurrency: {seconds} s or {args.max_requests} requests after a warm-up of "
+                "max(2, clients) requests; scenarios run in turn at each concurrency; p50/p99 over every request"),
+        threads=f"torch threads per server: OMP_NUM_THREADS = MKL_NUM_THREADS = {args.threads}",
+        device=args.device, probe_torch=True,
+        # the keys this block held before it was shared with the other benchmarks
+        cpus=os.cpu_count(), load_average_at_start=load_at_start,
+        note="load generator on the same machine as the servers; scenarios alternate at each concurrency",
+        seconds_per_point=seconds, torch_threads_per_server=args.threads,
+        texts=f"{source.split(' (')[0]}, 1 in 5 a 4-10 sentence paragraph", model="all-MiniLM-L6-v2",
+        load_average_at_end=[round(x, 2) for x in os.getloadavg()])
     print(json.dumps(report, indent=2))
 
 

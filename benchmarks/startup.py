@@ -41,6 +41,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by path
+from conditions import conditions  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 #: The console script, plus (when STARTUP_MARK names a file) the moment its command returned, so that the
 #: interpreter's teardown can be told apart from the command.
@@ -273,6 +276,20 @@ def main() -> None:
                         _serve(args.model, env, work, ("-X", "importtime"))[3], args.top)
             report["sources"][str(source)] = entry
     report["load_average_end"] = os.getloadavg()
+    chosen = {source: entry["encode_breakdown_s"].get("chosen_precision") for source, entry in report["sources"].items()}
+    report["conditions"] = conditions(
+        data=("synthetic: 10 fixed sample sentences (encode, the breakdown, serve's /embed: the first one) and a "
+              "200-document corpus built from them (the flat index that search queries with 'sentence similarity')"),
+        precision={"encode and serve": f"the CLI's default --precision auto (the breakdown's probe chose: {chosen})",
+                   "index": "built with --precision fp32; search encodes its query at the index's precision"},
+        protocol=("fresh processes of the console script (PYTHONPATH = each --source checkout) against "
+                  f"{args.model.name}: --help, encode, index search, serve until /health and until a first /embed; "
+                  "import floors; a breakdown of encode inside one process; -X importtime runs"),
+        selection="nothing selected",
+        timing=(f"median of {args.repeats} interleaved repeat(s) per figure, wall seconds and CPU seconds (user + "
+                "system of the process); importtime: one run"),
+        threads="torch's default in each process (not set)", probe_torch=True,
+        sources=[str(source) for source in sources])
     print(json.dumps(report, indent=2))
 
 

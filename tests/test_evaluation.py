@@ -110,6 +110,7 @@ def test_every_local_task_type_is_scored_by_mteb(tmp_path, tiny_bert):
     table = (tmp_path / "out" / "summary.md").read_text()
     assert "| Model | Class. | Clust. | PairClass. | Rerank. | Retr. | STS | Summ. | Avg. |" in table
     assert "*" not in table.split("## Per task")[0].split("|---|")[-1]  # complete: no incomplete mark
+    assert "| LocalSTS | STS | cosine_spearman on test |" in table, "each score says its metric and split"
 
     rerun = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", **UNIFORM,
                      show_progress=False)
@@ -206,7 +207,7 @@ def test_cli_reports_failures_continues_and_marks_incomplete(tmp_path, tiny_bert
     assert "broken/test.jsonl:1" in report["failures"]["BrokenSTS"]
     assert "BrokenSTS" in result.stderr
     table = (out / "summary.md").read_text()
-    assert "* (1/2)" in table and "BrokenSTS | STS | missing" in table
+    assert "* (1/2)" in table and "BrokenSTS | STS | cosine_spearman on test | missing" in table
     row = (out / "summary.csv").read_text().splitlines()[1]
     assert ",false,BrokenSTS," in row
 

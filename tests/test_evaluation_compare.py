@@ -39,6 +39,7 @@ def test_compare_five_backbones_end_to_end_and_resume(tmp_path):
     for arch in ARCHITECTURES:
         assert (tmp_path / "cmp" / "models" / arch / "modules.json").is_file()
     table = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "fine-tuned with the same contrastive recipe" in table and "no checkpoint is selected" in table
     for arch in ARCHITECTURES:
         assert f"| {arch} | — | — | — | — | — | " in table
     csv_rows = (tmp_path / "cmp" / "summary.csv").read_text().splitlines()

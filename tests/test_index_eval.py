@@ -75,12 +75,15 @@ def test_index_eval_equals_mteb_retrieval_evaluation(minilm_path, tmp_path):
     ours = evaluate_index(index_dir, task_dir)
     reference = _mteb_scores(minilm_path, task_dir)
     assert ours["queries"] == 8
+    assert (ours["split"], ours["index_type"], ours["search_params"], ours["store_precision"]) == \
+        ("test", "flat", {}, "float32"), "how the figures were obtained"
     assert 0.2 < reference["ndcg_at_10"] < 1.0, "the task must not be trivial for the comparison to mean much"
     for key in REPORTED:
         assert ours[key] == pytest.approx(reference[key], abs=1e-6), key
 
     result = CliRunner().invoke(app, ["index", "eval", str(index_dir), "--task-dir", str(task_dir), "--json"])
     assert result.exit_code == 0, result.output
+    assert "split test: 8 judged queries" in " ".join(result.stderr.split()), result.stderr
     last = json.loads(result.stdout.strip().splitlines()[-1])
     assert last["ndcg_at_10"] == pytest.approx(reference["ndcg_at_10"], abs=1e-6)
     assert last["recall_at_10"] == pytest.approx(reference["recall_at_10"], abs=1e-6)

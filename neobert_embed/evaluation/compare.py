@@ -55,8 +55,8 @@ class CompareResult:
 
 def _failed_report(model: str, name: str, tasks: list[Any], error: str, protocol: str) -> EvaluationReport:
     """A report whose every task failed, so a model that could not be trained shows as missing."""
-    outcomes = [TaskOutcome(t.metadata.name, t.metadata.type, "failed", t.metadata.main_score, error=error)
-                for t in tasks]
+    outcomes = [TaskOutcome(t.metadata.name, t.metadata.type, "failed", t.metadata.main_score, error=error,
+                            splits=list(t.metadata.eval_splits)) for t in tasks]
     return EvaluationReport(model, name, "untrained", "", "", outcomes, protocol=protocol)
 
 
@@ -118,7 +118,11 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = N
         reports.append(report)
         if report.failures:
             failures[name] = report.failures
-    summary_md, summary_csv = write_summary(reports, output, tasks=selected)
+    recipe_name = ("the bundled contrastive.yaml" if recipe is None
+                   else str(recipe) if isinstance(recipe, str | Path) else "a ContrastiveRecipe given in Python")
+    note = (f"Models: each backbone fine-tuned with the same contrastive recipe ({recipe_name}); the model "
+            "saved at the end of training is evaluated (no checkpoint is selected on these scores).")
+    summary_md, summary_csv = write_summary(reports, output, tasks=selected, models_note=note)
     task_types_map = {t.metadata.name: t.metadata.type for t in selected}
     plots = plot_categories(summarize(reports, task_types_map), output / "plots")
     logger.info("compare: table in %s, plots in %s", summary_md, output / "plots")

@@ -32,6 +32,7 @@ from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.evaluation.recipe import EvaluationRecipe
 from neobert_embed.files import directory_digest
 from neobert_embed.inference.runtime import PrecisionChoice
+from neobert_embed.runs import CHECKPOINTS_DIR
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def model_identity(name_or_path: str | Path, revision: str | None = None) -> Mod
     source = str(name_or_path)
     path = Path(source)
     if path.is_dir():
-        return ModelIdentity(source, path.resolve().name, revision or directory_digest(path, skip=("checkpoints",)))
+        return ModelIdentity(source, path.resolve().name, revision or directory_digest(path, skip=(CHECKPOINTS_DIR,)))
     name = resolve_model_name(source)
     return ModelIdentity(source, name, _hub_revision(name, revision))
 

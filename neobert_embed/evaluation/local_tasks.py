@@ -39,7 +39,7 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import task_data
 from neobert_embed.evaluation.task_data import LABEL, NUMBER, TEXT
 from neobert_embed.files import directory_digest
-from neobert_embed.recipes import load_spec
+from neobert_embed.recipes import TASK_FILE, load_spec
 
 TASK_TYPES = ("STS", "PairClassification", "Classification", "Clustering", "Retrieval", "Reranking")
 DEFAULT_MAIN_SCORES = {"STS": "cosine_spearman", "PairClassification": "max_ap",
@@ -227,7 +227,7 @@ def load_task_dir(directory: str | Path) -> Any:
     if not directory.is_dir():
         raise UserInputError(f"{directory}: not a directory; --task-dir takes a task directory "
                              "(with task.json) or a folder of them")
-    spec = load_spec(directory / "task.json", TaskSpec, "task")
+    spec = load_spec(directory / TASK_FILE, TaskSpec, "task")
     return _registered_task(spec, directory) if spec.mteb_task else _new_task(spec, directory)
 
 
@@ -241,12 +241,12 @@ def find_task_dirs(paths: Iterable[str | Path]) -> list[Path]:
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if (path / "task.json").is_file():
+        if (path / TASK_FILE).is_file():
             found.append(path)
             continue
         if not path.is_dir():
             raise UserInputError(f"{path}: no such directory (--task-dir)")
-        children = sorted(child for child in path.iterdir() if (child / "task.json").is_file())
+        children = sorted(child for child in path.iterdir() if (child / TASK_FILE).is_file())
         if not children:
             raise UserInputError(f"{path}: neither a task directory (no task.json) nor a folder of task "
                                  "directories; see `neobert-embed mteb --help` for the layout")

@@ -35,6 +35,7 @@ from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, mode
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.inference.runtime import check_compute_precision
+from neobert_embed.model_files import check_model_files
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.runs import Interrupted
 
@@ -51,7 +52,8 @@ RESULTS_MARKS = ("results", "summary.md", "models")
 
 @dataclass
 class TaskOutcome:
-    """One task's fate in a run: ``done`` (evaluated now), ``cached`` (reused) or ``failed``."""
+    """One task's fate in a run: ``done`` (evaluated now), ``cached`` (reused) or ``failed``; its
+    score is mteb's main score (``main_score`` names it) averaged over mteb's ``splits``."""
 
     task: str
     type: str
@@ -60,6 +62,7 @@ class TaskOutcome:
     score: float | None = None
     error: str | None = None
     result_file: str | None = None
+    splits: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -239,7 +242,8 @@ def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskO
     import mteb
 
     outcome = TaskOutcome(task.metadata.name, task.metadata.type, "failed", task.metadata.main_score,
-                          result_file=str(cache.get_task_result_path(task.metadata.name, meta)))
+                          result_file=str(cache.get_task_result_path(task.metadata.name, meta)),
+                          splits=list(task.metadata.eval_splits))
     cached = _cached_score(cache, task, meta)
     if cached is not None:
         outcome.status, outcome.score = "cached", cached
@@ -315,6 +319,7 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
         raise UserInputError(f"--output {output} lies in the model directory {model}, an input of this command; "
                              "choose an output outside it")
     check_output_directory(output, record=RESULTS_MARKS, inputs=list(task_dirs or []), what="results directory")
+    check_model_files(model)  # a damaged local model is refused before any result folder is made
     check_protocol(protocol)
     if precision is not None:
         check_compute_precision(precision)

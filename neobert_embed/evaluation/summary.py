@@ -118,15 +118,22 @@ def summary_protocol(reports: Sequence[Any]) -> str:
     return protocols[0] if protocols else "model"
 
 
-def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol: str = "model") -> str:
-    """The table (paper layout), then per-task scores and the missing tasks of each model."""
+def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol: str = "model",
+                    measures: dict[str, str] | None = None, models_note: str | None = None) -> str:
+    """The table (paper layout), then per-task scores and the missing tasks of each model.
+
+    ``measures`` says per task which metric on which split(s) its score is (see :func:`task_measures`);
+    ``models_note`` says where the models came from (``compare``: one fine-tuning recipe).
+    """
     from neobert_embed.evaluation.protocol import DESCRIPTIONS, describe_precision
 
+    measures = measures or {}
     headers = ["Model"] + [short for _, short in CATEGORIES] + ["Avg."]
     lines = [f"# MTEB summary — protocol: {protocol}", "", f"Protocol `{protocol}`: {DESCRIPTIONS[protocol]}.",
-             "", f"Main scores × 100 over {len(task_types)} selected task(s). "
+             "", f"Main scores × 100 over {len(task_types)} selected task(s): each task's mteb main metric on "
+             "its evaluation split(s), named per task below; nothing is selected or tuned on these splits. "
              "`*` marks an average over fewer tasks than selected (done/selected): it is incomplete, "
-             "not comparable.", "",
+             "not comparable.", *(["", models_note] if models_note else []), "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
         cells = [row.cells[short].markdown() for _, short in CATEGORIES]
@@ -134,11 +141,11 @@ def render_markdown(rows: Sequence[SummaryRow], task_types: dict[str, str], prot
     lines += ["", "## Compute precision", ""]
     lines += [f"- {row.label}: {describe_precision(row.precision)}"
               + (f" on {row.precision['machine']}" if (row.precision or {}).get("machine") else "") for row in rows]
-    lines += ["", "## Per task", "", "| Task | Type | " + " | ".join(r.label for r in rows) + " |",
-              "|---|---|" + "---|" * len(rows)]
+    lines += ["", "## Per task", "", "| Task | Type | Score | " + " | ".join(r.label for r in rows) + " |",
+              "|---|---|---|" + "---|" * len(rows)]
     for task, kind in task_types.items():
         values = ["missing" if r.task_scores[task] is None else f"{100 * r.task_scores[task]:.2f}" for r in rows]
-        lines.append(f"| {task} | {kind} | " + " | ".join(values) + " |")
+        lines.append(f"| {task} | {kind} | {measures.get(task, '?')} | " + " | ".join(values) + " |")
     incomplete = [r for r in rows if r.missing]
     if incomplete:
         lines += ["", "## Missing tasks (averages above are incomplete)", ""]
@@ -167,7 +174,21 @@ def render_csv(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol:
     return buffer.getvalue()
 
 
-def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[Any] | None = None) -> tuple[Path, Path]:
+def task_measures(reports: Sequence[Any], tasks: Sequence[Any] | None = None) -> dict[str, str]:
+    """Per task, what its score is: ``"cosine_spearman on test"`` (mteb averages over several splits).
+
+    Example:
+        >>> task_measures([report])["STSBenchmark"]
+        'cosine_spearman on test'
+    """
+    described = {(o.task): (o.main_score, o.splits) for report in reports for o in report.outcomes if o.splits}
+    described.update({t.metadata.name: (t.metadata.main_score, list(t.metadata.eval_splits)) for t in tasks or ()})
+    return {task: f"{metric} on {' + '.join(splits)}" + (" (mean)" if len(splits) > 1 else "")
+            for task, (metric, splits) in described.items()}
+
+
+def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[Any] | None = None,
+                  models_note: str | None = None) -> tuple[Path, Path]:
     """Write ``summary.md`` and ``summary.csv`` under ``output`` for these evaluation reports.
 
     Raises :class:`UserInputError` (nothing written) when the reports mix evaluation protocols.
@@ -176,6 +197,7 @@ def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[An
         reports: :class:`~neobert_embed.evaluation.run.EvaluationReport` objects (one per model).
         output: directory for the two files (written atomically).
         tasks: the selected mteb tasks; default: every task any report attempted.
+        models_note: one sentence on where the models came from, under the protocol line.
 
     Example:
         >>> write_summary([run_mteb("runs/model", task_dirs=["tasks/"], output="runs/mteb", summary=False)],
@@ -187,6 +209,7 @@ def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[An
     rows = summarize(reports, task_types)
     output = Path(output)
     md_path, csv_path = output / "summary.md", output / "summary.csv"
-    atomic_write_text(md_path, render_markdown(rows, task_types, protocol))
+    atomic_write_text(md_path, render_markdown(rows, task_types, protocol, task_measures(reports, tasks),
+                                               models_note))
     atomic_write_text(csv_path, render_csv(rows, task_types, protocol))
     return md_path, csv_path

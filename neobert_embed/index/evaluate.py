@@ -34,7 +34,9 @@ def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, 
     Returns:
         ``{"ndcg_at_10": ..., "recall_at_10": ..., "recall_at_100": ..., "mrr_at_10": ...,
         "map_at_10": ..., "precision_at_10": ..., ...}`` for k in mteb's k values and ``k``,
-        plus ``queries`` (how many were scored) and ``documents`` (searchable in the index).
+        plus ``queries`` (how many were scored), ``documents`` (searchable in the index), and how
+        the figures were obtained: ``split``, ``compute_precision`` of the queries, and the index's
+        ``index_type``, ``factory``, ``search_params`` and ``store_precision``.
 
     Example:
         >>> evaluate_index("runs/news-index", "tasks/news", k=20)["ndcg_at_20"]
@@ -48,11 +50,13 @@ def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, 
     with open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision) as index:
         depth = min(max(k_values), index.manifest.documents)
         hits = index.search([task.queries[qid] for qid in query_ids], k=depth)
-        documents = index.manifest.documents
+        manifest = index.manifest
         compute = index.encoder.compute_precision
     results = {qid: {hit.doc_id: hit.score for hit in ranked} for qid, ranked in zip(query_ids, hits, strict=True)}
-    out: dict[str, float | str] = {**ranking_scores(results, task.qrels, k_values)}
-    out.update(queries=len(query_ids), documents=documents, k=k, compute_precision=compute)
+    out: dict[str, float | str | dict[str, int]] = {**ranking_scores(results, task.qrels, k_values)}
+    out.update(queries=len(query_ids), documents=manifest.documents, k=k, split=split, compute_precision=compute,
+               index_type=manifest.index_type, factory=manifest.factory, search_params=dict(manifest.search_params),
+               store_precision=manifest.precision)
     return out
 
 

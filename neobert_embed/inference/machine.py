@@ -74,8 +74,15 @@ class Machine:
         return f"{self.device} {self.name} ({self.torch_capability}; {units}), {self.threads} threads"
 
 
-def _cpu_info() -> tuple[str, set[str]]:
-    """The CPU's model name and flags from ``/proc/cpuinfo`` (empty on systems without it)."""
+def cpu_info() -> tuple[str, set[str]]:
+    """The CPU's model name and flags from ``/proc/cpuinfo`` (empty on systems without it), read
+    without importing torch (benchmarks describe the machine this way when they never load a model).
+
+    Example:
+        >>> name, flags = cpu_info()
+        >>> "avx2" in flags
+        True
+    """
     path = Path("/proc/cpuinfo")
     name, flags = platform.processor() or platform.machine(), set()
     if path.is_file():
@@ -89,7 +96,12 @@ def _cpu_info() -> tuple[str, set[str]]:
     return name, flags
 
 
-def _forced_flags() -> set[str] | None:
+def forced_flags() -> set[str] | None:
+    """The matrix-unit flags ``NEOBERT_EMBED_CPU_FEATURES`` imposes (tests of other CPUs), else None.
+
+    Example:
+        >>> forced_flags()   # the variable is not set
+    """
     value = os.environ.get(FEATURES_VARIABLE)
     if value is None:
         return None
@@ -119,8 +131,8 @@ def _describe(device: str, _forced: str | None) -> Machine:
             return Machine(device, torch.cuda.get_device_name(index), (), f"sm_{major}{minor}", threads,
                            gpu_bf16=torch.cuda.is_bf16_supported())
         return Machine(device, kind, (), "", threads, gpu_bf16=kind == "mps")
-    name, flags = _cpu_info()
-    forced = _forced_flags()
+    name, flags = cpu_info()
+    forced = forced_flags()
     notes: tuple[str, ...] = ()
     if forced is not None:
         flags, notes = forced, (f"flags set by {FEATURES_VARIABLE}",)
