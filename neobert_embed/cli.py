@@ -14,19 +14,20 @@ import shlex
 import sys
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
 from neobert_embed import commands as general_commands
+from neobert_embed.console import user_console
 from neobert_embed.contrastive import commands as contrastive_commands
+from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import commands as evaluation_commands
 from neobert_embed.glue import commands as glue_commands
 from neobert_embed.index import commands as index_commands
 from neobert_embed.modeling import commands as modeling_commands
 from neobert_embed.pretraining import commands as pretraining_commands
-from neobert_embed.runs import Interrupted, is_main_process
+from neobert_embed.runs import Interrupted
 from neobert_embed.serve import commands as serve_commands
 
 
@@ -44,7 +45,7 @@ class _Root(TyperGroup):
             if is_main_process():  # one message per torchrun job; the same command, never --overwrite
                 words = [word for word in ctx.meta["argv"] if word != "--overwrite"]
                 command = shlex.join([*_launcher(), *words, *(a for a in stop.resume_args if a not in words)])
-                Console(stderr=True).print(f"[yellow]interrupted[/]: {escape(str(stop))}\nResume with:\n  "
+                user_console(stderr=True).print(f"[yellow]interrupted[/]: {escape(str(stop))}\nResume with:\n  "
                                            f"{escape(command)}", highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
 
@@ -97,7 +98,7 @@ def main() -> None:
     """
     atexit.unregister(gc.freeze)  # once, however often main() runs in this process
     atexit.register(gc.freeze)
-    console = Console(stderr=True)
+    console = user_console(stream=sys.stderr)  # the handler of the command is gone when it fails
     try:
         status = app(standalone_mode=False)
     except UserInputError as exc:

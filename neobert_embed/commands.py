@@ -80,7 +80,8 @@ def demo(
 
     Pretrains a small NeoBERT, fine-tunes it and the real all-MiniLM-L6-v2 contrastively on
     (summary, body) pairs, evaluates them beside their starting points on a held-out retrieval
-    task, and indexes the corpus with FAISS. Third-party output goes to OUTPUT/demo.log. Finished
+    task, then indexes the corpus with FAISS and searches it with held-out queries, the fine-tuned
+    MiniLM's hits beside the base model's. Third-party output goes to OUTPUT/demo.log. Finished
     stages are skipped when the command is rerun (after Ctrl-C, say); --fresh starts over.
     """
     from neobert_embed.console import user_console

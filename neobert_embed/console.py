@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 
-from neobert_embed.runs import is_main_process
+from neobert_embed.distributed import is_main_process
 
 if TYPE_CHECKING:
     from rich.progress import Progress, ProgressColumn, Task
@@ -47,9 +47,10 @@ logger = logging.getLogger(__name__)
 class ConsoleHandler(logging.Handler):
     """Renders the toolkit's log records on the user console (below ERROR: process 0 only)."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, stdout: TextIO | None = None) -> None:
         super().__init__(logging.INFO)
         self.console = Console(file=stream, highlight=False, soft_wrap=True)
+        self.stdout = stdout or sys.stdout  # the command's own stdout, before any capturing block
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno < logging.ERROR and not is_main_process():
@@ -72,6 +73,7 @@ def _console_handler() -> ConsoleHandler | None:
 def show_records(stream: TextIO | None = None) -> ConsoleHandler:
     """Render ``neobert_embed`` log records on ``stream`` (default: the current stderr), replacing
     an earlier handler; while rendered, they stay out of the run's log (third-party output only).
+    The current stdout is remembered as the command's, for :func:`user_console`.
 
     Example:
         >>> show_records().detach()
@@ -85,16 +87,21 @@ def show_records(stream: TextIO | None = None) -> ConsoleHandler:
     return handler
 
 
-def user_console(stderr: bool = False) -> Console:
-    """The console for the toolkit's own lines, unaffected by capturing: on stderr the one
-    :func:`show_records` renders on (else the real stderr), on stdout the real stdout.
+def user_console(stderr: bool = False, stream: TextIO | None = None) -> Console:
+    """The one console for the toolkit's own lines (messages, tables, spinners), unaffected by
+    capturing blocks: the streams the command started with (:func:`show_records` remembers them),
+    else the process's real ones. ``stream`` names another (``main()``'s error line, written after
+    the command's handler is gone, goes to the stderr current then).
 
     Example:
         >>> user_console().print("[green]✓[/] done")
     """
-    if stderr and (handler := _console_handler()) is not None:
-        return handler.console
-    stream: TextIO = sys.__stderr__ if stderr else sys.__stdout__  # type: ignore[assignment]
+    if stream is None and (handler := _console_handler()) is not None:
+        if stderr:
+            return handler.console
+        stream = handler.stdout
+    if stream is None:
+        stream = sys.__stderr__ if stderr else sys.__stdout__  # type: ignore[assignment]
     return Console(file=stream, highlight=False)
 
 
@@ -278,14 +285,22 @@ def _log_records_to(stream: TextIO) -> Iterator[None]:
         root.setLevel(previous_level)
 
 
-@contextlib.contextmanager
-def _terminal_handlers_to(stream: TextIO) -> Iterator[None]:
-    """Point libraries' existing terminal log handlers (transformers' own, say) at ``stream``."""
+def _stream_handlers() -> list[logging.StreamHandler]:
     loggers = [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
                                       if isinstance(item, logging.Logger))]
+    return [handler for log in loggers for handler in log.handlers if type(handler) is logging.StreamHandler]
+
+
+@contextlib.contextmanager
+def _terminal_handlers_to(stream: TextIO) -> Iterator[None]:
+    """Point libraries' existing terminal log handlers (transformers' own, say) at ``stream``.
+
+    Afterwards they point back, and a handler a library made inside the block (``datasets``
+    makes its own at first use, on the ``sys.stderr`` of that moment: the log) is pointed at
+    the real stderr, or every record it writes later would fail on the closed log.
+    """
     terminals = (sys.__stderr__, sys.__stdout__)
-    moved = [(handler, handler.stream) for log in loggers for handler in log.handlers
-             if type(handler) is logging.StreamHandler and handler.stream in terminals]
+    moved = [(handler, handler.stream) for handler in _stream_handlers() if handler.stream in terminals]
     for handler, _ in moved:
         handler.setStream(stream)
     try:
@@ -293,6 +308,9 @@ def _terminal_handlers_to(stream: TextIO) -> Iterator[None]:
     finally:
         for handler, original in moved:
             handler.setStream(original)
+        for handler in _stream_handlers():
+            if handler.stream is stream:
+                handler.setStream(sys.__stderr__)
 
 
 @contextlib.contextmanager

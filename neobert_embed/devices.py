@@ -33,6 +33,21 @@ def available_devices() -> list[str]:
     return found
 
 
+def default_device() -> str:
+    """Where work goes when no ``--device`` is given: ``cuda`` when torch sees a GPU, else ``cpu``.
+
+    Why one function: training, GLUE workers and index ranks must agree on the default, or a
+    torchrun job would put one rank on the GPU and another on the CPU.
+
+    Example:
+        >>> default_device()   # on a machine without a GPU
+        'cpu'
+    """
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_device(device: str, flag: str = "--device") -> str:
     """Return ``device`` when this machine has it; otherwise one line naming what it has.
 

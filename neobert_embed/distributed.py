@@ -24,11 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
-
+from neobert_embed.devices import default_device
 from neobert_embed.errors import UserInputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 T = TypeVar("T")
 WAIT_HOURS_ENV = "NEOBERT_EMBED_DIST_TIMEOUT_HOURS"
@@ -78,15 +80,9 @@ class World:
         """
         if not self.distributed or (requested is not None and ":" in requested):
             return requested
-        if requested == "cuda" or (requested is None and _cuda_available()):
+        if requested == "cuda" or (requested is None and default_device() == "cuda"):
             return f"cuda:{self.local_rank}"
         return requested
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 def current_world() -> World:
@@ -105,6 +101,16 @@ def current_world() -> World:
     return World(rank=rank, size=size, local_rank=local)
 
 
+def is_main_process() -> bool:
+    """True in rank 0 under torchrun, the one process that writes the run's files (or a plain process).
+
+    Example:
+        >>> is_main_process()
+        True
+    """
+    return current_world().is_main
+
+
 def init_world() -> World:
     """Join the process group when running distributed (NCCL with GPUs, else gloo); idempotent.
 
@@ -117,7 +123,7 @@ def init_world() -> World:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = "nccl" if dist.is_nccl_available() and _cuda_available() else "gloo"
+        backend = "nccl" if dist.is_nccl_available() and default_device() == "cuda" else "gloo"
         hours = float(os.environ.get(WAIT_HOURS_ENV, DEFAULT_WAIT_HOURS))
         dist.init_process_group(backend=backend, timeout=timedelta(hours=hours))
     return world
@@ -181,7 +187,7 @@ def encode_across_ranks(world: World, n_texts: int, encode: Callable[[int, int],
     """
     if not world.distributed:
         return encode(0, n_texts)
-    from neobert_embed.index.shards import ShardDirectory
+    from neobert_embed.shards import ShardDirectory
 
     size = max(1, min(chunk_size, math.ceil(n_texts / world.size)))
     n_chunks = math.ceil(n_texts / size)
@@ -190,6 +196,8 @@ def encode_across_ranks(world: World, n_texts: int, encode: Callable[[int, int],
     for chunk in world.my_chunks(n_chunks):
         shards.write(chunk, encode(chunk * size, min(n_texts, (chunk + 1) * size)))
     barrier(world)
+    import numpy as np
+
     matrix = np.concatenate([np.asarray(shards.load(c)) for c in range(n_chunks)]) if world.is_main else None
     barrier(world)
     if world.is_main:

@@ -104,7 +104,7 @@ def encode_texts(
     """
     checked = check_texts(texts)
     if not checked:
-        return np.zeros((0, model.get_sentence_embedding_dimension()), dtype=np.float32)
+        return np.zeros((0, model.get_embedding_dimension()), dtype=np.float32)
     truncated = count_truncated(model, checked)
     if truncated:
         logger.warning("%d of %d texts are longer than max_seq_length=%d tokens and were truncated",
@@ -118,7 +118,7 @@ def encode_texts(
         return encode_longest_first(
             lambda part: model.encode(part, batch_size=batch_size, prompt_name=prompt_name, show_progress_bar=False,
                                       convert_to_numpy=True),
-            checked, model.get_sentence_embedding_dimension(), batch_size * SLICE_BATCHES,
+            checked, model.get_embedding_dimension(), batch_size * SLICE_BATCHES,
             lambda done: bar.advance(task, done))
 
 
@@ -290,7 +290,7 @@ def encode_file(
         raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
     if batch_size < 1:
         raise UserInputError(f"--batch-size must be positive, got {batch_size}")
-    from neobert_embed.index.distributed import encode_across_ranks, init_world, on_main
+    from neobert_embed.distributed import encode_across_ranks, init_world, on_main
 
     output_path = Path(output_path)
     world = init_world()  # under torchrun, rank r encodes chunks i = r mod world; rank 0 writes the file
@@ -325,7 +325,7 @@ def encode_file(
         Path(str(output_path) + ".parts"))
     seconds = time.perf_counter() - start
     if embeddings is None:  # not rank 0: rank 0 writes the matrix and reports
-        return EncodeReport(texts=len(texts), dimension=model.get_sentence_embedding_dimension(),
+        return EncodeReport(texts=len(texts), dimension=model.get_embedding_dimension(),
                             precision=precision, seconds=round(seconds, 3), texts_per_second=0.0,
                             output=str(output_path), max_seq_length=int(model.max_seq_length),
                             compute_precision=compute.description)

@@ -101,7 +101,7 @@ def atomic_directory(path: str | Path, overwrite: bool = True, record: str | Non
     try:
         yield tmp
         if stamp and record is not None and (tmp / record).is_file():
-            data = json.loads((tmp / record).read_text(encoding="utf-8"))
+            data = read_json(tmp / record, "record just written")
             if isinstance(data, dict):
                 atomic_write_json(tmp / record, {**data, WRITTEN_KEY: sorted(os.listdir(tmp))})
     except BaseException:
@@ -192,11 +192,13 @@ def _feed(digest: Any, path: str | Path) -> None:
             digest.update(block)
 
 
-def read_json(path: str | Path, what: str = "record") -> Any:
+def read_json(path: str | Path, what: str = "record",
+              fix: str = "restore it from a copy, or remove it to start that part over") -> Any:
     """The JSON value in ``path``; a damaged file is one located error, not a traceback.
 
-    Why: records (run, journal, manifest, state files) are read back by reruns; a file cut short by
-    a full disk or edited by hand must say which file, where, and what to do.
+    Why: records (run, journal, manifest, state files) and model files are read back by reruns; a
+    file cut short by a full disk or edited by hand must say which file, where, and what to do
+    (``fix``: for a model file, re-download or re-export it).
 
     Example:
         >>> read_json("runs/demo/stages.json", "demo journal")
@@ -207,11 +209,10 @@ def read_json(path: str | Path, what: str = "record") -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
-        raise UserInputError(f"{path}: damaged {what} (not UTF-8 at byte {exc.start}); restore it from a copy, "
-                             "or remove it to start that part over") from None
+        raise UserInputError(f"{path}: damaged {what} (not UTF-8 at byte {exc.start}); {fix}") from None
     except json.JSONDecodeError as exc:
-        raise located(path, exc.lineno, f"damaged {what} (invalid JSON: {exc.msg}, column {exc.colno}); restore "
-                      "it from a copy, or remove it to start that part over") from None
+        raise located(path, exc.lineno, f"damaged {what} (invalid JSON: {exc.msg}, column {exc.colno}); {fix}") \
+            from None
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:

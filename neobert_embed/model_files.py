@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +21,7 @@ from typing import Any
 
 from neobert_embed.backbones import BACKBONES, resolve_model_name, usable_max_length
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import read_json
 
 WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -38,10 +38,7 @@ def local_model_dir(name_or_path: str | Path) -> Path | None:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"{path}: corrupt JSON ({exc}); {FIX}") from None
+    return read_json(path, "model file", FIX)
 
 
 def check_safetensors(path: str | Path) -> None:

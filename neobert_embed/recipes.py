@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from neobert_embed.errors import UserInputError, located
 
 M = TypeVar("M", bound=BaseModel)
+TASK_FILE = "task.json"  # what makes a directory a local task (GLUE, MTEB, the demo's retrieval task)
 Key = tuple[str | int, ...]
 
 

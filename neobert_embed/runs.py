@@ -1,8 +1,9 @@
 """Run directories: what a run was asked to do, whether a resume continues it, and how it ends.
 
 Why one module: training, index builds and corpus preparation are long jobs that resume, and each
-had its own copy of these mechanisms, each behaving a little differently. Here they are once: the
-run record (settings written atomically when a run starts); the resume check (a resume with other
+had its own copy of these mechanisms, each behaving a little differently. Here they are once:
+claiming the output directory (:func:`claimed_directory`: checked before any work, then held by
+one writer for the whole job); the run record (settings written atomically when a run starts); the resume check (a resume with other
 settings is refused before any work, in one error listing every changed key as ``key (old →
 new)``, except the operational keys each area declares); ``metrics.jsonl`` (trimmed on resume to
 the restored step, so it reads as one uninterrupted run); promotion of the finished output; and
@@ -15,24 +16,48 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, atomic_write_json, atomic_write_text
+from neobert_embed.locks import LockHolder, writer_lock
+from neobert_embed.outputs import DirectoryState, check_output_directory
 
-RUN_FILE = "run.json"
+RUN_FILE = "run.json"  # what a run was asked to do (settings), written when it starts
+METRICS_FILE = "metrics.jsonl"  # one JSON line per logged training step
+CHECKPOINTS_DIR = "checkpoints"  # resumable training states, one folder each
 
 
-def is_main_process() -> bool:
-    """True in rank 0 under torchrun, the one process that writes the run's files (or a plain process).
+@contextlib.contextmanager
+def claimed_directory(output: str | Path, *, record: str | tuple[str, ...], command: str,
+                      inputs: Collection[str | Path | None] = (), what: str = "output", wait: bool = True,
+                      replace: str | None = None, owned: Collection[str] = (),
+                      on_stale: Callable[[LockHolder], None] | None = None) -> Iterator[DirectoryState]:
+    """Own the directory ``output`` for the block: the one way a command starts writing one.
+
+    Before any work the path is checked (:func:`~neobert_embed.outputs.check_output_directory`: not
+    a file, not an input, writable, absent, empty or carrying ``record``; with ``replace``, holding
+    nothing but what its record claims), then this process takes the directory's writer lock
+    (:func:`~neobert_embed.locks.writer_lock`; ``wait=False`` fails at once when another writer
+    holds it) and checks again, since the other writer may have changed it meanwhile. Under
+    torchrun only rank 0 checks and locks, for the whole job. Yields the directory's state
+    (``absent``, ``empty`` or ``owned``), from which the command decides what resume and
+    overwrite mean for it.
 
     Example:
-        >>> is_main_process()
-        True
+        >>> with claimed_directory("runs/x", record=RUN_FILE, command="neobert-embed train-contrastive") as state:
+        ...     train_into("runs/x", fresh=state is not DirectoryState.OWNED)
     """
-    return int(os.environ.get("RANK", "0")) == 0
+    if not is_main_process():
+        yield DirectoryState.OWNED
+        return
+    check = dict(record=record, inputs=list(inputs), what=what, replace=replace, owned=owned)
+    check_output_directory(output, **check)
+    with writer_lock(output, command=command, wait=wait, on_stale=on_stale):
+        yield check_output_directory(output, **check)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -62,13 +62,16 @@ def test_help_imports_neither_torch_nor_transformers(argv):
 
 def test_importing_the_package_still_registers_neobert():
     """Light ``import neobert_embed``, then transformers: NeoBERT is an Auto class, in either order."""
-    for code in ("import sys, neobert_embed; assert 'torch' not in sys.modules; import transformers",
-                 "import transformers, neobert_embed"):
-        check = (f"{code}; c = transformers.AutoConfig.for_model('neobert', hidden_size=64, num_attention_heads=2);"
-                 " m = transformers.AutoModel.from_config(c); print(type(c).__name__, type(m).__name__)")
-        out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.split() == ["NeoBERTConfig", "NeoBERTModel"]
+    checks = [f"{code}; c = transformers.AutoConfig.for_model('neobert', hidden_size=64, num_attention_heads=2);"
+              " m = transformers.AutoModel.from_config(c); print(type(c).__name__, type(m).__name__)"
+              for code in ("import sys, neobert_embed; assert 'torch' not in sys.modules; import transformers",
+                           "import transformers, neobert_embed")]
+    procs = [subprocess.Popen([sys.executable, "-c", check], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for check in checks]  # side by side: each is mostly imports
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        assert out.split() == ["NeoBERTConfig", "NeoBERTModel"]
 
 
 MODELING_MODULES = ("configuration", "model", "rotary", "attention", "conversion", "auto")
@@ -78,15 +81,30 @@ def test_any_modeling_module_imported_first_registers_neobert():
     """A modeling module that is the first to import transformers must not hit a circular import.
 
     ``neobert-embed convert`` once failed with "partially initialized module" because conversion
-    imported ``configuration`` before anything else had loaded transformers. One fresh process per
-    module, run side by side.
+    imported ``configuration`` before anything else had loaded transformers. One fresh interpreter
+    imports torch (which loads no transformers) and forks one child per module, so each child's
+    first import of transformers comes from that module, without paying torch's import six times.
     """
-    check = ("import neobert_embed.modeling.{}, transformers; "
-             "c = transformers.AutoConfig.for_model('neobert', hidden_size=64, num_attention_heads=2); "
-             "print(type(transformers.AutoModel.from_config(c)).__name__)")
-    procs = {first: subprocess.Popen([sys.executable, "-c", check.format(first)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True) for first in MODELING_MODULES}
-    for first, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, f"import neobert_embed.modeling.{first} first: {err[-2000:]}"
-        assert out.split() == ["NeoBERTModel"], first
+    script = f"""
+import os, sys, torch
+children = {{}}
+for first in {MODELING_MODULES!r}:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            assert "transformers" not in sys.modules and "neobert_embed" not in sys.modules
+            __import__(f"neobert_embed.modeling.{{first}}")
+            import transformers
+            c = transformers.AutoConfig.for_model("neobert", hidden_size=64, num_attention_heads=2)
+            os.write(1, f"{{first}} {{type(transformers.AutoModel.from_config(c)).__name__}}\\n".encode())  # one write
+            os._exit(0)
+        except BaseException as exc:
+            print(first, "FAILED", repr(exc), file=sys.stderr, flush=True)
+            os._exit(1)
+    children[pid] = first
+failed = [children[pid] for pid in children if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0]
+sys.exit(f"failed: {{failed}}" if failed else 0)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(out.stdout.split("\n")[:-1]) == sorted(f"{first} NeoBERTModel" for first in MODELING_MODULES)

@@ -197,3 +197,45 @@ def test_read_only_index_commands_draw_no_third_party_bars(command, world, tmp_p
     assert result.exit_code == 0, result.output
     screen = result.output + "".join(capfd.readouterr())
     assert "Loading weights" not in screen and "it/s]" not in screen, screen
+
+
+def test_the_toolkits_own_lines_reach_the_commands_streams(world, tmp_path):
+    """Tables and verdicts go through the one user console, onto the streams the command started
+    with: a caller that captures them (CliRunner here, a shell pipe for a user) gets every line."""
+    import shutil
+
+    shutil.copytree(world["root"] / "index", tmp_path / "index")
+    verified = CliRunner().invoke(app, ["index", "verify", str(tmp_path / "index")])
+    searched = CliRunner().invoke(app, ["index", "search", str(tmp_path / "index"), "fresh news", "--k", "1"])
+    assert verified.exit_code == 0 and "OK (" in verified.output, verified.output
+    assert searched.exit_code == 0 and "query: fresh news" in searched.output, searched.output
+
+
+def test_no_console_is_made_outside_console_py():
+    """One console: a ``Console(`` anywhere else in the package would bypass capturing and the
+    process-0 rule (the count was 6 before this test)."""
+    package = Path(__file__).resolve().parents[1] / "neobert_embed"
+    raw = [f"{path.relative_to(package)}:{number}" for path in sorted(package.rglob("*.py"))
+           if path.name != "console.py"
+           for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "Console(" in line]
+    assert raw == []
+
+
+def test_a_log_handler_made_inside_the_block_still_writes_after_it(tmp_path, capfd):
+    """``datasets`` makes its handler at its first record, on the ``sys.stderr`` of that moment: inside
+    a command, the run's log. Once the command is over that log is closed, and every later record
+    (a notebook's next cell) printed '--- Logging error --- I/O operation on closed file'."""
+    from neobert_embed.console import capture_third_party
+
+    late = logging.getLogger("thirdparty.late")
+    with capture_third_party(tmp_path / "run.log"):
+        handler = logging.StreamHandler()
+        late.addHandler(handler)
+        late.warning("inside the block")
+    try:
+        late.warning("after the block")
+    finally:
+        late.removeHandler(handler)
+    err = capfd.readouterr().err
+    assert "after the block" in err and "Logging error" not in err, err
+    assert "inside the block" in (tmp_path / "run.log").read_text(encoding="utf-8")

@@ -318,6 +318,7 @@ def test_train_contrastive_json_stdout_is_only_json(model, tmp_path):
 
 def test_run_directories_take_the_writer_lock(model, tmp_path, capsys):
     from contrastive_helpers import TINY_RECIPE, paraphrase_rows
+    from glue_helpers import tiny_task_dir
 
     data = write_jsonl(tmp_path / "pairs.jsonl", paraphrase_rows())
     run, pretraining = tmp_path / "run", tmp_path / "pretrain"
@@ -325,6 +326,10 @@ def test_run_directories_take_the_writer_lock(model, tmp_path, capsys):
         run: ["train-contrastive", "--model", model, "--data", f"p={data}", "--recipe", TINY_RECIPE, "--output", run],
         pretraining: ["pretrain", "--recipe", REPO / "recipes" / "pretrain-tiny.yaml", "--corpus", data, "--output", pretraining],
         tmp_path / "demo": ["demo", "--quick", "--output", tmp_path / "demo"],
+        tmp_path / "prepared": ["pretrain", "prepare", "--corpus", data, "--text-field", "query", "--tokenizer",
+                                model, "--output", tmp_path / "prepared"],
+        tmp_path / "glue": ["glue", "--model", model, "--task-dir", tiny_task_dir(tmp_path, "stsb"), "--output",
+                            tmp_path / "glue"],
     }
     for target, args in commands.items():
         with writer_lock(target, command="another writer"):

@@ -113,6 +113,14 @@ def _copy_index(kind: str = "none") -> Callable[[dict[str, Path]], None]:
     return make
 
 
+def _damaged_model(file: str) -> Callable[[dict[str, Path]], None]:
+    """A copy of the model at ``{case}/model`` whose ``file`` (a record every loader reads) is cut short."""
+    def make(paths: dict[str, Path]) -> None:
+        shutil.copytree(paths["model"], paths["case"] / "model")
+        (paths["case"] / "model" / file).write_text('[{"idx": 0, "name": ', encoding="utf-8")
+    return make
+
+
 def _both(*steps: Callable[[dict[str, Path]], None]) -> Callable[[dict[str, Path]], None]:
     def make(paths: dict[str, Path]) -> None:
         for step in steps:
@@ -295,6 +303,28 @@ CASES = [
     Case("export bad format", ("export", M, "--format", "tflite", "--output", "{case}/e"), ("--format",)),
     Case("export --overwrite foreign file inside", (*EXPORT, "--output", "{case}/e", "--overwrite"),
          ("notes.txt",), _both(_foreign("e/export.json", '{"format": "onnx"}'), _foreign("e/notes.txt"))),
+    # --- damaged model files: every command that loads a model names the file (issue: one record reader)
+    Case("encode damaged modules.json", ("encode", "--model", "{case}/model", "--input", T, "--output",
+                                         "{case}/out.npy"), ("modules.json", "damaged"), _damaged_model("modules.json")),
+    Case("build damaged config.json", ("index", "build", "--model", "{case}/model", "--corpus", "{corpus}",
+                                       "--output", "{case}/new-index"), ("config.json", "damaged"),
+         _damaged_model("config.json")),
+    Case("mine damaged modules.json", ("mine-negatives", "--model", "{case}/model", "--data", "{pairs}",
+                                       "--output", "{case}/mined.jsonl"), ("modules.json", "damaged"),
+         _damaged_model("modules.json")),
+    Case("train damaged modules.json", ("train-contrastive", "--model", "{case}/model", "--data", "p={pairs}",
+                                        "--recipe", "{recipe}", "--max-steps", "1", "--output", "{case}/run"),
+         ("modules.json", "damaged"), _damaged_model("modules.json")),
+    Case("mteb damaged config.json", ("mteb", "--model", "{case}/model", "--task-dir", "{case}/sts", "--output",
+                                      "{case}/r"), ("config.json", "damaged"),
+         _both(_damaged_model("config.json"), _foreign("sts/task.json", '{"name": "S", "type": "STS"}'),
+               _foreign("sts/test.jsonl", '{"sentence1": "a", "sentence2": "b", "score": 1.0}\n'))),
+    Case("glue damaged modules.json", ("glue", "--model", "{case}/model", "--task-dir", "{task}", "--output",
+                                       "{case}/glue"), ("modules.json", "damaged"), _damaged_model("modules.json")),
+    Case("serve damaged modules.json", ("serve", "--model", "{case}/model"), ("modules.json", "damaged"),
+         _damaged_model("modules.json")),
+    Case("export damaged config.json", ("export", "{case}/model", "--format", "onnx", "--output", "{case}/e"),
+         ("config.json", "damaged"), _damaged_model("config.json")),
     Case("demo output under a file", ("demo", "--quick", "--output", "{file}/demo"), ("a-file",)),
     Case("demo output read-only", ("demo", "--quick", "--output", READ_ONLY), ("/proc/1",)),
     Case("demo damaged journal", ("demo", "--quick", "--output", "{case}/demo"), ("stages.json",),
@@ -377,7 +407,8 @@ def test_a_failed_prepare_leaves_nothing_and_a_rerun_works(world, tmp_path, caps
     code, _, err = run_main(args, capsys)
     assert code == 0, err
     assert json.loads((output / "manifest.json").read_text(encoding="utf-8"))["num_documents"] == 51
-    assert not list(tmp_path.glob(".prepared*"))
+    # no unfinished preparation left behind; the writer lock file stays (see KEPT_ON_REFUSAL)
+    assert [path.name for path in tmp_path.glob(".prepared*")] in ([], [".prepared.lock"])
 
 
 def test_a_document_without_text_is_skipped_and_said(world, tmp_path, capsys):

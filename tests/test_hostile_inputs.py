@@ -139,7 +139,7 @@ MINE = ("mine-negatives", "--data", "{pairs}", "--output", "{case}/mined.jsonl")
 SEARCH = ("index", "search", "{case}/index", "hello")
 ADD = ("index", "add", "{case}/index", "--corpus", "{new_docs}")  # ids the index does not hold yet
 MODEL_WORDS = {"empty": ("{case}/model", "empty directory"), "truncated": ("model.safetensors", "truncated"),
-               "garbage": ("model.safetensors", "corrupt"), "config": ("config.json", "corrupt json"),
+               "garbage": ("model.safetensors", "corrupt"), "config": ("config.json", "damaged model file", "invalid json"),
                "no-weights": ("{case}/model", "no weights"), "bin-garbage": ("pytorch_model.bin", "corrupt"),
                "bin-bad-pickle": ("{case}/model", "could not be loaded")}
 INDEX_WORDS = {"faiss-garbage": ("index.faiss", "not a readable faiss index"),

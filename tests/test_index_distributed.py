@@ -20,8 +20,8 @@ from index_helpers import tiny_bert_with_prompts, write_corpus
 from typer.testing import CliRunner
 
 from neobert_embed.cli import app
+from neobert_embed.distributed import World, free_port, parse_devices
 from neobert_embed.index import build_index, open_index
-from neobert_embed.index.distributed import World, free_port, parse_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ("cats", "dogs", "oil prices", "stock markets", "football", "rain")

@@ -42,16 +42,16 @@ from typing import Any
 from neobert_embed import runs
 from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
+from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
-from neobert_embed.locks import writer_lock
-from neobert_embed.outputs import DirectoryState, check_output_directory
+from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import Spec
 from neobert_embed.training_precision import TrainingPrecision
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = runs.CHECKPOINTS_DIR
 RELOAD_TOLERANCE = 1e-5
 
 
@@ -227,11 +227,9 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         ...                         recipe=load_contrastive_recipe(max_steps=20))
     """
     output = Path(output)
-    if not runs.is_main_process():  # rank 0 checks and locks the run directory for the whole job
-        return _train_in(output, model, data, recipe, resume, overwrite, callbacks, DirectoryState.OWNED)
     inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
-    state = check_output_directory(output, record=runs.RUN_FILE, inputs=inputs, what="training run")
-    with writer_lock(output, command="neobert-embed train-contrastive", wait=wait):
+    with runs.claimed_directory(output, record=runs.RUN_FILE, command="neobert-embed train-contrastive",
+                                inputs=inputs, what="training run", wait=wait) as state:
         return _train_in(output, model, data, recipe, resume, overwrite, callbacks, state)
 
 
@@ -250,7 +248,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     loss = build_contrastive_loss(sentence_model, recipe)
     checkpoint = last_checkpoint(output) if resume else None
     fresh = checkpoint is None and (state is not DirectoryState.OWNED or overwrite)
-    if runs.is_main_process():  # record what the run is (run.json), clearing an overwritten run first
+    if is_main_process():  # record what the run is (run.json), clearing an overwritten run first
         if overwrite and not resume:
             _discard_new_run(output)
         runs.write_record(output, _record(model_name, sources, recipe))
@@ -260,7 +258,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         with interrupt, contextlib.closing(progress):  # the bar stops however training ends
             result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except UserInputError:
-        if fresh and runs.is_main_process() and last_checkpoint(output) is None:
+        if fresh and is_main_process() and last_checkpoint(output) is None:
             _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
         raise
     # Mixed precision: accelerate wrapped the model's forward in autocast for training and leaves it
@@ -312,7 +310,7 @@ def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRe
 def _discard_new_run(output: Path, remove_directory: bool = False) -> None:
     """Remove what a new (or overwritten) run wrote, so a rerun with fixed data works."""
     shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
-    for name in ("metrics.jsonl", "summary.json", runs.RUN_FILE):
+    for name in (runs.METRICS_FILE, "summary.json", runs.RUN_FILE):
         (output / name).unlink(missing_ok=True)
     if remove_directory and output.is_dir() and not any(output.iterdir()):
         output.rmdir()
@@ -342,7 +340,7 @@ def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str
     trainer.add_callback(KeepSpecialTokenIds(sentence_model[0].auto_model.config))
     progress = QuietProgressCallback()
     trainer.add_callback(progress)
-    trainer.add_callback(MetricsFileCallback(output / "metrics.jsonl", trainer))
+    trainer.add_callback(MetricsFileCallback(output / runs.METRICS_FILE, trainer))
     interrupt = GracefulInterrupt()
     trainer.add_callback(interrupt)
     return trainer, interrupt, progress

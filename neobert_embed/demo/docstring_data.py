@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neobert_embed.files import atomic_write_text
+from neobert_embed.recipes import TASK_FILE
 
 SKIPPED_TOP_LEVEL = {"test", "idlelib", "site-packages", "dist-packages", "lib2to3", "tkinter", "turtledemo",
                      "ensurepip", "pydoc_data", "config-3.11-x86_64-linux-gnu"}
@@ -151,7 +152,7 @@ def write_demo_data(docs: list[Docstring], split: PairSplit, directory: str | Pa
     task = directory / "tasks" / "stdlib-docstring-retrieval"
     distractors = sorted(split.train, key=_name_hash)[: max(0, corpus_size - len(split.heldout))]
     documents = split.heldout + distractors
-    atomic_write_text(task / "task.json", json.dumps({"name": "StdlibDocstringRetrieval", "type": "Retrieval"}))
+    atomic_write_text(task / TASK_FILE, json.dumps({"name": "StdlibDocstringRetrieval", "type": "Retrieval"}))
     atomic_write_text(task / "corpus.jsonl", _jsonl([{"_id": d.name, "text": d.body} for d in documents]))
     atomic_write_text(task / "queries.jsonl", _jsonl([{"_id": f"q:{d.name}", "text": d.summary}
                                                       for d in split.heldout]))

@@ -21,6 +21,7 @@ from typing import Any
 from neobert_embed.charts import png_bytes, subplots
 from neobert_embed.demo.records import MINILM, SEARCH_STAGE, TINY, DemoReport
 from neobert_embed.files import atomic_write_bytes, atomic_write_json
+from neobert_embed.runs import METRICS_FILE
 
 # curve label (without the tiny model's size) → the run directory under the demo's output
 LOSS_CURVES = {f"{TINY}: MLM": ("pretrain",), f"{TINY}: InfoNCE": ("models", "fine-tuned"),
@@ -34,7 +35,7 @@ def read_losses(run_dir: Path) -> list[tuple[int, float]]:
         >>> read_losses(Path("runs/demo/pretrain"))[:1]
         [(10, 7.81)]
     """
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if not path.is_file():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -42,6 +42,7 @@ from neobert_embed.demo.report import read_losses, write_demo_outputs
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.paths import recipe_path
+from neobert_embed.runs import CHECKPOINTS_DIR
 
 __all__ = ["DemoReport", "DemoSettings", "Stage", "run_demo"]
 
@@ -129,7 +130,7 @@ def _pretrain(output: Path, corpus: str, settings: DemoSettings) -> tuple[str, l
     command = [sys.executable, "-m", "neobert_embed.cli", "pretrain", "--recipe",
                str(recipe_path("pretrain-tiny.yaml")), "--corpus", corpus, "--output", str(run_dir),
                "--max-steps", str(settings.pretrain_steps)]
-    if (run_dir / "checkpoints").exists():
+    if (run_dir / CHECKPOINTS_DIR).exists():
         command.append("--resume")
     finished = subprocess.run(command, check=False, stdout=sys.stdout, stderr=sys.stderr)  # the run's log
     if finished.returncode != 0:
@@ -277,15 +278,14 @@ def run_demo(output: str | Path = "runs/demo", settings: DemoSettings | None = N
         >>> [stage.name for stage in report.stages][:2]
         ['corpus', 'pretrain']
     """
-    from neobert_embed.locks import writer_lock
-    from neobert_embed.outputs import DirectoryState, check_output_directory
+    from neobert_embed.outputs import DirectoryState
+    from neobert_embed.runs import claimed_directory
 
     settings = settings or DemoSettings()
     output = Path(output)
-    check_output_directory(output, record=JOURNAL_NAME, what="demo directory")
-    with writer_lock(output, command="neobert-embed demo", wait=wait):
-        if fresh and check_output_directory(output, record=JOURNAL_NAME, replace="--fresh",
-                                            owned=DEMO_OWNED) is DirectoryState.OWNED:
+    with claimed_directory(output, record=JOURNAL_NAME, command="neobert-embed demo", what="demo directory",
+                           wait=wait, replace="--fresh" if fresh else None, owned=DEMO_OWNED) as state:
+        if fresh and state is DirectoryState.OWNED:
             shutil.rmtree(output)
         output.mkdir(parents=True, exist_ok=True)
         if not (output / JOURNAL_NAME).exists():

@@ -36,6 +36,7 @@ def glue_command(
     predict_test: bool = typer.Option(False, "--predict-test",
                                       help="Write GLUE-server TSVs for tasks with (unlabelled) test files."),
     as_json: opt.AsJson = False,
+    no_wait: opt.NoWait = False,
     verbose: opt.Verbose = False,
 ) -> None:
     """Fine-tune on GLUE with the paper's protocol (any backbone) and write its table.
@@ -56,7 +57,7 @@ def glue_command(
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = run_glue(model, output, tasks=opt.comma_list(tasks), task_dirs=task_dir or [], preset=loaded,
                           devices=opt.comma_list(devices), predict_test=predict_test, progress=show_progress,
-                          preset_name=Path(preset).stem)
+                          preset_name=Path(preset).stem, wait=not no_wait)
     first = next(iter(result.scores.values()), {})
     if as_json:
         typer.echo(json.dumps({"scores": first, "models": result.scores, "summary": str(result.summary_md),

@@ -31,10 +31,9 @@ from typing import Any
 from neobert_embed.errors import UserInputError, located
 from neobert_embed.files import iter_jsonl
 from neobert_embed.glue.tasks import GlueTask, get_task
-from neobert_embed.recipes import read_spec
+from neobert_embed.recipes import TASK_FILE, read_spec
 
 HUB_DATASET = "nyu-mll/glue"
-TASK_FILE = "task.json"
 
 
 @dataclass

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.console import progress_bar
+from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json
 from neobert_embed.glue.data import GlueData, load_glue_data
@@ -42,7 +43,7 @@ from neobert_embed.glue.presets import GluePreset, Trial, expand_trials, load_gl
 from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
 from neobert_embed.outputs import check_output_directory, model_label
-from neobert_embed.runs import RUN_FILE, Interrupted, is_main_process
+from neobert_embed.runs import RUN_FILE, Interrupted, claimed_directory
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +263,7 @@ def _submission(journal: Journal, label: str, choice: TaskChoice, task: str, dir
 def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] | None = None,
              task_dirs: Sequence[str | Path] | None = None, preset: str | Path | GluePreset = "quick",
              devices: Sequence[str] | None = None, predict_test: bool = False, progress: bool = True,
-             preset_name: str | None = None) -> GlueResult:
+             preset_name: str | None = None, wait: bool = True) -> GlueResult:
     """Fine-tune and evaluate every model on every task with the preset's grid; write the table.
 
     Args:
@@ -277,6 +278,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
         predict_test: write GLUE-server TSVs under ``output/submission/<model>/``.
         progress: show the progress bar and one line per finished trial (stderr).
         preset_name: the name shown in the summary (default: the preset file's stem).
+        wait: when another process writes ``output``, wait for it (else fail at once).
 
     Raises:
         UserInputError: bad task, data, preset or output conflict — before anything is written.
@@ -296,57 +298,60 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
         _check_model(model)
     sources = _sources(tasks, task_dirs)
     task_names = list(sources)
-    journal = Journal(output)
-    journal.check_run(preset, labels)
-    if not devices:
-        import torch  # only to pick a default device, after every input check
+    with claimed_directory(output, record=(RUN_FILE, "trials"), command="neobert-embed glue",
+                           inputs=[*models, *(task_dirs or [])], what="GLUE run", wait=wait):
+        journal = Journal(output)
+        journal.check_run(preset, labels)
+        if not devices:
+            from neobert_embed.devices import default_device  # imports torch: only after every input check
 
-        devices = ["cuda"] if torch.cuda.is_available() else ["cpu"]
-    devices = list(devices)
-    from neobert_embed.training_precision import chosen_precision
+            devices = [default_device()]
+        devices = list(devices)
+        from neobert_embed.training_precision import chosen_precision
 
-    for device in devices:  # fp16 on the CPU is refused here, before the run directory is written
-        chosen_precision(preset.precision, device)
-    in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
+        for device in devices:  # fp16 on the CPU is refused here, before the run directory is written
+            chosen_precision(preset.precision, device)
+        in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
 
-    plans = {}
-    for label in labels:
-        available = {t for t in TASKS if (journal.best_model_dir(label, t) / "config.json").is_file()}
-        plans[label] = expand_trials(preset, task_names, available)
-    total = sum(len(p) for p in plans.values())
-    pending_total = sum(not journal.is_finished(label, t) for label, plan in plans.items() for t in plan)
-    skipped = total - pending_total
-    if is_main_process():
-        journal.start(preset, labels)
-    tracker = _Progress(pending_total, progress)
-    ran = 0
-    try:
-        with tracker.progress:
-            for label, model in labels.items():
-                for phase in (False, True):
-                    trials = [t for t in plans[label] if (t.transfer_from is not None) == phase
-                              and not journal.is_finished(label, t)]
-                    jobs = _jobs(label, model, trials, journal, preset, sources, predict_test, devices[0], in_process)
-                    ran += _run_jobs(jobs, devices, tracker, ran, pending_total)
-    except KeyboardInterrupt:
-        raise Interrupted(f"{skipped + tracker.done} of {total} trials are finished and kept in "
-                          f"{journal.output / 'trials'}; the trial in flight was discarded",
-                          resume_args=()) from None
-    shutil.rmtree(journal.output / ".work", ignore_errors=True)
-    choices = {label: {t: select_best(journal.results(label, t), TASKS[t].selection_metric) for t in task_names}
-               for label in labels}
-    scores = {label: {t: c.scores for t, c in row.items() if c is not None} for label, row in choices.items()}
-    if not is_main_process():
-        out = journal.output
-        return GlueResult(scores, choices, out / "summary.md", out / "summary.csv", out / "glue.png", ran, skipped)
-    md, csv_path, plot = write_glue_summary(choices, task_names, journal.output, preset_name)
-    atomic_write_json(journal.output / "scores.json",
-                      {label: {t: c.as_dict() for t, c in row.items() if c is not None}
-                       for label, row in choices.items()})
-    submissions = []
-    if predict_test:
-        for label, row in choices.items():
-            for task, choice in row.items():
-                if choice is not None:
-                    submissions += _submission(journal, label, choice, task, journal.output / "submission" / label)
-    return GlueResult(scores, choices, md, csv_path, plot, ran, skipped, submissions)
+        plans = {}
+        for label in labels:
+            available = {t for t in TASKS if (journal.best_model_dir(label, t) / "config.json").is_file()}
+            plans[label] = expand_trials(preset, task_names, available)
+        total = sum(len(p) for p in plans.values())
+        pending_total = sum(not journal.is_finished(label, t) for label, plan in plans.items() for t in plan)
+        skipped = total - pending_total
+        if is_main_process():
+            journal.start(preset, labels)
+        tracker = _Progress(pending_total, progress)
+        ran = 0
+        try:
+            with tracker.progress:
+                for label, model in labels.items():
+                    for phase in (False, True):
+                        trials = [t for t in plans[label] if (t.transfer_from is not None) == phase
+                                  and not journal.is_finished(label, t)]
+                        jobs = _jobs(label, model, trials, journal, preset, sources, predict_test, devices[0],
+                                     in_process)
+                        ran += _run_jobs(jobs, devices, tracker, ran, pending_total)
+        except KeyboardInterrupt:
+            raise Interrupted(f"{skipped + tracker.done} of {total} trials are finished and kept in "
+                              f"{journal.output / 'trials'}; the trial in flight was discarded",
+                              resume_args=()) from None
+        shutil.rmtree(journal.output / ".work", ignore_errors=True)
+        choices = {label: {t: select_best(journal.results(label, t), TASKS[t].selection_metric) for t in task_names}
+                   for label in labels}
+        scores = {label: {t: c.scores for t, c in row.items() if c is not None} for label, row in choices.items()}
+        if not is_main_process():
+            out = journal.output
+            return GlueResult(scores, choices, out / "summary.md", out / "summary.csv", out / "glue.png", ran, skipped)
+        md, csv_path, plot = write_glue_summary(choices, task_names, journal.output, preset_name)
+        atomic_write_json(journal.output / "scores.json",
+                          {label: {t: c.as_dict() for t, c in row.items() if c is not None}
+                           for label, row in choices.items()})
+        submissions = []
+        if predict_test:
+            for label, row in choices.items():
+                for task, choice in row.items():
+                    if choice is not None:
+                        submissions += _submission(journal, label, choice, task, journal.output / "submission" / label)
+        return GlueResult(scores, choices, md, csv_path, plot, ran, skipped, submissions)

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import shutil
@@ -30,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.backbones import resolve_model_name, usable_max_length
+from neobert_embed.distributed import is_main_process
 from neobert_embed.glue.data import GlueData
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from_logits
-from neobert_embed.runs import is_main_process
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,10 @@ def backbone_path(model: str) -> str:
 
     name = resolve_model_name(model)
     if is_sentence_transformer_dir(name):
-        modules = json.loads((Path(name) / "modules.json").read_text(encoding="utf-8"))
+        from neobert_embed.files import read_json
+
+        modules = read_json(Path(name) / "modules.json", "SentenceTransformer module list",
+                            "re-download or re-save the model")
         transformer = next((m for m in modules if m.get("type", "").endswith("Transformer")), None)
         if transformer is None:
             from neobert_embed.errors import UserInputError

@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from neobert_embed.console import document_progress
+from neobert_embed.distributed import encode_across_ranks, init_world, on_main
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, remove_debris
-from neobert_embed.index.distributed import encode_across_ranks, init_world, on_main
 from neobert_embed.index.documents import CorpusFields, read_corpus
 from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.index.factory import as_codes, write_faiss_index
-from neobert_embed.index.integrity import open_faiss, open_store, with_checksums
+from neobert_embed.index.integrity import check_index_files, open_faiss, open_store, with_checksums
 from neobert_embed.index.manifest import (
     INDEX_NAME,
     MANIFEST_NAME,
@@ -74,7 +74,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
     """
     world = init_world()
     index_dir = Path(index_dir)
-    if read_manifest(index_dir).on_disk:
+    if check_index_files(index_dir).on_disk:  # files at their recorded sizes before any encoding
         raise UserInputError(f"{index_dir}: an --on-disk index is built once from its shards; rebuild it with "
                              "`neobert-embed index build --on-disk` over the whole corpus")
     fields = fields or CorpusFields()

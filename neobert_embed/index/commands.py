@@ -89,8 +89,8 @@ def build(
     i = r mod N; rank 0 builds the index).
     """
     from neobert_embed.console import third_party_log
+    from neobert_embed.distributed import launch_on_devices, parse_devices
     from neobert_embed.index.build import build_index
-    from neobert_embed.index.distributed import launch_on_devices, parse_devices
     from neobert_embed.index.documents import CorpusFields
     from neobert_embed.inference.runtime import check_compute_precision
 
@@ -199,10 +199,11 @@ def search(
 
 
 def _print_tables(texts: list[str], results: list) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from neobert_embed.console import user_console
+
+    console = user_console()
     for text, hits in zip(texts, results, strict=True):
         table = Table(title=f"query: {text}", title_justify="left")
         for column in ("rank", "score", "id", "snippet"):
@@ -227,10 +228,9 @@ def evaluate(
     precision: IndexPrecision = None,
 ) -> None:
     """Score the index on a BEIR-layout task: nDCG@k, recall@k/100, MRR@k (mteb's implementation)."""
-    from rich.console import Console
     from rich.table import Table
 
-    from neobert_embed.console import json_only_stdout, without_progress_bars
+    from neobert_embed.console import json_only_stdout, user_console, without_progress_bars
     from neobert_embed.index.evaluate import evaluate_index
     from neobert_embed.index.manifest import read_manifest
 
@@ -243,12 +243,15 @@ def evaluate(
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
                                 device=device, precision=precision)
     logger.info(_used_line(manifest, kind="query", compute=str(scores["compute_precision"])))
-    table = Table(title=f"{index_dir} on {task_dir} ({scores['queries']} queries)", title_justify="left")
+    searched = ", ".join(f"{key} {value}" for key, value in scores["search_params"].items()) or "exact"
+    table = Table(title=f"{index_dir} ({scores['index_type']} {scores['factory']}, {searched}, vectors stored "
+                        f"{scores['store_precision']}) on {task_dir}, split {split}: {scores['queries']} judged "
+                        "queries, each ranking scored by pytrec_eval as mteb does", title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in (f"ndcg_at_{k}", f"recall_at_{k}", "recall_at_100", f"mrr_at_{k}", f"map_at_{k}"):
         table.add_row(key, f"{scores[key]:.5f}")
-    Console(stderr=as_json).print(table)
+    user_console(stderr=as_json).print(table)
     if as_json:
         typer.echo(json.dumps(scores, sort_keys=True))
 
@@ -286,9 +289,9 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Estimate RAM, disk, build time and queries/s from per-vector costs measured by the benchmark."""
-    from rich.console import Console
     from rich.table import Table
 
+    from neobert_embed.console import user_console
     from neobert_embed.index.plan import load_costs, plan_index, plan_json
 
     measured = load_costs(costs)
@@ -303,7 +306,9 @@ def plan(
     for row in rows:
         table.add_row(row.index_type + (" (on disk)" if row.on_disk else ""), row.factory, f"{row.ram_gb:,.2f}",
                       f"{row.disk_gb:,.2f}", _duration(row.build_s), f"{row.queries_per_s:,.3g}", row.search_param)
-    Console(width=max(120, Console().width)).print(table)
+    console = user_console()
+    console.width = max(120, console.width)  # the table's seven columns
+    console.print(table)
     typer.echo("Build time is the index's own (train + add), without encoding; queries/s is one process, "
                "batched queries; RAM for on-disk indexes excludes the OS page cache.")
 

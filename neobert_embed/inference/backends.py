@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import OrderedDict
@@ -39,6 +38,7 @@ import torch
 from torch import nn
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -241,12 +241,7 @@ class BackendTransformer(nn.Module):
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserInputError(f"{path}: not valid JSON ({exc}); re-export the model") from None
+    data = read_json(path, "exported model file", "re-export the model") if path.is_file() else {}
     return data if isinstance(data, dict) else {}
 
 
@@ -312,7 +307,7 @@ def load_backend_model(
     if not modules_json.is_file():
         raise UserInputError(f"{directory} is not a SentenceTransformer directory (no modules.json); export one "
                              f"with `neobert-embed export MODEL --format {backend} --output {directory}`")
-    entries = json.loads(modules_json.read_text(encoding="utf-8"))
+    entries = read_json(modules_json, "SentenceTransformer module list", "re-export the model")
     if not entries or not str(entries[0].get("type", "")).endswith("Transformer"):
         raise UserInputError(f"{modules_json}: the first module is not a Transformer, so there is no encoder "
                              "graph to run")

@@ -15,14 +15,13 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, atomic_write_json
+from neobert_embed.files import atomic_directory, atomic_write_json, read_json
 from neobert_embed.modeling.configuration import NeoBERTConfig
 from neobert_embed.modeling.model import NeoBERTForMaskedLM, NeoBERTModel
 from neobert_embed.recipes import read_spec
@@ -86,7 +85,10 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index, "shard index", "re-download the checkpoint").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise UserInputError(f"{index}: no 'weight_map' object; re-download the checkpoint")
+        shards = sorted(set(weight_map.values()))
         return {key: tensor for shard in shards for key, tensor in load_file(str(directory / shard)).items()}
     if (directory / "model.safetensors").is_file():
         return load_file(str(directory / "model.safetensors"))

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json, remove_debris, replace_directory, sha256_file
+from neobert_embed.files import atomic_write_json, read_json, remove_debris, replace_directory, sha256_file
 from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
+from neobert_embed.runs import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -189,9 +190,9 @@ def find_checkpoint(source: Path) -> Path:
         'step-00001000'
     """
     explicit = _step_of(source) is not None and (source / TRAINER_STATE).is_file()
-    if not explicit and not (source / "checkpoints").is_dir():
+    if not explicit and not (source / CHECKPOINTS_DIR).is_dir():
         raise UserInputError(f"{source}: neither a pretraining output directory nor a checkpoint (step-NNNNNNNN)")
-    return _first_usable([source] if explicit else list_checkpoints(source / "checkpoints"), verify_checkpoint,
+    return _first_usable([source] if explicit else list_checkpoints(source / CHECKPOINTS_DIR), verify_checkpoint,
                          f"cannot export {source}: no usable checkpoint; export an earlier one")[1]
 
 
@@ -203,5 +204,8 @@ def consolidated_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
         >>> sorted(consolidated_state_dict(find_checkpoint(Path("runs/tiny"))))[0]
         'mlm.decoder.bias'
     """
-    kind = json.loads((checkpoint / TRAINER_STATE).read_text(encoding="utf-8"))["engine"]
+    kind = read_json(checkpoint / TRAINER_STATE, "trainer state", "resume from an earlier checkpoint").get("engine")
+    if kind not in CHECKPOINT_FORMATS:
+        raise UserInputError(f"{checkpoint / TRAINER_STATE}: engine {kind!r} is not one of "
+                             f"{sorted(CHECKPOINT_FORMATS)}; export an earlier checkpoint")
     return CHECKPOINT_FORMATS[kind].consolidated_state_dict(checkpoint)

@@ -47,20 +47,17 @@ def pretrain_command(
         from neobert_embed.errors import UserInputError
 
         raise UserInputError(f"pretrain needs {', '.join(missing)} (see `neobert-embed pretrain --help`)")
-    import contextlib
-
     from neobert_embed.console import third_party_log
-    from neobert_embed.locks import writer_lock
     from neobert_embed.outputs import check_output_directory
     from neobert_embed.pretraining.recipe import load_pretrain_recipe
     from neobert_embed.pretraining.train import pretrain
-    from neobert_embed.runs import RUN_FILE, is_main_process
+    from neobert_embed.runs import CHECKPOINTS_DIR, RUN_FILE
 
     settings = load_pretrain_recipe(recipe)  # a bad recipe is refused before anything is created
-    check_output_directory(output, record=(RUN_FILE, "checkpoints"), inputs=[corpus], what="pretraining run")
-    with (writer_lock(output, command="neobert-embed pretrain", wait=not no_wait) if is_main_process()
-          else contextlib.nullcontext()), third_party_log(output, verbose):  # one lock per job, held by rank 0
-        pretrain(settings, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps)
+    check_output_directory(output, record=(RUN_FILE, CHECKPOINTS_DIR), inputs=[corpus], what="pretraining run")
+    with third_party_log(output, verbose):  # (a bad --output is refused before its log is made)
+        pretrain(settings, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps,
+                 wait=not no_wait)
 
 
 @pretrain_app.command("prepare")
@@ -77,6 +74,7 @@ def prepare_command(
     streaming: bool = typer.Option(False, "--streaming", help="Stream a Hugging Face dataset."),
     shard_documents: int = typer.Option(20_000, "--shard-documents", min=1,
                                         help="Documents per shard (the unit of resumption)."),
+    no_wait: opt.NoWait = False,
     verbose: opt.Verbose = False,
 ) -> None:
     """Tokenize a corpus into an on-disk dataset; rerun the same command to resume."""
@@ -85,7 +83,8 @@ def prepare_command(
 
     with third_party_log(output, verbose):
         prepare_corpus(corpus, output, tokenizer=tokenizer, vocab_size=vocab_size, text_field=text_field,
-                       num_proc=num_proc, split=split, streaming=streaming, shard_documents=shard_documents)
+                       num_proc=num_proc, split=split, streaming=streaming, shard_documents=shard_documents,
+                       wait=not no_wait)
 
 
 @pretrain_app.command("export")

@@ -31,8 +31,9 @@ import torch
 import torch.distributed as dist
 
 from neobert_embed.console import environment
+from neobert_embed.devices import default_device
+from neobert_embed.distributed import current_world, free_port
 from neobert_embed.errors import UserInputError
-from neobert_embed.index.distributed import free_port
 from neobert_embed.pretraining.recipe import PretrainRecipe
 from neobert_embed.pretraining.schedule import build_scheduler
 from neobert_embed.training_precision import resolve_training_precision
@@ -115,14 +116,14 @@ def process_scope(cpu_threads: int | None) -> Iterator[None]:
 def init_distributed() -> None:
     """Join the process group early when launched with several processes (so process 0 can prepare
     the corpus while the others wait); a no-op for one process or without deepspeed."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and deepspeed_available():
+    if current_world().distributed and deepspeed_available():
         _join_process_group()
 
 
 def _join_process_group() -> None:
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo", verbose=False)
+    deepspeed.init_distributed(dist_backend="nccl" if default_device() == "cuda" else "gloo", verbose=False)
 
 
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -152,7 +153,7 @@ class TorchEngine:
     STATE = "engine.pt"
 
     def __init__(self, recipe: PretrainRecipe, module: torch.nn.Module) -> None:
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(default_device())
         self.module = module.to(self.device)
         self.optimizer, self.scheduler = build_optimizer(recipe, module)
         self.accumulation = recipe.training.gradient_accumulation_steps
@@ -222,7 +223,7 @@ class DeepSpeedEngine:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         _join_process_group()
         training = recipe.training
-        self.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device_type = default_device()
         chosen = resolve_training_precision(training.precision, self.device_type)
         deepspeed_bf16 = chosen.bf16 and self._deepspeed_bf16_mode()
         self.autocast = chosen.bf16 and not deepspeed_bf16

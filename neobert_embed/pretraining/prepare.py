@@ -35,11 +35,10 @@ from pathlib import Path
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json, replace_directory
-from neobert_embed.outputs import check_output_directory
 from neobert_embed.pretraining.documents import iter_documents
 from neobert_embed.pretraining.prepared import MANIFEST, PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
-from neobert_embed.runs import Interrupted, check_resume, read_record, write_record
+from neobert_embed.runs import Interrupted, check_resume, claimed_directory, read_record, write_record
 from neobert_embed.sources import fingerprint
 
 STATE = "prepare.json"
@@ -60,11 +59,13 @@ def prepare_corpus(
     streaming: bool = False,
     shard_documents: int = 20_000,
     progress: bool = True,
+    wait: bool = True,
 ) -> PreparedCorpus:
     """Tokenize ``corpus`` into ``output`` (resuming a previous, interrupted preparation).
 
     ``tokenizer`` is a hub id, a local directory, or ``"train"`` (learn a WordPiece vocabulary of
-    ``vocab_size`` on the corpus). Returns the prepared corpus, ready for :func:`pretrain`.
+    ``vocab_size`` on the corpus). Returns the prepared corpus, ready for :func:`pretrain`. One
+    process prepares ``output`` at a time (``wait=False`` fails at once when another does).
 
     Example:
         >>> prepare_corpus("tiiuae/falcon-refinedweb", "data/refinedweb", streaming=True,
@@ -81,31 +82,32 @@ def prepare_corpus(
     documents = functools.partial(iter_documents, corpus, text_field, split, streaming)
     if next(documents(), None) is None:
         raise UserInputError(f"{corpus}: the corpus holds no documents (it is empty or only blank lines)")
-    check_output_directory(output, record=(MANIFEST, STATE), inputs=[corpus], what="prepared corpus")
-    final, output = output, _claim_partial(output, plan)
-    tokenizer_dir = output / "tokenizer"
-    if not tokenizer_dir.is_dir():
-        if tokenizer == "train":
-            logger.info("learning a %d-piece WordPiece vocabulary on %s", vocab_size, corpus)
-            train_wordpiece(documents(), vocab_size, tokenizer_dir)
-        else:
-            load_tokenizer(tokenizer).save_pretrained(str(tokenizer_dir))
-    try:
-        shards = _tokenize_shards(documents(), output, shard_documents, num_proc, progress)
-    except KeyboardInterrupt:
-        kept = len(list((output / "shards").glob("*.arrow")))
-        raise Interrupted(f"{kept} finished shard(s) of {shard_documents} documents are kept in {output}; "
-                          "rerunning skips them", resume_args=()) from None
-    if not shards:
-        raise UserInputError(f"{corpus}: no document produced any token with tokenizer {tokenizer!r}")
-    num_documents = sum(count for _, count, _ in shards)
-    num_tokens = sum(tokens for _, _, tokens in shards)
-    atomic_write_json(output / MANIFEST, {
-        "shards": [name for name, _, _ in shards], "num_documents": num_documents,
-        "num_tokens": num_tokens, **plan})
-    replace_directory(output, final)
-    logger.info("prepared %s documents, %s tokens -> %s", f"{num_documents:,}", f"{num_tokens:,}", final)
-    return load_prepared(final)
+    with claimed_directory(output, record=(MANIFEST, STATE), command="neobert-embed pretrain prepare",
+                           inputs=[corpus], what="prepared corpus", wait=wait):  # it and its .partial
+        final, output = output, _claim_partial(output, plan)
+        tokenizer_dir = output / "tokenizer"
+        if not tokenizer_dir.is_dir():
+            if tokenizer == "train":
+                logger.info("learning a %d-piece WordPiece vocabulary on %s", vocab_size, corpus)
+                train_wordpiece(documents(), vocab_size, tokenizer_dir)
+            else:
+                load_tokenizer(tokenizer).save_pretrained(str(tokenizer_dir))
+        try:
+            shards = _tokenize_shards(documents(), output, shard_documents, num_proc, progress)
+        except KeyboardInterrupt:
+            kept = len(list((output / "shards").glob("*.arrow")))
+            raise Interrupted(f"{kept} finished shard(s) of {shard_documents} documents are kept in {output}; "
+                              "rerunning skips them", resume_args=()) from None
+        if not shards:
+            raise UserInputError(f"{corpus}: no document produced any token with tokenizer {tokenizer!r}")
+        num_documents = sum(count for _, count, _ in shards)
+        num_tokens = sum(tokens for _, _, tokens in shards)
+        atomic_write_json(output / MANIFEST, {
+            "shards": [name for name, _, _ in shards], "num_documents": num_documents,
+            "num_tokens": num_tokens, **plan})
+        replace_directory(output, final)
+        logger.info("prepared %s documents, %s tokens -> %s", f"{num_documents:,}", f"{num_tokens:,}", final)
+        return load_prepared(final)
 
 
 def partial_path(output: Path) -> Path:

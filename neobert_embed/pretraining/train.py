@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from neobert_embed.console import progress_bar
+from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
-from neobert_embed.outputs import check_output_directory
 from neobert_embed.pretraining.batches import BatchMaker
 from neobert_embed.pretraining.checkpoint import (
     checkpoint_name,
@@ -45,7 +45,15 @@ from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.prepared import PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
-from neobert_embed.runs import RUN_FILE, Interrupted, check_resume, is_main_process, write_record
+from neobert_embed.runs import (
+    CHECKPOINTS_DIR,
+    METRICS_FILE,
+    RUN_FILE,
+    Interrupted,
+    check_resume,
+    claimed_directory,
+    write_record,
+)
 
 # Recipe keys that may change on --resume: they do not shape the training trajectory (with
 # training.max_steps the run stops at the new count; the schedule keeps its original length).
@@ -97,6 +105,7 @@ def pretrain(
     resume: bool = False,
     stop_after_steps: int | None = None,
     progress: bool = True,
+    wait: bool = True,
 ) -> PretrainResult:
     """Pretrain NeoBERT with MLM on ``corpus`` (a raw corpus, prepared into ``output/prepared``
     first, or a directory from ``pretrain prepare``), writing everything under ``output``.
@@ -107,6 +116,8 @@ def pretrain(
 
     Each logged step appends to ``metrics.jsonl``: step, loss, mlm_accuracy, tokens_per_s (real,
     non-pad tokens over all processes), real_token_fraction, lr, grad_norm, skipped_steps.
+    One job writes ``output`` at a time (rank 0 holds its lock; ``wait=False`` fails at once when
+    another holds it).
 
     Example:
         >>> result = pretrain("recipes/pretrain-tiny.yaml", "docstrings.jsonl", "runs/tiny", max_steps=200)
@@ -117,9 +128,16 @@ def pretrain(
         recipe = load_pretrain_recipe(recipe)
     recipe = recipe.with_max_steps(max_steps)
     output = Path(output)
-    check_output_directory(output, record=(RUN_FILE, "checkpoints"), inputs=[corpus], what="pretraining run")
+    with claimed_directory(output, record=(RUN_FILE, CHECKPOINTS_DIR), command="neobert-embed pretrain",
+                           inputs=[corpus], what="pretraining run", wait=wait):
+        return _pretrain_claimed(recipe, corpus, output, resume, stop_after_steps, progress)
+
+
+def _pretrain_claimed(recipe: PretrainRecipe, corpus: str | Path, output: Path, resume: bool,
+                      stop_after_steps: int | None, progress: bool) -> PretrainResult:
+    """The body of :func:`pretrain`, run while this job owns ``output``."""
     _warn_short_schedule(recipe)
-    existing = list_checkpoints(output / "checkpoints")
+    existing = list_checkpoints(output / CHECKPOINTS_DIR)
     if existing and not resume:
         raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
                              "to continue it, or choose another --output")
@@ -138,7 +156,7 @@ def pretrain(
 def _run(recipe: PretrainRecipe, corpus: str | Path, output: Path, resume: bool, existing: list[Path],
          stop_after_steps: int | None, progress: bool) -> PretrainResult:
     """The body of :func:`pretrain`, inside its :func:`process_scope`."""
-    checkpoints = output / "checkpoints"
+    checkpoints = output / CHECKPOINTS_DIR
     init_distributed()
     prepared = _resolve_corpus(recipe, corpus, output)
     from neobert_embed.pretraining.model_factory import build_mlm_model
@@ -208,7 +226,7 @@ class _Loop:
             LengthMixture(tuple(b.max_tokens for b in mixture), tuple(b.weight for b in mixture)) if mixture else None,
             replace(state.position))
         self.batches = BatchMaker(corpus, recipe, engine.rank, engine.world_size)
-        self.metrics = (MetricsLog(output / "metrics.jsonl", state.step, recipe.training.tensorboard,
+        self.metrics = (MetricsLog(output / METRICS_FILE, state.step, recipe.training.tensorboard,
                                    recipe.training.wandb) if engine.rank == 0 else None)
         self.last_saved = state.step
         self.stats_lr = 0.0
@@ -299,7 +317,7 @@ class _Loop:
             self._checkpoint()
 
     def _checkpoint(self) -> Path:
-        path = save_checkpoint(self.engine, self.output / "checkpoints", self.state.step, asdict(self.state)
+        path = save_checkpoint(self.engine, self.output / CHECKPOINTS_DIR, self.state.step, asdict(self.state)
                                | {"max_steps": self.recipe.training.max_steps, "world_size": self.engine.world_size,
                                   "precision": self.engine.precision},
                                (self.engine.module.mlm.config, self.corpus.tokenizer),
@@ -311,15 +329,15 @@ class _Loop:
         from neobert_embed.pretraining.export import export_checkpoint
 
         checkpoint = self._checkpoint() if self.last_saved != self.state.step else (
-            self.output / "checkpoints" / checkpoint_name(self.state.step))
+            self.output / CHECKPOINTS_DIR / checkpoint_name(self.state.step))
         finished = self.state.step >= self.recipe.training.max_steps
         export_dir = (export_checkpoint(checkpoint, self.output / "final", progress=False)
                       if finished and self.engine.rank == 0 else None)
         logger.info("step %d (%s): metrics in %s, checkpoint %s%s", self.state.step, self.engine.precision,
-                    self.output / "metrics.jsonl", checkpoint,
+                    self.output / METRICS_FILE, checkpoint,
                     f", model exported to {export_dir}" if export_dir else "; continue with --resume")
         return PretrainResult(self.output, self.state.step, finished, self.state.skipped_steps,
-                              self.output / "metrics.jsonl", checkpoint, export_dir, self.engine.module.mlm)
+                              self.output / METRICS_FILE, checkpoint, export_dir, self.engine.module.mlm)
 
 
 class _Window:
