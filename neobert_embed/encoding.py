@@ -24,13 +24,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import atomic_write_bytes
 from neobert_embed.sources import iter_records, source_format
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 SLICE_BATCHES = 16  # batches per slice of a long-first encoding: the progress bar moves once per slice
@@ -55,7 +58,7 @@ def check_texts(texts: Sequence[Any]) -> list[str]:
     return checked
 
 
-def count_truncated(model: Any, texts: Sequence[str]) -> int:
+def count_truncated(model: SentenceTransformer, texts: Sequence[str]) -> int:
     """How many texts exceed the model's ``max_seq_length`` once tokenized with special tokens."""
     limit = model.max_seq_length
     lengths = model.tokenizer(list(texts), add_special_tokens=True, truncation=False,
@@ -86,7 +89,7 @@ def quantize(embeddings: np.ndarray, precision: str, calibration: Any = None) ->
 
 
 def encode_texts(
-    model: Any,
+    model: SentenceTransformer,
     texts: Sequence[Any],
     *,
     batch_size: int = 32,
@@ -150,7 +153,7 @@ def encode_longest_first(encode: Callable[[list[Any]], np.ndarray], texts: Seque
     return out
 
 
-def used_line(model: Any, prompt_names: Sequence[str | None], field: str | None = None,
+def used_line(model: SentenceTransformer, prompt_names: Sequence[str | None], field: str | None = None,
               compute: str | None = None) -> str:
     """One line saying what a model encodes with: compute precision, max_seq_length, prompts (name
     and text), field.

@@ -59,6 +59,31 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary sibling of ``path`` for a library that writes the file itself (FAISS, Arrow);
+    it replaces ``path`` in one rename when the block succeeds, and is removed when it fails.
+
+    Why: such writers take a file name, not bytes, so :func:`atomic_write_bytes` cannot be used;
+    a crash mid-write leaves ``.NAME.PID.tmp`` (which :func:`remove_debris` clears), never a torn
+    ``path``.
+
+    Example:
+        >>> with atomic_path("runs/idx/index.faiss") as tmp:
+        ...     faiss.write_index(index, str(tmp))
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """UTF-8 text version of :func:`atomic_write_bytes`."""
     atomic_write_bytes(path, text.encode("utf-8"))

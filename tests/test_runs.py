@@ -296,3 +296,20 @@ def test_resume_command_keeps_brackets_and_the_torchrun_launcher(tiny_bert, tmp_
     assert _resume_words(result.output) == ["torchrun", "--nproc-per-node=2", "-m", "neobert_embed.cli", "index",
                                             "build", "--model", str(tiny_bert), "--corpus", "c.jsonl",
                                             "--output", str(output), "--resume"]
+
+
+def test_a_file_a_library_writes_appears_whole_or_not_at_all(tmp_path):
+    """FAISS and Arrow write files by name: through ``atomic_path`` a failure mid-write leaves the old
+    file and no temporary behind, and success replaces it in one rename."""
+    from neobert_embed.files import atomic_path
+
+    target = tmp_path / "index.faiss"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("killed mid-write")
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss"]
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(b"new")
+        assert target.read_bytes() == b"old"  # readers still see the old file until the rename
+    assert target.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss"]

@@ -16,15 +16,19 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neobert_embed.contrastive.recipe import ContrastiveRecipe
 from neobert_embed.errors import UserInputError
 
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from torch import nn
+
 DEFAULT_MINI_BATCH = 32
 
 
-def build_contrastive_loss(model: Any, recipe: ContrastiveRecipe) -> Any:
+def build_contrastive_loss(model: SentenceTransformer, recipe: ContrastiveRecipe) -> nn.Module:
     """InfoNCE (cosine / temperature) with the recipe's options: symmetric, cached, Matryoshka.
 
     Example:

@@ -28,13 +28,16 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.protocol import check_protocol
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.run import RESULTS_MARKS, EvaluationReport, TaskOutcome, run_mteb, select_tasks
 from neobert_embed.outputs import check_output_directory, model_label
+
+if TYPE_CHECKING:
+    from mteb import AbsTask
 
 logger = logging.getLogger(__name__)
 COMPARE_PROTOCOL = "uniform"
@@ -53,7 +56,7 @@ class CompareResult:
     failures: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def _failed_report(model: str, name: str, tasks: list[Any], error: str, protocol: str) -> EvaluationReport:
+def _failed_report(model: str, name: str, tasks: list[AbsTask], error: str, protocol: str) -> EvaluationReport:
     """A report whose every task failed, so a model that could not be trained shows as missing."""
     outcomes = [TaskOutcome(t.metadata.name, t.metadata.type, "failed", t.metadata.main_score, error=error,
                             splits=list(t.metadata.eval_splits)) for t in tasks]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -40,6 +40,9 @@ from neobert_embed.evaluation import task_data
 from neobert_embed.evaluation.task_data import LABEL, NUMBER, TEXT
 from neobert_embed.files import directory_digest
 from neobert_embed.recipes import TASK_FILE, load_spec
+
+if TYPE_CHECKING:
+    from mteb import AbsTask
 
 TASK_TYPES = ("STS", "PairClassification", "Classification", "Clustering", "Retrieval", "Reranking")
 DEFAULT_MAIN_SCORES = {"STS": "cosine_spearman", "PairClassification": "max_ap",
@@ -143,7 +146,7 @@ def _make_loader(directory: Path, task_type: str, splits: list[str], subset: str
     return load_data
 
 
-def _registered_task(spec: TaskSpec, directory: Path) -> Any:
+def _registered_task(spec: TaskSpec, directory: Path) -> AbsTask:
     import mteb
 
     try:
@@ -177,7 +180,7 @@ def _registered_task(spec: TaskSpec, directory: Path) -> Any:
     return task
 
 
-def _new_task(spec: TaskSpec, directory: Path) -> Any:
+def _new_task(spec: TaskSpec, directory: Path) -> AbsTask:
     from mteb import TaskMetadata
     from mteb.abstasks import (
         AbsTaskClassification,
@@ -214,7 +217,7 @@ def _new_task(spec: TaskSpec, directory: Path) -> Any:
     return type(f"Local{spec.type}Task", (base, LocalTask), attributes)()
 
 
-def load_task_dir(directory: str | Path) -> Any:
+def load_task_dir(directory: str | Path) -> AbsTask:
     """Build the mteb task (an ``mteb.AbsTask``) that a local task directory describes.
 
     The data are read lazily by mteb (``load_data``); :func:`check_task_data` reads them now.
@@ -231,7 +234,7 @@ def load_task_dir(directory: str | Path) -> Any:
     return _registered_task(spec, directory) if spec.mteb_task else _new_task(spec, directory)
 
 
-def check_task_data(task: Any) -> None:
+def check_task_data(task: AbsTask) -> None:
     """Read a local task's files now, so bad data fails before any model work."""
     task.load_data()
 
@@ -254,7 +257,7 @@ def find_task_dirs(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
-def load_task_dirs(paths: Iterable[str | Path]) -> list[Any]:
+def load_task_dirs(paths: Iterable[str | Path]) -> list[AbsTask]:
     """All tasks under the given ``--task-dir`` values, with unique names.
 
     Example:

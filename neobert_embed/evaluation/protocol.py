@@ -33,6 +33,9 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.inference.runtime import PrecisionChoice
 
 if TYPE_CHECKING:
+    from mteb import AbsTask, EncoderProtocol, TaskMetadata
+    from mteb.types import PromptType
+
     from neobert_embed.evaluation.encoder import ModelIdentity
 
 logger = logging.getLogger(__name__)
@@ -130,7 +133,7 @@ def default_choice(choice: PrecisionChoice) -> PrecisionChoice:
     return replace(choice, requested="fp32", reason=DEFAULT_PRECISION_REASON)
 
 
-def _loader_choice(encoder: Any, device: str | None) -> PrecisionChoice:
+def _loader_choice(encoder: EncoderProtocol, device: str | None) -> PrecisionChoice:
     """What mteb's own loader set: the dtype of the model's weights (it applies no autocast)."""
     from neobert_embed.inference.machine import describe_machine
 
@@ -155,7 +158,7 @@ def describe_precision(record: dict[str, Any] | None) -> str:
     return f"{record.get('precision')} ({record.get('reason')})"
 
 
-def sample_texts(task: Any, limit: int = 64) -> list[str] | None:
+def sample_texts(task: AbsTask, limit: int = 64) -> list[str] | None:
     """A few texts of ``task``'s loaded data, for ``auto`` to measure precisions on (None when its data
     is not loaded: ``auto`` then uses its built-in mixed-length sample).
 
@@ -192,7 +195,7 @@ def model_overrides(max_length: int | None, compute_precision: str | None) -> di
             if value is not None}
 
 
-def _effective_prompt(encoder: Any, task_metadata: Any, prompt_type: Any) -> str | None:
+def _effective_prompt(encoder: EncoderProtocol, task_metadata: TaskMetadata, prompt_type: PromptType | None) -> str | None:
     """The prefix mteb's wrapper (then sentence-transformers) puts before this side's texts."""
     from mteb.models.abs_encoder import get_prompt_name
 
@@ -209,7 +212,7 @@ def _effective_prompt(encoder: Any, task_metadata: Any, prompt_type: Any) -> str
     return saved.get(default) if default else None
 
 
-def prompts_used(encoder: Any, task: Any) -> dict[str, str | None]:
+def prompts_used(encoder: EncoderProtocol, task: AbsTask) -> dict[str, str | None]:
     """``{"query": ..., "document": ...}`` (retrieval) or ``{"text": ...}`` prompts for ``task``.
 
     Under ``uniform`` these are the recipe's instructions; under ``model`` what mteb's wrapper
@@ -229,7 +232,7 @@ def prompts_used(encoder: Any, task: Any) -> dict[str, str | None]:
                    _effective_prompt(encoder, metadata, kind)) or None for side, kind in sides.items()}
 
 
-def encoder_settings(encoder: Any) -> dict[str, Any]:
+def encoder_settings(encoder: EncoderProtocol) -> dict[str, Any]:
     """Length, normalization, prompts and compute precision of the encoder's model (for result metadata)."""
     model = getattr(encoder, "model", None)
     settings: dict[str, Any] = {"wrapper": type(encoder).__name__}

@@ -27,11 +27,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from neobert_embed.recipes import load_spec
+
+if TYPE_CHECKING:
+    from mteb import TaskMetadata
+    from mteb.types import PromptType
 
 DEFAULT_RECIPE_NAME = "mteb-eval.yaml"
 E5_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
@@ -99,7 +103,7 @@ class EvaluationRecipe(BaseModel):
             settings["precision"] = f"{self.precision}-compute"
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
-    def instruction(self, task_metadata: Any, prompt_type: Any) -> str:
+    def instruction(self, task_metadata: TaskMetadata, prompt_type: PromptType | None) -> str:
         """The text prefix for one side of one task ('' when the task defines no instruction).
 
         Args:

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
@@ -38,6 +38,10 @@ from neobert_embed.inference.runtime import check_compute_precision
 from neobert_embed.model_files import check_model_files
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.runs import Interrupted
+
+if TYPE_CHECKING:
+    from mteb import AbsTask, ResultCache
+    from mteb.models import ModelMeta
 
 logger = logging.getLogger(__name__)
 DEFAULT_BENCHMARK = "MTEB(eng, v2)"
@@ -109,7 +113,7 @@ def list_benchmarks() -> list[tuple[str, int]]:
 def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = None,
                  task_types: Sequence[str] | None = None,
                  task_dirs: Sequence[str | Path] | None = None,
-                 default_benchmark: str = DEFAULT_BENCHMARK) -> list[Any]:
+                 default_benchmark: str = DEFAULT_BENCHMARK) -> list[AbsTask]:
     """The tasks to run: registered ones (benchmark / names) with local copies replacing hub data.
 
     A local ``mteb_task`` directory named like a selected hub task replaces it (offline copies);
@@ -126,7 +130,7 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
     if unknown_types:
         raise UserInputError(f"--task-types: unknown type(s) {unknown_types}; choose from {', '.join(TASK_TYPE_NAMES)}")
     local = load_task_dirs(task_dirs) if task_dirs else []
-    registered: list[Any] = []
+    registered: list[AbsTask] = []
     if benchmark or not (tasks or local):
         name = benchmark or default_benchmark
         try:
@@ -161,7 +165,7 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
     return selected
 
 
-def _cached_score(cache: Any, task: Any, meta: Any) -> float | None:
+def _cached_score(cache: ResultCache, task: AbsTask, meta: ModelMeta) -> float | None:
     """Main score of a finished earlier run of this exact task/model/recipe, else None."""
     from mteb import TaskResult
 
@@ -174,7 +178,7 @@ def _cached_score(cache: Any, task: Any, meta: Any) -> float | None:
     return float(result.get_score())
 
 
-def _offline_error(task: Any) -> str:
+def _offline_error(task: AbsTask) -> str:
     name = task.metadata.name
     return (f"HF_HUB_OFFLINE is set, so the hub dataset of {name} cannot be downloaded; give a local "
             f"copy with --task-dir DIR, where DIR/task.json is {{\"mteb_task\": \"{name}\"}} beside its data files")
@@ -207,7 +211,7 @@ class _LazyEncoder:
         return self.encoder
 
 
-def _record_metadata(path: Path, task: Any, lazy: _LazyEncoder) -> None:
+def _record_metadata(path: Path, task: AbsTask, lazy: _LazyEncoder) -> None:
     """Write the protocol, the prompts actually used and the compute precision (``compute_precision``:
     which precision the scores were computed in, and why) into mteb's result file (extra key)."""
     from neobert_embed.evaluation.protocol import encoder_settings, prompts_used
@@ -238,7 +242,7 @@ def _settings(lazy: _LazyEncoder, outcomes: list[TaskOutcome]) -> dict[str, Any]
     return {}
 
 
-def _evaluate_one(task: Any, lazy: _LazyEncoder, cache: Any, meta: Any) -> TaskOutcome:
+def _evaluate_one(task: AbsTask, lazy: _LazyEncoder, cache: ResultCache, meta: ModelMeta) -> TaskOutcome:
     import mteb
 
     outcome = TaskOutcome(task.metadata.name, task.metadata.type, "failed", task.metadata.main_score,

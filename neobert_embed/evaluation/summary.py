@@ -29,10 +29,15 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_text
+
+if TYPE_CHECKING:
+    from mteb import AbsTask
+
+    from neobert_embed.evaluation.run import EvaluationReport
 
 CATEGORIES = (("Classification", "Class."), ("Clustering", "Clust."), ("PairClassification", "PairClass."),
               ("Reranking", "Rerank."), ("Retrieval", "Retr."), ("STS", "STS"), ("Summarization", "Summ."))
@@ -81,7 +86,7 @@ def _average(scores: list[float | None]) -> Cell:
     return Cell(value, len(present), len(scores))
 
 
-def summarize(reports: Sequence[Any], task_types: dict[str, str]) -> list[SummaryRow]:
+def summarize(reports: Sequence[EvaluationReport], task_types: dict[str, str]) -> list[SummaryRow]:
     """One :class:`SummaryRow` per report, over the expected tasks ``{name: type}``.
 
     Example:
@@ -101,7 +106,7 @@ def summarize(reports: Sequence[Any], task_types: dict[str, str]) -> list[Summar
     return rows
 
 
-def summary_protocol(reports: Sequence[Any]) -> str:
+def summary_protocol(reports: Sequence[EvaluationReport]) -> str:
     """The one protocol of ``reports``; raises :class:`UserInputError` when they mix protocols.
 
     Example:
@@ -174,7 +179,7 @@ def render_csv(rows: Sequence[SummaryRow], task_types: dict[str, str], protocol:
     return buffer.getvalue()
 
 
-def task_measures(reports: Sequence[Any], tasks: Sequence[Any] | None = None) -> dict[str, str]:
+def task_measures(reports: Sequence[EvaluationReport], tasks: Sequence[AbsTask] | None = None) -> dict[str, str]:
     """Per task, what its score is: ``"cosine_spearman on test"`` (mteb averages over several splits).
 
     Example:
@@ -187,7 +192,7 @@ def task_measures(reports: Sequence[Any], tasks: Sequence[Any] | None = None) ->
             for task, (metric, splits) in described.items()}
 
 
-def write_summary(reports: Sequence[Any], output: str | Path, tasks: Sequence[Any] | None = None,
+def write_summary(reports: Sequence[EvaluationReport], output: str | Path, tasks: Sequence[AbsTask] | None = None,
                   models_note: str | None = None) -> tuple[Path, Path]:
     """Write ``summary.md`` and ``summary.csv`` under ``output`` for these evaluation reports.
 

@@ -23,11 +23,14 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.beir import read_beir_task
 from neobert_embed.errors import UserInputError, located
 from neobert_embed.files import iter_jsonl
+
+if TYPE_CHECKING:
+    from mteb import AbsTask
 
 TEXT = (str,)
 NUMBER = (int, float)
@@ -87,7 +90,7 @@ def read_retrieval_split(directory: Path, split: str, *, reranking: bool) -> dic
     return {"corpus": corpus, "queries": queries, "relevant_docs": task.qrels, "top_ranked": top_ranked}
 
 
-def read_candidates(path: Path, task: Any) -> dict[str, list[str]]:
+def read_candidates(path: Path, task: AbsTask) -> dict[str, list[str]]:
     """Reranking candidates ``{query-id, candidates: [corpus ids]}``; every id must exist."""
     candidates: dict[str, list[str]] = {}
     for line, record in iter_jsonl(path):

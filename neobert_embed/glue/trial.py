@@ -26,13 +26,16 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.distributed import is_main_process
 from neobert_embed.glue.data import GlueData
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from_logits
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +192,7 @@ def _announced_precision(preset: GluePreset, device: str) -> str:
     return chosen.label
 
 
-def _usable_length(model: Any, preset: GluePreset) -> int:
+def _usable_length(model: PreTrainedModel, preset: GluePreset) -> int:
     usable = usable_max_length(model.config)
     return min(preset.max_length, usable) if preset.max_length else usable
 
@@ -281,7 +284,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
     return result
 
 
-def _keep_if_best(model: Any, tokenizer: Any, directory: Path, result: dict[str, Any]) -> None:
+def _keep_if_best(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, result: dict[str, Any]) -> None:
     """Save this trial's model as ``directory`` if it beats the one there (file lock: parallel trials)."""
     from filelock import FileLock
 

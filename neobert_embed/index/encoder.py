@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,13 +26,15 @@ from neobert_embed.index.manifest import IndexManifest
 from neobert_embed.inference.runtime import model_fingerprint
 
 if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
     from neobert_embed.inference.runtime import PrecisionChoice
 
 PROMPT_KINDS = ("query", "document")
 SUPPORTED_SIMILARITIES = ("cosine", "dot")
 
 
-def _revision(model: Any) -> str | None:
+def _revision(model: SentenceTransformer) -> str | None:
     auto_model = getattr(model[0], "auto_model", None)
     return getattr(getattr(auto_model, "config", None), "_commit_hash", None)
 
@@ -41,7 +43,7 @@ def _revision(model: Any) -> str | None:
 class IndexEncoder:
     """A loaded model plus what the manifest needs to know about it."""
 
-    model: Any
+    model: SentenceTransformer
     name: str
     path: str | None
     revision: str | None

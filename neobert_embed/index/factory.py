@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_path
 
 INDEX_TYPES = ("auto", "flat", "ivf", "hnsw", "ivfpq")
 PRECISIONS = ("float32", "float16", "int8", "binary")
@@ -305,10 +305,9 @@ def write_faiss_index(index: Any, path: Path) -> None:
     """Write a float or binary FAISS index via a temporary file and a rename."""
     import faiss
 
-    tmp = path.with_name(path.name + ".tmp")
     write = faiss.write_index_binary if isinstance(index, faiss.IndexBinary) else faiss.write_index
-    write(index, str(tmp))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        write(index, str(tmp))
 
 
 def read_faiss_index(path: str | Path, binary: bool) -> Any:

@@ -49,9 +49,13 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.errors import UserInputError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +303,7 @@ def _encode_file(directory: Path, backend: str, quantized: bool, texts: Sequence
     return model.encode(list(texts), batch_size=8, convert_to_numpy=True)
 
 
-def _transformer_module(model: Any) -> Any:
+def _transformer_module(model: SentenceTransformer) -> Transformer:
     from sentence_transformers.base.modules.transformer import Transformer
 
     first = model[0]
@@ -309,7 +313,7 @@ def _transformer_module(model: Any) -> Any:
     return first
 
 
-def _traceable_encoder(model: Any) -> tuple[Any, tuple[str, ...]]:
+def _traceable_encoder(model: SentenceTransformer) -> tuple[Any, tuple[str, ...]]:
     """A module mapping the graph's inputs to ``last_hidden_state``, and the names of those inputs.
 
     ``token_type_ids`` is an input when the tokenizer produces it and the model's forward names it

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json, replace_directory
+from neobert_embed.files import atomic_path, atomic_write_json, replace_directory
 from neobert_embed.pretraining.documents import iter_documents
 from neobert_embed.pretraining.prepared import MANIFEST, PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
@@ -179,10 +179,8 @@ def _tokenize_shard(job: tuple[int, list[str], str]) -> tuple[str, int, int]:
     lengths = [len(ids) for ids in encoded]
     table = pa.table({"input_ids": pa.array(encoded, type=pa.list_(pa.int32())),
                       "length": pa.array(lengths, type=pa.int32())})
-    tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    os.replace(tmp, path)
     return name, len(lengths), int(sum(lengths))
 
 

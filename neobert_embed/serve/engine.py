@@ -19,12 +19,15 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.inference.runtime import InferenceModel
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 
 class Embedder:
@@ -33,7 +36,7 @@ class Embedder:
 
     def __init__(self, served: InferenceModel, name: str) -> None:
         self.served = served
-        self.model: Any = served.model
+        self.model: SentenceTransformer = served.model
         self.name = name
         # A private copy for counting in request threads: a fast tokenizer shared with the model
         # thread (which sets truncation on it) fails with "Already borrowed" under concurrency.
