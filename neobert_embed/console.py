@@ -47,10 +47,10 @@ logger = logging.getLogger(__name__)
 class ConsoleHandler(logging.Handler):
     """Renders the toolkit's log records on the user console (below ERROR: process 0 only)."""
 
-    def __init__(self, stream: TextIO, stdout: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO) -> None:
         super().__init__(logging.INFO)
         self.console = Console(file=stream, highlight=False, soft_wrap=True)
-        self.stdout = stdout or sys.stdout  # the command's own stdout, before any capturing block
+        self.stdout = sys.stdout  # the command's own stdout, before any capturing block
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno < logging.ERROR and not is_main_process():

@@ -1,8 +1,13 @@
-"""Data-parallel encoding: which process encodes which chunk, and how the processes meet.
+"""The world of processes: rank, size and rank 0's work, their devices, and data-parallel encoding.
 
-Why: encoding is the expensive part of a build and it parallelizes perfectly across devices and
-machines, while training and filling the FAISS index is one process's job. Under ``torchrun`` (or
-``--devices``, which launches the same workers through torch's own elastic launcher) rank ``r`` of
+Every command asks here whether it is rank 0 (:func:`is_main_process`, the one process that writes
+a run's files and draws its progress), which device a rank uses (:meth:`World.device`), and how
+processes meet (:func:`init_world`, :func:`on_main`, :func:`launch_on_devices`, :func:`free_port`).
+
+Why data-parallel encoding lives here too: encoding is the expensive part of a build and it
+parallelizes perfectly across devices and machines, while training and filling the FAISS index is
+one process's job. Under ``torchrun`` (or ``--devices``, which launches the same workers through
+torch's own elastic launcher) rank ``r`` of
 ``w`` encodes the chunks ``i ≡ r (mod w)`` into the build's resumable shards; rank 0 alone writes
 the document store, trains and fills the index and writes the manifest, and the other ranks wait on
 it and return its result. Processes meet through ``torch.distributed`` (NCCL on GPUs, gloo

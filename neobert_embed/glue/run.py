@@ -284,8 +284,6 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
         UserInputError: bad task, data, preset or output conflict — before anything is written.
         Interrupted: after Ctrl-C, once finished trials are safely on disk (rerun to continue).
     """
-    from neobert_embed.glue.summary import write_glue_summary
-
     if not models:
         raise UserInputError("no model: pass --model (a registry key, hub id or local directory)")
     preset_name = preset_name or (Path(str(preset)).stem if not isinstance(preset, GluePreset) else "custom")
@@ -297,61 +295,69 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     for model in labels.values():
         _check_model(model)
     sources = _sources(tasks, task_dirs)
-    task_names = list(sources)
     with claimed_directory(output, record=(RUN_FILE, "trials"), command="neobert-embed glue",
                            inputs=[*models, *(task_dirs or [])], what="GLUE run", wait=wait):
-        journal = Journal(output)
-        journal.check_run(preset, labels)
-        if not devices:
-            from neobert_embed.devices import default_device  # imports torch: only after every input check
+        return _run_claimed(Path(output), labels, preset, sources, devices, predict_test, progress, preset_name)
 
-            devices = [default_device()]
-        devices = list(devices)
-        from neobert_embed.training_precision import chosen_precision
 
-        for device in devices:  # fp16 on the CPU is refused here, before the run directory is written
-            chosen_precision(preset.precision, device)
-        in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
+def _run_claimed(output: Path, labels: dict[str, str], preset: GluePreset, sources: dict[str, tuple[_Source, GlueData]],
+                 devices: Sequence[str] | None, predict_test: bool, progress: bool, preset_name: str) -> GlueResult:
+    """The body of :func:`run_glue`, run while this process owns ``output``: plan, train, select, tabulate."""
+    from neobert_embed.glue.summary import write_glue_summary
 
-        plans = {}
-        for label in labels:
-            available = {t for t in TASKS if (journal.best_model_dir(label, t) / "config.json").is_file()}
-            plans[label] = expand_trials(preset, task_names, available)
-        total = sum(len(p) for p in plans.values())
-        pending_total = sum(not journal.is_finished(label, t) for label, plan in plans.items() for t in plan)
-        skipped = total - pending_total
-        if is_main_process():
-            journal.start(preset, labels)
-        tracker = _Progress(pending_total, progress)
-        ran = 0
-        try:
-            with tracker.progress:
-                for label, model in labels.items():
-                    for phase in (False, True):
-                        trials = [t for t in plans[label] if (t.transfer_from is not None) == phase
-                                  and not journal.is_finished(label, t)]
-                        jobs = _jobs(label, model, trials, journal, preset, sources, predict_test, devices[0],
-                                     in_process)
-                        ran += _run_jobs(jobs, devices, tracker, ran, pending_total)
-        except KeyboardInterrupt:
-            raise Interrupted(f"{skipped + tracker.done} of {total} trials are finished and kept in "
-                              f"{journal.output / 'trials'}; the trial in flight was discarded",
-                              resume_args=()) from None
-        shutil.rmtree(journal.output / ".work", ignore_errors=True)
-        choices = {label: {t: select_best(journal.results(label, t), TASKS[t].selection_metric) for t in task_names}
-                   for label in labels}
-        scores = {label: {t: c.scores for t, c in row.items() if c is not None} for label, row in choices.items()}
-        if not is_main_process():
-            out = journal.output
-            return GlueResult(scores, choices, out / "summary.md", out / "summary.csv", out / "glue.png", ran, skipped)
-        md, csv_path, plot = write_glue_summary(choices, task_names, journal.output, preset_name)
-        atomic_write_json(journal.output / "scores.json",
-                          {label: {t: c.as_dict() for t, c in row.items() if c is not None}
-                           for label, row in choices.items()})
-        submissions = []
-        if predict_test:
-            for label, row in choices.items():
-                for task, choice in row.items():
-                    if choice is not None:
-                        submissions += _submission(journal, label, choice, task, journal.output / "submission" / label)
-        return GlueResult(scores, choices, md, csv_path, plot, ran, skipped, submissions)
+    task_names = list(sources)
+    journal = Journal(output)
+    journal.check_run(preset, labels)
+    if not devices:
+        from neobert_embed.devices import default_device  # imports torch: only after every input check
+
+        devices = [default_device()]
+    devices = list(devices)
+    from neobert_embed.training_precision import chosen_precision
+
+    for device in devices:  # fp16 on the CPU is refused here, before the run directory is written
+        chosen_precision(preset.precision, device)
+    in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
+
+    plans = {}
+    for label in labels:
+        available = {t for t in TASKS if (journal.best_model_dir(label, t) / "config.json").is_file()}
+        plans[label] = expand_trials(preset, task_names, available)
+    total = sum(len(p) for p in plans.values())
+    pending_total = sum(not journal.is_finished(label, t) for label, plan in plans.items() for t in plan)
+    skipped = total - pending_total
+    if is_main_process():
+        journal.start(preset, labels)
+    tracker = _Progress(pending_total, progress)
+    ran = 0
+    try:
+        with tracker.progress:
+            for label, model in labels.items():
+                for phase in (False, True):
+                    trials = [t for t in plans[label] if (t.transfer_from is not None) == phase
+                              and not journal.is_finished(label, t)]
+                    jobs = _jobs(label, model, trials, journal, preset, sources, predict_test, devices[0],
+                                 in_process)
+                    ran += _run_jobs(jobs, devices, tracker, ran, pending_total)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{skipped + tracker.done} of {total} trials are finished and kept in "
+                          f"{journal.output / 'trials'}; the trial in flight was discarded",
+                          resume_args=()) from None
+    shutil.rmtree(journal.output / ".work", ignore_errors=True)
+    choices = {label: {t: select_best(journal.results(label, t), TASKS[t].selection_metric) for t in task_names}
+               for label in labels}
+    scores = {label: {t: c.scores for t, c in row.items() if c is not None} for label, row in choices.items()}
+    if not is_main_process():
+        out = journal.output
+        return GlueResult(scores, choices, out / "summary.md", out / "summary.csv", out / "glue.png", ran, skipped)
+    md, csv_path, plot = write_glue_summary(choices, task_names, journal.output, preset_name)
+    atomic_write_json(journal.output / "scores.json",
+                      {label: {t: c.as_dict() for t, c in row.items() if c is not None}
+                       for label, row in choices.items()})
+    submissions = []
+    if predict_test:
+        for label, row in choices.items():
+            for task, choice in row.items():
+                if choice is not None:
+                    submissions += _submission(journal, label, choice, task, journal.output / "submission" / label)
+    return GlueResult(scores, choices, md, csv_path, plot, ran, skipped, submissions)
