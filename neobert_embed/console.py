@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -286,9 +286,18 @@ def _log_records_to(stream: TextIO) -> Iterator[None]:
 
 
 def _stream_handlers() -> list[logging.StreamHandler]:
+    """Every plain stream handler alive, attached to a logger or not.
+
+    Why not only the attached ones: a library may keep its handler detached for a while and attach
+    it again later (``transformers.Trainer`` re-enables transformers' default handler), and one
+    made inside a capture would then write to the closed log. ``logging`` keeps a weak reference
+    to every handler it made (for shutdown), which finds them all.
+    """
     loggers = [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
                                       if isinstance(item, logging.Logger))]
-    return [handler for log in loggers for handler in log.handlers if type(handler) is logging.StreamHandler]
+    alive = [ref() for ref in getattr(logging, "_handlerList", ())]  # stdlib's registry of handlers
+    handlers = {id(h): h for h in [*alive, *(h for log in loggers for h in log.handlers)] if h is not None}
+    return [handler for handler in handlers.values() if type(handler) is logging.StreamHandler]
 
 
 @contextlib.contextmanager
@@ -300,6 +309,8 @@ def _terminal_handlers_to(stream: TextIO) -> Iterator[None]:
     the real stderr, or every record it writes later would fail on the closed log.
     """
     terminals = (sys.__stderr__, sys.__stdout__)
+    for handler in _stream_handlers():
+        _unbind_flush(handler, lambda bound: isinstance(bound, _LazyLog))  # left by an earlier capture
     moved = [(handler, handler.stream) for handler in _stream_handlers() if handler.stream in terminals]
     for handler, _ in moved:
         handler.setStream(stream)
@@ -309,8 +320,21 @@ def _terminal_handlers_to(stream: TextIO) -> Iterator[None]:
         for handler, original in moved:
             handler.setStream(original)
         for handler in _stream_handlers():
+            _unbind_flush(handler, lambda bound: bound is stream)
             if handler.stream is stream:
                 handler.setStream(sys.__stderr__)
+
+
+def _unbind_flush(handler: logging.StreamHandler, made_here: Callable[[object], bool]) -> None:
+    """Drop a handler's own ``flush`` when it is bound to a capture's log.
+
+    Why: transformers makes its default handler with ``handler.flush = sys.stderr.flush``; made
+    inside a capture, that is the log's flush, which fails on the closed log at the next command's
+    first record (a second command in one process: a notebook, a torchrun worker, a test).
+    """
+    bound = getattr(handler.__dict__.get("flush"), "__self__", None)
+    if bound is not None and made_here(bound):
+        del handler.flush
 
 
 @contextlib.contextmanager

@@ -239,3 +239,25 @@ def test_a_log_handler_made_inside_the_block_still_writes_after_it(tmp_path, cap
     err = capfd.readouterr().err
     assert "after the block" in err and "Logging error" not in err, err
     assert "inside the block" in (tmp_path / "run.log").read_text(encoding="utf-8")
+
+
+def test_a_library_handler_made_inside_one_capture_still_works_in_the_next(tmp_path):
+    """transformers makes its default handler at first use with ``handler.flush = sys.stderr.flush``:
+    made inside a capture, that flush is the log's; the next command (a notebook's, a torchrun worker's,
+    a test's second CLI call) failed with "I/O operation on closed file" before its first record."""
+    from neobert_embed.console import capture_third_party
+
+    library = logging.getLogger("a_library_like_transformers")
+    with capture_third_party(tmp_path / "first.log"):
+        handler = logging.StreamHandler()  # on sys.stderr of this moment: the first log
+        handler.flush = sys.stderr.flush
+        library.addHandler(handler)
+        library.warning("first command")
+    try:
+        assert handler.stream is sys.__stderr__ and "flush" not in handler.__dict__
+        with capture_third_party(tmp_path / "second.log"):
+            library.warning("second command")
+    finally:
+        library.removeHandler(handler)
+    assert "first command" in (tmp_path / "first.log").read_text()
+    assert "second command" in (tmp_path / "second.log").read_text()

@@ -123,7 +123,26 @@ def init_distributed() -> None:
 def _join_process_group() -> None:
     import deepspeed
 
+    if not current_world().distributed and default_device() == "cpu":
+        _skip_shared_memory_collectives()
     deepspeed.init_distributed(dist_backend="nccl" if default_device() == "cuda" else "gloo", verbose=False)
+
+
+def _skip_shared_memory_collectives() -> None:
+    """Keep DeepSpeed from building its CPU shared-memory all-reduce for a world of one.
+
+    Why: DeepSpeed compiles that C++ op (``deepspeed_shm_comm``) the first time a CPU process group
+    starts, in every new virtualenv: 45-90 s on two cores, and a compiler it needs, for collectives a
+    single process never runs. DeepSpeed builds only the ops it lists as compatible, so this process
+    lists that one as not; several processes (torchrun) still get it.
+
+    Example:
+        >>> _skip_shared_memory_collectives()   # then deepspeed.init_distributed(dist_backend="gloo")
+    """
+    from deepspeed import ops
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+
+    ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
 
 
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
