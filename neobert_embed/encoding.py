@@ -35,6 +35,8 @@ from neobert_embed.sources import iter_records, source_format
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+    from neobert_embed.quantization import Calibration
+
 logger = logging.getLogger(__name__)
 SLICE_BATCHES = 16  # batches per slice of a long-first encoding: the progress bar moves once per slice
 
@@ -112,14 +114,15 @@ def encode_texts(
     if truncated:
         logger.warning("%d of %d texts are longer than max_seq_length=%d tokens and were truncated",
                        truncated, len(checked), model.max_seq_length)
-    if prompt_name is not None and prompt_name not in model.prompts:
-        prompt_name = None
     from neobert_embed.console import document_progress
+    from neobert_embed.sentence import resolve_prompt
+
+    prompt = resolve_prompt(model, prompt_name)
 
     with document_progress(show_progress) as bar:
         task = bar.add_task("encoding", total=len(checked))
         return encode_longest_first(
-            lambda part: model.encode(part, batch_size=batch_size, prompt_name=prompt_name, show_progress_bar=False,
+            lambda part: model.encode(part, batch_size=batch_size, prompt=prompt, show_progress_bar=False,
                                       convert_to_numpy=True),
             checked, model.get_embedding_dimension(), batch_size * SLICE_BATCHES,
             lambda done: bar.advance(task, done))
@@ -164,9 +167,12 @@ def used_line(model: SentenceTransformer, prompt_names: Sequence[str | None], fi
     """
     parts = [f"precision {compute}"] if compute else []
     parts.append(f"max_seq_length {model.max_seq_length}")
+    from neobert_embed.sentence import resolve_prompt
+
     for name in prompt_names:
-        text = (model.prompts or {}).get(name) if name else None
-        parts.append(f"prompt {name!r} = {text!r}" if text else f"no {name} prompt" if name else "no prompt")
+        text = resolve_prompt(model, name)
+        shown = name if name and name in (model.prompts or {}) else f"{model.default_prompt_name} (default)"
+        parts.append(f"prompt {shown!r} = {text!r}" if text else f"no {name} prompt" if name else "no prompt")
     if field is not None:
         parts.append(f"field {field!r}")
     return "used: " + "; ".join(parts)
@@ -285,8 +291,9 @@ def encode_file(
     """
     from neobert_embed.inference.runtime import check_compute_precision, load_inference_model
     from neobert_embed.model_files import check_length_flag, check_model_files
-    from neobert_embed.outputs import check_output_file, sidecar_path, write_sidecar
-    from neobert_embed.quantization import fit_calibration, load_calibration
+    from neobert_embed.outputs import check_output_file, sidecar_path
+    from neobert_embed.quantization import load_calibration
+    from neobert_embed.sentence import resolve_prompt
 
     check_compute_precision(compute_precision)
     if precision not in STORAGE_PRECISIONS:
@@ -315,11 +322,8 @@ def encode_file(
                                   max_seq_length=max_seq_length, sample_texts=texts, batch_size=batch_size,
                                   agree=functools.partial(on_main, world))
     model, compute = loaded.model, loaded.choice
-    prompt_name = prompt_name or None
-    if prompt_name is not None and prompt_name not in model.prompts and prompt_name != "document":
-        known = ", ".join(sorted(model.prompts)) or "none"
-        raise UserInputError(f"--prompt-name {prompt_name!r}: the model has no such prompt (saved prompts: {known})")
-    prompt = model.prompts.get(prompt_name) if prompt_name else None
+    prompt_name = prompt_name or ""  # None, like '', is no prompt here
+    prompt = resolve_prompt(model, prompt_name, required=None if prompt_name == "document" else "--prompt-name")
     start = time.perf_counter()
     embeddings = encode_across_ranks(
         world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,
@@ -332,32 +336,46 @@ def encode_file(
                             precision=precision, seconds=round(seconds, 3), texts_per_second=0.0,
                             output=str(output_path), max_seq_length=int(model.max_seq_length),
                             compute_precision=compute.description)
-    fitted = saved
-    if fitted is None and precision in ("int8", "binary"):
-        fitted = fit_calibration(embeddings, precision, model=model_name)
-        logger.warning("%s codes use a calibration fitted on these %d texts: they compare only with codes "
-                       "encoded with --calibration %s", precision, len(texts), sidecar_path(output_path))
-    stored = quantize(embeddings, precision, fitted)
-    import io
-
-    buffer = io.BytesIO()
-    np.save(buffer, stored)
-    write_sidecar(output_path, ENCODE_WRITER, model=model_name, input=str(input_path), texts=len(texts),
-                  dimension=int(embeddings.shape[1]), precision=precision, compute=compute.to_json(),
-                  calibration=fitted.to_json() if fitted is not None else None,
-                  calibration_from=str(calibration) if calibration is not None else None,
-                  calibration_shared=calibration is not None if fitted is not None else None,
-                  blank=blank, skipped_rows=skipped)
-    atomic_write_bytes(output_path, buffer.getvalue())
+    fitted = _store_matrix(output_path, embeddings, precision, saved, model=model_name, input=str(input_path),
+                           texts=len(texts), compute=compute.to_json(), blank=blank, skipped_rows=skipped,
+                           calibration_from=str(calibration) if calibration is not None else None)
     return EncodeReport(texts=len(texts), dimension=int(embeddings.shape[1]), precision=precision,
                         seconds=round(seconds, 3), texts_per_second=round(len(texts) / max(seconds, 1e-9), 1),
                         output=str(output_path), max_seq_length=int(model.max_seq_length),
                         prompt_name=prompt_name if prompt else None, prompt=prompt or None,
-                        used=used_line(model, [prompt_name if prompt else None],
+                        used=used_line(model, [prompt_name],
                                        None if source_format(input_path) == "txt" else field, compute.description)
                         + (f"; {len(skipped)} blank texts skipped (rows {listing(skipped, 5)})" if skipped else ""),
                         calibration=str(sidecar_path(output_path)) if fitted is not None else None,
                         compute_precision=compute.description)
+
+
+def _store_matrix(output_path: Path, embeddings: np.ndarray, precision: str, calibration: Calibration | None,
+                  **record: Any) -> Calibration | None:
+    """Write ``embeddings`` stored at ``precision`` and, first, the sidecar saying how (both atomic);
+    return the int8/binary calibration used (``calibration``, or one fitted on these vectors).
+
+    Example:
+        >>> _store_matrix(Path("docs.npy"), vectors, "int8", None, model="bert", texts=2).precision
+        'int8'
+    """
+    import io
+
+    from neobert_embed.outputs import sidecar_path, write_sidecar
+    from neobert_embed.quantization import fit_calibration
+
+    fitted = calibration
+    if fitted is None and precision in ("int8", "binary"):
+        fitted = fit_calibration(embeddings, precision, model=record.get("model"))
+        logger.warning("%s codes use a calibration fitted on these %d texts: they compare only with codes "
+                       "encoded with --calibration %s", precision, len(embeddings), sidecar_path(output_path))
+    buffer = io.BytesIO()
+    np.save(buffer, quantize(embeddings, precision, fitted))
+    write_sidecar(output_path, ENCODE_WRITER, **record, dimension=int(embeddings.shape[1]), precision=precision,
+                  calibration=fitted.to_json() if fitted is not None else None,
+                  calibration_shared=record.get("calibration_from") is not None if fitted is not None else None)
+    atomic_write_bytes(output_path, buffer.getvalue())
+    return fitted
 
 
 def report_json(report: EncodeReport) -> str:

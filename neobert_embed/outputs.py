@@ -27,10 +27,27 @@ import os
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import WRITTEN_KEY, atomic_write_json
+
+if TYPE_CHECKING:
+    from neobert_embed.records import RecordFile
+
+RecordNames: TypeAlias = "str | RecordFile | tuple[str | RecordFile, ...]"
+"""What marks a directory as a command's own: a record (any of its names), a file name, or several."""
+
+
+def record_names(record: RecordNames) -> tuple[str, ...]:
+    """Every file name that marks ownership, in order: ``(RUN, "checkpoints")`` → ``("run.json", "checkpoints")``.
+
+    Example:
+        >>> record_names((CORPUS_MANIFEST, PREPARE_STATE))
+        ('corpus.json', 'manifest.json', 'prepare.json')
+    """
+    parts = record if isinstance(record, tuple) else (record,)
+    return tuple(name for part in parts for name in ((part,) if isinstance(part, str) else part.names))
 
 
 class DirectoryState(str, enum.Enum):
@@ -179,7 +196,7 @@ def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | P
                              "record); nothing was replaced: choose another path or remove it yourself")
 
 
-def directory_state(path: str | Path, record: str | tuple[str, ...]) -> DirectoryState:
+def directory_state(path: str | Path, record: RecordNames) -> DirectoryState:
     """Classify an output directory by whether it carries the command's ``record`` file (or any
     of several: a results root is recognised by ``results/`` or ``summary.md``).
 
@@ -190,7 +207,7 @@ def directory_state(path: str | Path, record: str | tuple[str, ...]) -> Director
     path = Path(path)
     if not path.exists():
         return DirectoryState.ABSENT
-    if any((path / name).exists() for name in ((record,) if isinstance(record, str) else record)):
+    if any((path / name).exists() for name in record_names(record)):
         return DirectoryState.OWNED
     return DirectoryState.FOREIGN if any(path.iterdir()) else DirectoryState.EMPTY
 
@@ -210,7 +227,7 @@ def check_directory_path(path: str | Path, flag: str = "--output", what: str = "
     check_writable_location(path, flag)
 
 
-def check_output_directory(path: str | Path, *, record: str | tuple[str, ...], inputs: Iterable[str | Path | None] = (),
+def check_output_directory(path: str | Path, *, record: RecordNames, inputs: Iterable[str | Path | None] = (),
                            flag: str = "--output", what: str = "output", replace: str | None = None,
                            owned: Iterable[str] = ()) -> DirectoryState:
     """Check a directory output before any work; refuse a file, an input, an unwritable place and
@@ -231,14 +248,14 @@ def check_output_directory(path: str | Path, *, record: str | tuple[str, ...], i
     check_not_input(path, inputs, flag)
     check_directory_path(path, flag, what)
     state = directory_state(path, record)
+    names = record_names(record)
     if state is DirectoryState.FOREIGN:
-        names = record if isinstance(record, str) else " or ".join(record)
-        raise UserInputError(f"{flag} {path} holds {_some_entries(path)} but no {names}, so it is not a {what} "
+        raise UserInputError(f"{flag} {path} holds {_some_entries(path)} but no {' or '.join(names)}, so it is not a {what} "
                              "written by neobert-embed; nothing was deleted: choose another path or an "
                              "empty directory")
     if replace and state is DirectoryState.OWNED:
-        check_replaceable(path, record if isinstance(record, str) else record[0], owned=owned, flag=flag,
-                          verb=replace)
+        present = next((name for name in names if (path / name).is_file()), names[0])  # the record file there
+        check_replaceable(path, present, owned=owned, flag=flag, verb=replace)
     return state
 
 

@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.distributed import is_main_process
-from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, atomic_write_json, atomic_write_text
+from neobert_embed.errors import UserInputError, located
+from neobert_embed.files import atomic_directory, atomic_write_text
 from neobert_embed.locks import LockHolder, writer_lock
-from neobert_embed.outputs import DirectoryState, check_output_directory
+from neobert_embed.outputs import DirectoryState, RecordNames, check_output_directory
+from neobert_embed.records import RUN, RecordFile
 
-RUN_FILE = "run.json"  # what a run was asked to do (settings), written when it starts
 METRICS_FILE = "metrics.jsonl"  # one JSON line per logged training step
 CHECKPOINTS_DIR = "checkpoints"  # resumable training states, one folder each
 
 
 @contextlib.contextmanager
-def claimed_directory(output: str | Path, *, record: str | tuple[str, ...], command: str,
+def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
                       inputs: Collection[str | Path | None] = (), what: str = "output", wait: bool = True,
                       replace: str | None = None, owned: Collection[str] = (),
                       on_stale: Callable[[LockHolder], None] | None = None) -> Iterator[DirectoryState]:
@@ -48,7 +48,7 @@ def claimed_directory(output: str | Path, *, record: str | tuple[str, ...], comm
     overwrite mean for it.
 
     Example:
-        >>> with claimed_directory("runs/x", record=RUN_FILE, command="neobert-embed train-contrastive") as state:
+        >>> with claimed_directory("runs/x", record=RUN, command="neobert-embed train-contrastive") as state:
         ...     train_into("runs/x", fresh=state is not DirectoryState.OWNED)
     """
     if not is_main_process():
@@ -77,28 +77,6 @@ class Interrupted(KeyboardInterrupt):
         self.resume_args = tuple(resume_args)
 
 
-def read_record(directory: str | Path, name: str = RUN_FILE) -> dict[str, Any] | None:
-    """The run record in ``directory``, or None when there is none.
-
-    Example:
-        >>> read_record("runs/x")["model"]
-        'bert'
-    """
-    path = Path(directory) / name
-    from neobert_embed.recipes import read_spec  # pydantic stays out of the CLI's start-up
-
-    return read_spec(path, "run record").data if path.is_file() else None
-
-
-def write_record(directory: str | Path, settings: Mapping[str, Any], name: str = RUN_FILE) -> None:
-    """Record what the run was asked to do (atomically; JSON values, nested mappings allowed).
-
-    Example:
-        >>> write_record("runs/x", {"model": "bert", "recipe": {"lr": 1e-4}})
-    """
-    atomic_write_json(Path(directory) / name, dict(settings))
-
-
 def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested settings as dotted keys: ``{"a": {"b": 1}}`` → ``{"a.b": 1}``."""
     flat: dict[str, Any] = {}
@@ -112,10 +90,10 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:28]}…{text[-28:]}"
 
 
-def check_resume(directory: str | Path, current: Mapping[str, Any], *, name: str = RUN_FILE,
+def check_resume(directory: str | Path, current: Mapping[str, Any], *, record: RecordFile = RUN,
                  operational: Collection[str] = (), verb: str = "--resume",
                  hint: str = "resume with the run's settings, or start a new --output") -> dict[str, Any] | None:
-    """Compare ``current`` with the run record in ``directory``; return the record (None: there is none).
+    """Compare ``current`` with the ``record`` in ``directory``; return the record (None: there is none).
 
     One :class:`UserInputError` names every dotted key whose value differs, as ``key (old → new)``;
     ``operational`` keys may change. Values compare as JSON stores them (tuples equal lists).
@@ -125,14 +103,14 @@ def check_resume(directory: str | Path, current: Mapping[str, Any], *, name: str
         Traceback (most recent call last):
         UserInputError: runs/x/run.json: --resume must continue the same run, but recipe.lr (0.0001 → 0.001) changed; ...
     """
-    saved = read_record(directory, name)
+    saved = record.read(directory)
     if saved is None:
         return None
     old, new = (json.loads(json.dumps(_flatten(d), default=str)) for d in (saved, current))
     changed = [f"{key} ({_show(old.get(key))} → {_show(new.get(key))})" for key in sorted(set(old) | set(new))
                if key not in operational and old.get(key) != new.get(key)]
     if changed:
-        raise UserInputError(f"{Path(directory) / name}: {verb} must continue the same run, but "
+        raise UserInputError(f"{record.path(directory)}: {verb} must continue the same run, but "
                              f"{', '.join(changed)} changed; {hint}")
     return saved
 
@@ -150,9 +128,8 @@ class MetricsFile:
     def __init__(self, path: str | Path, resume_step: int) -> None:
         self.path = Path(path)
         if self.path.is_file():
-            kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                    if line.endswith("}") and json.loads(line).get("step", 0) <= resume_step]
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+            kept = [row for row in read_metrics(self.path) if row.get("step", 0) <= resume_step]
+            atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Append one record (flushed at once: a crash loses at most the line being written)."""
@@ -160,8 +137,32 @@ class MetricsFile:
             handle.write(json.dumps(dict(record)) + "\n")
 
 
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (none when it is absent). The last line is left out when a
+    crash cut it short; a damaged line before it is an error naming the file and line.
+
+    Example:
+        >>> [row["loss"] for row in read_metrics("runs/x/metrics.jsonl")][:2]
+        [7.81, 7.42]
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break
+            raise located(path, number, f"damaged training log line (invalid JSON: {exc.msg}); delete that "
+                          "line, or resume from the checkpoint before it") from None
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 @contextlib.contextmanager
-def promoted(output: str | Path, record: str = RUN_FILE) -> Iterator[Path]:
+def promoted(output: str | Path, record: RecordFile = RUN) -> Iterator[Path]:
     """Write the finished output in a temporary sibling that then replaces the run directory.
 
     When the block succeeds, the entries of ``output`` it did not write (record, metrics,
@@ -173,7 +174,7 @@ def promoted(output: str | Path, record: str = RUN_FILE) -> Iterator[Path]:
         ...     model.save(str(tmp))
     """
     output = Path(output)
-    with atomic_directory(output, record=record, stamp=False) as tmp:  # the user's entries move in below
+    with atomic_directory(output, record=record.name, stamp=False) as tmp:  # the user's entries move in below
         yield tmp
         moved: list[str] = []
         try:

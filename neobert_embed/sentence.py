@@ -16,14 +16,50 @@ Example:
 from __future__ import annotations
 
 import pickle
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from neobert_embed.backbones import BACKBONES, resolve_model_name, usable_max_length
 from neobert_embed.errors import UserInputError
 
 PRECISIONS = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
               "bf16": "bfloat16", "bfloat16": "bfloat16"}
+
+
+@runtime_checkable
+class Prompted(Protocol):
+    """What the prompt rule reads of a model: a SentenceTransformer (or any model saving prompts)."""
+
+    prompts: Mapping[str, str]
+    default_prompt_name: str | None
+
+
+def resolve_prompt(model: Prompted, name: str | None, *, required: str | None = None) -> str:
+    """The text put before texts encoded as ``name``: the one rule of every command and the server.
+
+    The model's prompt called ``name`` (``query``, ``document`` or any it saved); without one (or with
+    ``name`` None) the model's default prompt, as sentence-transformers applies it; ``""`` when there is
+    neither, and for ``name == ""`` (no prompt, asked for). ``required`` (the option that named it, such as
+    ``--prompt-name``): a ``name`` the user chose and the model lacks is an error listing its prompts,
+    not a fallback.
+    Pass the result as ``encode(prompt=...)``, so sentence-transformers adds nothing of its own.
+
+    Example:
+        >>> model.prompts, model.default_prompt_name
+        ({'query': 'query: ', 'document': 'passage: '}, None)
+        >>> resolve_prompt(model, "query"), resolve_prompt(model, "title"), resolve_prompt(model, "")
+        ('query: ', '', '')
+    """
+    prompts = dict(model.prompts or {})
+    if name == "":
+        return ""
+    if name is not None and name in prompts:
+        return prompts[name]
+    if name is not None and required:
+        known = ", ".join(sorted(prompts)) or "none"
+        raise UserInputError(f"{required} {name!r}: the model has no such prompt (saved prompts: {known})")
+    return prompts.get(model.default_prompt_name or "", "")
 
 
 def is_sentence_transformer_dir(path: str | Path) -> bool:

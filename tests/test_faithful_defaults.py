@@ -80,7 +80,7 @@ def test_encode_uses_the_models_length_and_prompts_and_says_so(minilm_path, mini
     result = CliRunner().invoke(app, ["encode", "--model", str(minilm_path), "--input", str(texts),
                                       "--output", str(tmp_path / "out.npy"), "--json", "--precision", "fp32"])
     assert result.exit_code == 0, result.output
-    assert "used: precision fp32 (asked for); max_seq_length 256; no prompt" in result.stderr
+    assert "used: precision fp32 (asked for); max_seq_length 256; no document prompt" in result.stderr
     report = json.loads(result.stdout)
     assert report["max_seq_length"] == 256 and report["prompt"] is None
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), minilm.encode(["a short text", LONG]), atol=1e-5)
@@ -102,3 +102,67 @@ def test_mine_negatives_says_what_it_encodes_with(minilm_path, tmp_path):
     assert result.exit_code == 0, result.output
     assert "; max_seq_length 256; no query prompt; no document prompt; field 'anchor/positive'" in result.stderr
     assert "used: precision " in result.stderr  # default auto: the precision it chose, and why
+
+
+@pytest.fixture(scope="module")
+def prompted_minilm(minilm, tmp_path_factory):
+    """all-MiniLM-L6-v2 saved with a query prompt and a default prompt (as e5/bge-style models ship)."""
+    directory = tmp_path_factory.mktemp("prompted") / "minilm-prompted"
+    previous = dict(minilm.prompts), minilm.default_prompt_name
+    minilm.prompts, minilm.default_prompt_name = {"query": "query: ", "passage": "passage: "}, "passage"
+    try:
+        minilm.save(str(directory))
+    finally:
+        minilm.prompts, minilm.default_prompt_name = previous
+    return directory
+
+
+def test_one_prompt_rule_for_every_command_and_the_server(prompted_minilm, minilm, tmp_path):
+    """A side's own prompt (sentence-transformers 5 saves 'document': '' with every model, which is none),
+    else the model's default prompt, else none; '' is none; an unknown name the user typed is an error;
+    encode, index build and serve apply the same rule as sentence-transformers' encode."""
+    from sentence_transformers import SentenceTransformer
+
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.inference.runtime import load_inference_model
+    from neobert_embed.sentence import resolve_prompt
+    from neobert_embed.serve.engine import Embedder
+
+    model = SentenceTransformer(str(prompted_minilm), device="cpu")
+    assert model.prompts == {"query": "query: ", "document": "", "passage": "passage: "}
+    assert [resolve_prompt(model, name) for name in ("query", "document", None, "", "title")] == \
+        ["query: ", "", "passage: ", "", "passage: "]
+    with pytest.raises(UserInputError, match=r"--prompt-name 'title': the model has no such prompt \(saved "
+                                             r"prompts: document, passage, query\)"):
+        resolve_prompt(model, "title", required="--prompt-name")
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a short text\nanother one\n", encoding="utf-8")
+    runs = {name: CliRunner().invoke(app, ["encode", "--model", str(prompted_minilm), "--input", str(texts),
+                                           "--output", str(tmp_path / f"{name!r}.npy"), "--precision", "fp32",
+                                           *(["--prompt-name", name] if name is not None else [])])
+            for name in (None, "query", "", "title")}
+    unknown = runs.pop("title")  # a name the user typed and the model lacks
+    assert unknown.exit_code != 0 and "no such prompt" in str(unknown.exception)
+    assert all(result.exit_code == 0 for result in runs.values()), [r.output for r in runs.values()]
+    assert "; no document prompt\n" in runs[None].stderr  # its empty document prompt, as encode_document applies
+    assert "prompt 'query' = 'query: '" in runs["query"].stderr and "; no prompt\n" in runs[""].stderr
+    plain = ["a short text", "another one"]
+    np.testing.assert_allclose(np.load(tmp_path / "None.npy"), model.encode_document(plain), atol=1e-5)
+    for name, prefix in ((None, ""), ("query", "query: "), ("", "")):
+        np.testing.assert_allclose(np.load(tmp_path / f"{name!r}.npy"),
+                                   minilm.encode([prefix + text for text in plain]), atol=1e-5)
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS[:2]), encoding="utf-8")
+    built = CliRunner().invoke(app, ["index", "build", "--model", str(prompted_minilm), "--corpus", str(corpus),
+                                     "--output", str(tmp_path / "index"), "--precision", "fp32"])
+    assert built.exit_code == 0, built.output
+    manifest = json.loads((tmp_path / "index" / "manifest.json").read_text())
+    assert manifest["prompts"] == {"query": "query: ", "document": ""}  # what was applied to each side, recorded
+    assert "; no document prompt" in built.stderr
+
+    engine = Embedder(load_inference_model(str(prompted_minilm), "fp32"), "minilm-prompted")
+    assert engine.prompt_for(None) == "passage: " and engine.prompt_for("query") == "query: "
+    with pytest.raises(UserInputError, match="prompt_name 'nope': the model has no such prompt"):
+        engine.prompt_for("nope")

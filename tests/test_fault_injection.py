@@ -406,7 +406,7 @@ def test_a_failed_prepare_leaves_nothing_and_a_rerun_works(world, tmp_path, caps
     corpus.write_bytes(corpus.read_bytes().replace(b"\xff", b"x"))
     code, _, err = run_main(args, capsys)
     assert code == 0, err
-    assert json.loads((output / "manifest.json").read_text(encoding="utf-8"))["num_documents"] == 51
+    assert json.loads((output / "corpus.json").read_text(encoding="utf-8"))["num_documents"] == 51
     # no unfinished preparation left behind; the writer lock file stays (see KEPT_ON_REFUSAL)
     assert [path.name for path in tmp_path.glob(".prepared*")] in ([], [".prepared.lock"])
 

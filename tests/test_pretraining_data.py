@@ -205,13 +205,13 @@ def test_prepare_trains_vocab_writes_datasets_shards_and_resumes(tmp_path):
 
     shard = datasets.Dataset.from_file(str(out / "shards" / "000000.arrow"))
     assert shard.num_rows == 50 and shard[0]["input_ids"] == tokenizer(first)["input_ids"]
-    (out / "manifest.json").unlink()  # an interrupted run: finished shards are kept and reused
+    (out / "corpus.json").unlink()  # an interrupted run: finished shards are kept and reused
     (out / "shards" / "000002.arrow").unlink()
     before = (out / "shards" / "000000.arrow").stat().st_mtime_ns
     again = prepare_corpus(corpus, out, tokenizer="train", vocab_size=300, shard_documents=50, progress=False)
     assert (out / "shards" / "000000.arrow").stat().st_mtime_ns == before
     assert np.array_equal(again.lengths, prepared.lengths)
-    (out / "manifest.json").unlink()
+    (out / "corpus.json").unlink()
     with pytest.raises(UserInputError, match=r"rerunning prepare must continue the same run, but "
                        r"shard_documents \(50 → 60\), vocab_size \(300 → 400\) changed"):
         prepare_corpus(corpus, out, tokenizer="train", vocab_size=400, shard_documents=60, progress=False)

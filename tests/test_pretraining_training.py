@@ -194,7 +194,7 @@ def test_cli_prepare_pretrain_export(tmp_path):
     result = runner.invoke(app, ["pretrain", "--recipe", str(tmp_path / "tiny.yaml"), "--corpus", str(raw),
                                  "--output", str(tmp_path / "run"), "--max-steps", "2"])
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "run" / "prepared" / "manifest.json").is_file()
+    assert (tmp_path / "run" / "prepared" / "corpus.json").is_file()
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump(recipe | {"optimizer": {"lr": 1e-3}}))
     result = runner.invoke(app, ["pretrain", "--recipe", str(tmp_path / "changed.yaml"), "--corpus", str(raw),
                                  "--output", str(tmp_path / "run"), "--max-steps", "4", "--resume"])
@@ -206,7 +206,7 @@ def test_cli_prepare_pretrain_export(tmp_path):
     assert load_sentence_model(str(tmp_path / "hf")).encode(["def f(): pass"]).shape == (1, 32)
     result = runner.invoke(app, ["pretrain", "prepare", "--corpus", str(raw), "--tokenizer", "train",
                                  "--vocab-size", "300", "--output", str(tmp_path / "prep")])
-    assert result.exit_code == 0 and (tmp_path / "prep" / "manifest.json").is_file()
+    assert result.exit_code == 0 and (tmp_path / "prep" / "corpus.json").is_file()
     (tmp_path / "bad.yaml").write_text("model: {hidden_size: 32}\nmasking: {rat: 0.2}\n")
     result = runner.invoke(app, ["pretrain", "--recipe", str(tmp_path / "bad.yaml"), "--corpus", str(raw),
                                  "--output", str(tmp_path / "x")])
@@ -238,10 +238,12 @@ def test_sigint_to_the_cli_checkpoints_and_says_how_to_resume(corpus, tmp_path):
 
     recipe = tiny_recipe(max_steps=100_000)
     recipe["checkpoint"] = {"every_steps": 100_000, "keep_last": 1}
+    recipe["training"]["engine"] = "deepspeed"
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     run = tmp_path / "run"
     cli = os.path.join(os.path.dirname(sys.executable), "neobert-embed")
-    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # a fresh extensions folder: a world of one must not build DeepSpeed's shared-memory all-reduce (45-90 s)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
     process = subprocess.Popen([cli, "pretrain", "--recipe", str(tmp_path / "r.yaml"), "--corpus", str(corpus),
                                 "--output", str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
@@ -257,6 +259,8 @@ def test_sigint_to_the_cli_checkpoints_and_says_how_to_resume(corpus, tmp_path):
     assert "interrupted" in message and f"--output {run} --resume" in message
     saved = sorted((run / "checkpoints").glob("step-*"))
     assert len(saved) == 1
+    assert json.loads((saved[0] / "trainer_state.json").read_text())["engine"] == "deepspeed"
+    assert not (tmp_path / "ext" / "deepspeed_shm_comm").exists()
     step = int(saved[0].name.removeprefix("step-"))
     resumed = pretrain(parse_pretrain_recipe(recipe), corpus, run, resume=True, stop_after_steps=1, progress=False)
     assert resumed.step == step + 1

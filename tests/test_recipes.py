@@ -137,7 +137,7 @@ def test_tampered_index_manifest_names_file_line_and_key(tmp_path):
     message = _error(["index", "verify", tmp_path / "index"])
     _assert_located(message, manifest, dimension, "key 'dimension': Input should be a valid integer")
     _assert_located(message, manifest, vectors, "unknown key 'vectorz'")
-    assert message.endswith("rebuild the index")
+    assert message.endswith("rebuild the index with `neobert-embed index build`")
 
 
 @pytest.mark.parametrize(("text", "line"), [(PRETRAIN_MODEL + "training: {max_steps: [1}\n", 6),

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
-from neobert_embed.runs import MetricsFile, check_resume, promoted, write_record
+from neobert_embed.records import PREPARE_STATE, RUN
+from neobert_embed.runs import MetricsFile, check_resume, promoted, read_metrics
 
 runner = CliRunner()
 
@@ -44,16 +45,16 @@ def _resume_words(output: str) -> list[str]:
 
 
 def test_resume_check_lists_every_changed_key_and_allows_operational_ones(tmp_path):
-    write_record(tmp_path, {"model": "bert", "recipe": {"lr": 1e-4, "seed": 0, "log_every": 10, "betas": (0.9, 0.98)}})
+    RUN.write(tmp_path, {"model": "bert", "recipe": {"lr": 1e-4, "seed": 0, "log_every": 10, "betas": (0.9, 0.98)}})
     same = {"model": "bert", "recipe": {"lr": 1e-4, "seed": 0, "log_every": 50, "betas": [0.9, 0.98]}}
     assert check_resume(tmp_path, same, operational={"recipe.log_every"})["model"] == "bert"
     with pytest.raises(UserInputError, match=r"run.json: --resume must continue the same run, but model "
                        r"\('bert' → 'roberta'\), recipe.lr \(0.0001 → 0.001\), recipe.seed \(0 → None\) changed"):
         check_resume(tmp_path, {"model": "roberta", "recipe": {"lr": 1e-3, "log_every": 10, "betas": [0.9, 0.98]}})
     assert check_resume(tmp_path / "empty", same) is None  # nothing recorded: nothing to continue
-    write_record(tmp_path, {"fingerprint": "a" * 64}, name="state.json")
-    with pytest.raises(UserInputError, match=r"fingerprint \('aaaa[a…]+'? → 'bbbb") as refused:
-        check_resume(tmp_path, {"fingerprint": "b" * 64}, name="state.json")
+    PREPARE_STATE.write(tmp_path, {"fingerprint": "a" * 64})
+    with pytest.raises(UserInputError, match=r"prepare.json: .*fingerprint \('aaaa[a…]+'? → 'bbbb") as refused:
+        check_resume(tmp_path, {"fingerprint": "b" * 64}, record=PREPARE_STATE)
     assert "a" * 64 not in str(refused.value)  # long values (hashes) are shortened
 
 
@@ -66,11 +67,20 @@ def test_metrics_file_drops_lines_past_the_resumed_step(tmp_path):
         handle.write('{"step": 6, "lo')  # killed while writing a line
     MetricsFile(path, resume_step=3).write({"step": 4, "loss": 0.0})
     assert _steps(path) == [1, 2, 3, 4]
+    assert [row["step"] for row in read_metrics(path)] == [1, 2, 3, 4]
+
+
+def test_a_damaged_metrics_line_before_the_last_is_a_located_error(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo}\n{"step": 3, "loss": 1.0}\n', encoding="utf-8")
+    with pytest.raises(UserInputError, match=rf"^{path}:2: damaged training log line \(invalid JSON"):
+        MetricsFile(path, resume_step=3)
+    assert read_metrics(tmp_path / "absent.jsonl") == []
 
 
 def test_promotion_carries_the_run_files_and_leaves_the_run_intact_on_failure(tmp_path):
     run = tmp_path / "run"
-    write_record(run, {"model": "bert"})
+    RUN.write(run, {"model": "bert"})
     (run / "checkpoints" / "checkpoint-2").mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(RuntimeError), promoted(run) as tmp:
@@ -212,7 +222,7 @@ def test_prepare_ctrl_c_says_to_rerun_and_a_changed_rerun_names_every_key(tmp_pa
     assert not out.exists()  # the unfinished preparation waits in a hidden sibling, never in --output
     first = (prepare_module.partial_path(out) / "shards" / "000000.arrow").stat().st_mtime_ns
     assert runner.invoke(app, command).exit_code == 0
-    assert json.loads((out / "manifest.json").read_text())["num_documents"] == 90
+    assert json.loads((out / "corpus.json").read_text())["num_documents"] == 90
     assert (out / "shards" / "000000.arrow").stat().st_mtime_ns == first  # the finished shard was kept
 
 

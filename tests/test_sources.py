@@ -156,7 +156,7 @@ def test_pretrain_prepare_reads_every_format(fmt, corpora, minilm_path, tmp_path
     code, _, err = run_main(["pretrain", "prepare", "--corpus", corpora[fmt], "--output", output,
                              "--tokenizer", minilm_path], capsys)
     assert code == 0, err
-    manifest = json.loads((output / "manifest.json").read_text())
+    manifest = json.loads((output / "corpus.json").read_text())
     from transformers import AutoTokenizer
 
     expected = AutoTokenizer.from_pretrained(str(minilm_path))([r["text"] for r in RECORDS])["input_ids"]
@@ -211,7 +211,7 @@ def test_a_text_file_is_read_under_the_commands_text_field(tiny_bert, minilm_pat
     code, _, err = run_main(["pretrain", "prepare", "--corpus", corpus, "--output", tmp_path / "prepared",
                              "--tokenizer", minilm_path, "--text-field", "content"], capsys)
     assert code == 0, err
-    assert json.loads((tmp_path / "prepared" / "manifest.json").read_text())["num_documents"] == len(RECORDS)
+    assert json.loads((tmp_path / "prepared" / "corpus.json").read_text())["num_documents"] == len(RECORDS)
     from neobert_embed.index import open_index
 
     code, _, err = run_main(["index", "build", "--model", tiny_bert, "--corpus", corpus, "--output", tmp_path / "index",
@@ -301,7 +301,7 @@ def test_parquet_columns_are_read_only_when_asked(minilm_path, tmp_path, capsys)
     code, _, err = run_main(["pretrain", "prepare", "--corpus", path, "--output", tmp_path / "prepared",
                              "--tokenizer", minilm_path, "--text-field", "content"], capsys)
     assert code == 0, err
-    assert json.loads((tmp_path / "prepared" / "manifest.json").read_text())["num_documents"] == len(RECORDS)
+    assert json.loads((tmp_path / "prepared" / "corpus.json").read_text())["num_documents"] == len(RECORDS)
     code, _, err = run_main(["pretrain", "prepare", "--corpus", path, "--output", tmp_path / "again",
                              "--tokenizer", minilm_path, "--text-field", "body"], capsys)
     assert code == 2 and re.search(r"wide\.parquet:1: field 'body' is missing \(keys: \['_id', 'anchor'", err), err

@@ -70,18 +70,18 @@ def train_contrastive_command(
     with third_party_log(output, verbose), json_only_stdout(as_json):
         out = train_contrastive(model=model, data=opt.parse_data_option(data or []) or None, output=output,
                                 recipe=loaded, resume=resume, overwrite=overwrite, wait=not no_wait)
-    if not (out / "summary.json").is_file():  # a non-zero rank under torchrun: rank 0 reports
-        return
-    from neobert_embed.files import read_json
+    from neobert_embed.records import TRAINING_SUMMARY
 
-    summary = read_json(out / "summary.json", "training summary")
+    summary = TRAINING_SUMMARY.read(out)
+    if summary is None:  # a non-zero rank under torchrun: rank 0 reports
+        return
     if as_json:
         typer.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:
         precision = f" ({summary['precision']})" if summary.get("precision") else ""
         typer.echo(f"saved {out} (SentenceTransformer, prompts 'query'/'document'); "
                    f"{summary['steps']} steps{precision}, final loss {summary['final_loss']:.4f}; "
-                   f"metrics in {out / 'metrics.jsonl'}, summary in {out / 'summary.json'}")
+                   f"metrics in {out / 'metrics.jsonl'}, summary in {TRAINING_SUMMARY.path(out)}")
 
 
 def mine_negatives_command(

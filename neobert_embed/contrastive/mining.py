@@ -81,6 +81,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
 
     from neobert_embed.encoding import used_line
     from neobert_embed.inference.runtime import load_inference_model
+    from neobert_embed.sentence import resolve_prompt
 
     pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
     if pairs.num_rows < 2:
@@ -88,8 +89,8 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     loaded = load_inference_model(model, precision, device=device, max_seq_length=max_seq_length,
                                   sample_texts=_sample_texts(pairs), batch_size=batch_size)
     sentence_model = loaded.model
-    prompts = {"query_prompt_name": "query" if sentence_model.prompts.get("query") else None,
-               "corpus_prompt_name": "document" if sentence_model.prompts.get("document") else None}
+    prompts = {"query_prompt": resolve_prompt(sentence_model, "query"),
+               "corpus_prompt": resolve_prompt(sentence_model, "document")}
     logger.info(used_line(sentence_model, ["query", "document"], field="anchor/positive",
                           compute=loaded.choice.description))
     mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",

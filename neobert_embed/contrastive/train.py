@@ -44,9 +44,9 @@ from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json
 from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import Spec
+from neobert_embed.records import RUN, TRAINER_STATE, TRAINING_SUMMARY
 from neobert_embed.training_precision import TrainingPrecision
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def last_checkpoint(output: Path) -> Path | None:
         PosixPath('runs/x/checkpoints/checkpoint-500')
     """
     complete = [p for p in (output / CHECKPOINTS).glob("checkpoint-*")  # none when the folder is absent
-                if (p / "trainer_state.json").is_file() and p.name.split("-")[-1].isdigit()]
+                if TRAINER_STATE.exists(p) and p.name.split("-")[-1].isdigit()]
     return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
@@ -89,15 +89,15 @@ def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
                  recipe: ContrastiveRecipe | None, resume: bool, overwrite: bool
                  ) -> tuple[str, dict[str, DataSource], ContrastiveRecipe]:
     """Decide model, data and recipe; on resume they come from run.json and must not change."""
-    saved = runs.read_record(output) if resume else None
+    saved = RUN.read(output) if resume else None
     if saved is not None:
-        saved_recipe = Spec(f"{output / runs.RUN_FILE} (recipe)", saved["recipe"]).validate(ContrastiveRecipe)
+        saved_recipe = Spec(f"{RUN.path(output)} (recipe)", saved["recipe"]).validate(ContrastiveRecipe)
         asked = _record(model or saved["model"], _sources(data, saved_recipe) if data else saved_recipe.data,
                         recipe or saved_recipe)
         runs.check_resume(output, asked, hint="drop those options or start a new --output")
         return saved["model"], saved_recipe.data, saved_recipe
     if resume:
-        logger.warning("%s: nothing to resume (no %s); starting a new run", output, runs.RUN_FILE)
+        logger.warning("%s: nothing to resume (no %s); starting a new run", output, RUN.name)
     elif output.exists() and any(output.iterdir()) and not overwrite:
         raise UserInputError(f"{output} already exists and is not empty; pass --resume to continue its run, "
                              "--overwrite to replace it, or choose another --output")
@@ -186,13 +186,13 @@ def _reload_difference(model, directory: Path, texts: list[str]) -> float:
 
 def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) -> None:
     """Write the model in a temp dir beside the run, check it reloads, and promote it with the run's files."""
-    with runs.promoted(output, record=runs.RUN_FILE) as tmp:
+    with runs.promoted(output, record=RUN) as tmp:
         model.save(str(tmp))
         summary["reload_max_abs_diff"] = _reload_difference(model, tmp, texts)
         if summary["reload_max_abs_diff"] > RELOAD_TOLERANCE:
             raise RuntimeError(f"the saved model encodes differently from the trained one "
                                f"(max |Δ| {summary['reload_max_abs_diff']:.2e}); nothing was written")
-        atomic_write_json(tmp / "summary.json", summary)
+        TRAINING_SUMMARY.write(tmp, summary)
 
 
 def train_contrastive(model: str | None = None, data: dict[str, Any] | None = None,
@@ -228,7 +228,7 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
     """
     output = Path(output)
     inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
-    with runs.claimed_directory(output, record=runs.RUN_FILE, command="neobert-embed train-contrastive",
+    with runs.claimed_directory(output, record=RUN, command="neobert-embed train-contrastive",
                                 inputs=inputs, what="training run", wait=wait) as state:
         return _train_in(output, model, data, recipe, resume, overwrite, callbacks, state)
 
@@ -237,7 +237,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
               resume: bool, overwrite: bool, callbacks: list[Any] | None, state: DirectoryState) -> Path:
     """The body of :func:`train_contrastive`, run while holding the run directory's lock."""
     model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
-    if resume and (output / "summary.json").is_file() and (output / "modules.json").is_file():
+    if resume and TRAINING_SUMMARY.exists(output) and (output / "modules.json").is_file():
         logger.warning("%s: this run already finished; nothing to resume", output)
         return output
     chosen = _chosen_precision(recipe)  # refuses fp16 on the CPU before anything is written
@@ -251,7 +251,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     if is_main_process():  # record what the run is (run.json), clearing an overwritten run first
         if overwrite and not resume:
             _discard_new_run(output)
-        runs.write_record(output, _record(model_name, sources, recipe))
+        RUN.write(output, _record(model_name, sources, recipe))
     try:
         trainer, interrupt, progress = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
         started = time.perf_counter()
@@ -310,7 +310,7 @@ def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRe
 def _discard_new_run(output: Path, remove_directory: bool = False) -> None:
     """Remove what a new (or overwritten) run wrote, so a rerun with fixed data works."""
     shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)
-    for name in (runs.METRICS_FILE, "summary.json", runs.RUN_FILE):
+    for name in (runs.METRICS_FILE, TRAINING_SUMMARY.name, RUN.name):
         (output / name).unlink(missing_ok=True)
     if remove_directory and output.is_dir() and not any(output.iterdir()):
         output.rmdir()

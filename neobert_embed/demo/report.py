@@ -14,14 +14,14 @@ Example:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from neobert_embed.charts import png_bytes, subplots
 from neobert_embed.demo.records import MINILM, SEARCH_STAGE, TINY, DemoReport
-from neobert_embed.files import atomic_write_bytes, atomic_write_json
-from neobert_embed.runs import METRICS_FILE
+from neobert_embed.files import atomic_write_bytes
+from neobert_embed.records import DEMO_SUMMARY
+from neobert_embed.runs import METRICS_FILE, read_metrics
 
 # curve label (without the tiny model's size) → the run directory under the demo's output
 LOSS_CURVES = {f"{TINY}: MLM": ("pretrain",), f"{TINY}: InfoNCE": ("models", "fine-tuned"),
@@ -35,10 +35,7 @@ def read_losses(run_dir: Path) -> list[tuple[int, float]]:
         >>> read_losses(Path("runs/demo/pretrain"))[:1]
         [(10, 7.81)]
     """
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_metrics(run_dir / METRICS_FILE)
     return [(row["step"], row["loss"]) for row in rows if "loss" in row and "step" in row]
 
 
@@ -93,8 +90,7 @@ def write_demo_outputs(report: DemoReport) -> tuple[Path, Path]:
         "losses": {label: {"first": curve[0][1], "last": curve[-1][1], "steps": curve[-1][0]}
                    for label, curve in losses.items() if curve},
     }
-    json_path, png_path = output / "summary.json", output / "summary.png"
-    atomic_write_json(json_path, summary)
+    json_path, png_path = DEMO_SUMMARY.write(output, summary), output / "summary.png"
     atomic_write_bytes(png_path, _chart({report.name(key): score for key, score in report.scores.items()}, losses))
     return json_path, png_path
 

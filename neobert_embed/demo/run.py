@@ -40,17 +40,15 @@ from neobert_embed.demo.records import (
 )
 from neobert_embed.demo.report import read_losses, write_demo_outputs
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.paths import recipe_path
+from neobert_embed.records import DEMO_JOURNAL, DEMO_SUMMARY
 from neobert_embed.runs import CHECKPOINTS_DIR
 
 __all__ = ["DemoReport", "DemoSettings", "Stage", "run_demo"]
 
-JOURNAL_NAME = "stages.json"
 LOG_NAME = "demo.log"
 # "index": the single tiny-model index of demos before the "search" stage (kept, so --fresh still clears it)
-DEMO_OWNED = ("data", "index", "indexes", "models", "mteb", "pretrain", "summary.json", "summary.png",
-              "summary.md")
+DEMO_OWNED = ("data", "index", "indexes", "models", "mteb", "pretrain", DEMO_SUMMARY.name, "summary.png")
 # The held-out docstrings whose summaries are the example searches, picked for readability before any
 # model searched them (never training pairs: their summaries are held-out queries). Missing ones (another
 # Python's stdlib, --quick's smaller corpus) are replaced by the first held-out queries.
@@ -85,8 +83,9 @@ class _Journal:
     """Finished stages on disk, so a rerun (or a run after Ctrl-C) skips them."""
 
     def __init__(self, output: Path) -> None:
-        self.path = output / JOURNAL_NAME
-        raw = read_json(self.path, "demo journal") if self.path.is_file() else []
+        self.output = output
+        self.path = DEMO_JOURNAL.path(output)
+        raw = DEMO_JOURNAL.read(output) or []
         try:
             self.stages = {item["name"]: Stage(**item) for item in raw}
         except (TypeError, KeyError):
@@ -100,7 +99,7 @@ class _Journal:
         figure, outputs, data = work()
         stage = Stage(name, round(time.perf_counter() - start, 1), figure, outputs, data)
         self.stages[name] = stage
-        atomic_write_json(self.path, [asdict(s) for s in self.stages.values()])
+        DEMO_JOURNAL.write(self.output, [asdict(s) for s in self.stages.values()])
         return stage
 
 
@@ -283,13 +282,13 @@ def run_demo(output: str | Path = "runs/demo", settings: DemoSettings | None = N
 
     settings = settings or DemoSettings()
     output = Path(output)
-    with claimed_directory(output, record=JOURNAL_NAME, command="neobert-embed demo", what="demo directory",
+    with claimed_directory(output, record=DEMO_JOURNAL, command="neobert-embed demo", what="demo directory",
                            wait=wait, replace="--fresh" if fresh else None, owned=DEMO_OWNED) as state:
         if fresh and state is DirectoryState.OWNED:
             shutil.rmtree(output)
         output.mkdir(parents=True, exist_ok=True)
-        if not (output / JOURNAL_NAME).exists():
-            atomic_write_json(output / JOURNAL_NAME, [])
+        if not DEMO_JOURNAL.exists(output):
+            DEMO_JOURNAL.write(output, [])
         with capture_third_party(output / LOG_NAME, verbose=verbose):
             return _run_stages(output, settings, on_stage, on_start)
 

@@ -23,6 +23,7 @@ from neobert_embed.demo.records import (
     stage_models,
 )
 from neobert_embed.demo.report import searches_summary
+from neobert_embed.records import DEMO_SUMMARY
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,7 +50,7 @@ def print_summary(report: DemoReport, console: Console) -> None:
                       f"fixed {searches['top1_fixed']} top hits, broke {searches['top1_broken']})")
     output = Path(report.output)
     console.print(f"every output is under {output} (stages.json lists them); figures in "
-                  f"{output / 'summary.json'} and {output / 'summary.png'}")
+                  f"{DEMO_SUMMARY.path(output)} and {output / 'summary.png'}")
 
 
 def _stage_table(report: DemoReport) -> Table:

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.protocol import check_protocol
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
-from neobert_embed.evaluation.run import RESULTS_MARKS, EvaluationReport, TaskOutcome, run_mteb, select_tasks
+from neobert_embed.evaluation.report import EvaluationReport, TaskOutcome
+from neobert_embed.evaluation.run import RESULTS_MARKS, run_mteb, select_tasks
 from neobert_embed.outputs import check_output_directory, model_label
 
 if TYPE_CHECKING:

@@ -203,13 +203,11 @@ def _effective_prompt(encoder: EncoderProtocol, task_metadata: TaskMetadata, pro
     name = get_prompt_name(prompts, task_metadata, prompt_type) if prompts else None
     if name is not None:
         return prompts.get(name)
+    from neobert_embed.sentence import Prompted, resolve_prompt
+
     model = getattr(encoder, "model", None)
-    saved = dict(getattr(model, "prompts", None) or {})
     side = getattr(prompt_type, "value", None)  # PromptType.query → "query", .document → "document"
-    if side in saved:
-        return saved[side]
-    default = getattr(model, "default_prompt_name", None)
-    return saved.get(default) if default else None
+    return (resolve_prompt(model, side) or None) if isinstance(model, Prompted) else None
 
 
 def prompts_used(encoder: EncoderProtocol, task: AbsTask) -> dict[str, str | None]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +32,12 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, load_task_dirs
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
+from neobert_embed.evaluation.report import EvaluationReport, TaskOutcome
 from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.inference.runtime import check_compute_precision
 from neobert_embed.model_files import check_model_files
 from neobert_embed.outputs import check_output_directory
+from neobert_embed.records import MTEB_PROTOCOL
 from neobert_embed.runs import Interrupted
 
 if TYPE_CHECKING:
@@ -52,50 +53,6 @@ TASK_TYPE_NAMES = ("Classification", "Clustering", "PairClassification", "Rerank
 
 # what a results directory of earlier runs holds: mteb's cache, the table, or compare's trained models
 RESULTS_MARKS = ("results", "summary.md", "models")
-
-
-@dataclass
-class TaskOutcome:
-    """One task's fate in a run: ``done`` (evaluated now), ``cached`` (reused) or ``failed``; its
-    score is mteb's main score (``main_score`` names it) averaged over mteb's ``splits``."""
-
-    task: str
-    type: str
-    status: str
-    main_score: str
-    score: float | None = None
-    error: str | None = None
-    result_file: str | None = None
-    splits: list[str] = field(default_factory=list)
-
-
-@dataclass
-class EvaluationReport:
-    """What ``run_mteb`` did for one model: per-task outcomes and where results are."""
-
-    model: str
-    name: str
-    revision: str
-    recipe: str
-    results_dir: str
-    outcomes: list[TaskOutcome] = field(default_factory=list)
-    protocol: str = "model"
-    settings: dict[str, Any] = field(default_factory=dict)
-    notices: list[str] = field(default_factory=list)
-
-    @property
-    def scores(self) -> dict[str, float]:
-        """Main score per task that has one (fractions, as mteb reports them)."""
-        return {o.task: o.score for o in self.outcomes if o.score is not None}
-
-    @property
-    def failures(self) -> dict[str, str]:
-        """Task name → error, for every task that failed."""
-        return {o.task: o.error or "failed" for o in self.outcomes if o.status == "failed"}
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain-JSON form (for ``--json``)."""
-        return {**asdict(self), "scores": self.scores, "failures": self.failures}
 
 
 def list_benchmarks() -> list[tuple[str, int]]:
@@ -340,8 +297,8 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
     results_dir = cache.get_task_result_path(selected[0].metadata.name, meta).parent
     report = EvaluationReport(str(model), identity.name, identity.revision, recipe.fingerprint() if uniform else "",
                               str(results_dir), protocol=protocol)
-    atomic_write_json(Path(report.results_dir) / "protocol.json",
-                      {"protocol": protocol, "description": DESCRIPTIONS[protocol],
+    MTEB_PROTOCOL.write(report.results_dir,
+                        {"protocol": protocol, "description": DESCRIPTIONS[protocol],
                        "recipe": recipe.model_dump() if uniform else None, "overrides": overrides})
     logger.info("results of %s (protocol %s) go to %s", identity.name, protocol, report.results_dir)
     lazy = _LazyEncoder(identity, protocol, recipe, device, overrides)

@@ -37,7 +37,7 @@ from neobert_embed.files import atomic_write_text
 if TYPE_CHECKING:
     from mteb import AbsTask
 
-    from neobert_embed.evaluation.run import EvaluationReport
+    from neobert_embed.evaluation.report import EvaluationReport
 
 CATEGORIES = (("Classification", "Class."), ("Clustering", "Clust."), ("PairClassification", "PairClass."),
               ("Reranking", "Rerank."), ("Retrieval", "Retr."), ("STS", "STS"), ("Summarization", "Summ."))

@@ -26,7 +26,8 @@ from typing import Any
 
 from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.glue.presets import GluePreset, Trial
-from neobert_embed.runs import check_resume, write_record
+from neobert_embed.records import RUN, TRIAL_MODEL
+from neobert_embed.runs import check_resume
 
 
 class Journal:
@@ -47,15 +48,15 @@ class Journal:
                      hint="finished trials would not be comparable. Use the same preset and options, "
                           "or another --output")
         for label, model in models.items():
-            check_resume(self.output / "trials" / label, {"model": model}, name="model.json", verb="a rerun",
+            check_resume(self.output / "trials" / label, {"model": model}, record=TRIAL_MODEL, verb="a rerun",
                          hint=f"the results named {label!r} belong to another model; rename the model "
                               "directory or use another --output")
 
     def start(self, preset: GluePreset, models: dict[str, str]) -> None:
         """Record the run (called after every input was checked, before the first trial)."""
-        write_record(self.output, {"preset": preset.model_dump(mode="json")})
+        RUN.write(self.output, {"preset": preset.model_dump(mode="json")})
         for label, model in models.items():
-            write_record(self.output / "trials" / label, {"model": model}, name="model.json")
+            TRIAL_MODEL.write(self.output / "trials" / label, {"model": model})
 
     def is_finished(self, label: str, trial: Trial) -> bool:
         return self.trial_path(label, trial).is_file()

@@ -36,14 +36,14 @@ from typing import Any
 from neobert_embed.console import progress_bar
 from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json
 from neobert_embed.glue.data import GlueData, load_glue_data
 from neobert_embed.glue.journal import Journal
 from neobert_embed.glue.presets import GluePreset, Trial, expand_trials, load_glue_preset
 from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
 from neobert_embed.outputs import check_output_directory, model_label
-from neobert_embed.runs import RUN_FILE, Interrupted, claimed_directory
+from neobert_embed.records import GLUE_SCORES, RUN
+from neobert_embed.runs import Interrupted, claimed_directory
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     if not models:
         raise UserInputError("no model: pass --model (a registry key, hub id or local directory)")
     preset_name = preset_name or (Path(str(preset)).stem if not isinstance(preset, GluePreset) else "custom")
-    check_output_directory(output, record=(RUN_FILE, "trials"), inputs=[*models, *(task_dirs or [])], what="GLUE run")
+    check_output_directory(output, record=(RUN, "trials"), inputs=[*models, *(task_dirs or [])], what="GLUE run")
     preset = preset if isinstance(preset, GluePreset) else load_glue_preset(preset)
     labels = {model_label(m): m for m in models}
     if len(labels) != len(models):
@@ -295,7 +295,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     for model in labels.values():
         _check_model(model)
     sources = _sources(tasks, task_dirs)
-    with claimed_directory(output, record=(RUN_FILE, "trials"), command="neobert-embed glue",
+    with claimed_directory(output, record=(RUN, "trials"), command="neobert-embed glue",
                            inputs=[*models, *(task_dirs or [])], what="GLUE run", wait=wait):
         return _run_claimed(Path(output), labels, preset, sources, devices, predict_test, progress, preset_name)
 
@@ -351,7 +351,7 @@ def _run_claimed(output: Path, labels: dict[str, str], preset: GluePreset, sourc
         out = journal.output
         return GlueResult(scores, choices, out / "summary.md", out / "summary.csv", out / "glue.png", ran, skipped)
     md, csv_path, plot = write_glue_summary(choices, task_names, journal.output, preset_name)
-    atomic_write_json(journal.output / "scores.json",
+    GLUE_SCORES.write(journal.output,
                       {label: {t: c.as_dict() for t, c in row.items() if c is not None}
                        for label, row in choices.items()})
     submissions = []

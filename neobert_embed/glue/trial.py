@@ -33,13 +33,13 @@ from neobert_embed.distributed import is_main_process
 from neobert_embed.glue.data import GlueData
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from_logits
+from neobert_embed.records import BEST_TRIAL
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
-BEST_FILE = "best.json"
 
 
 def backbone_path(model: str) -> str:
@@ -288,18 +288,16 @@ def _keep_if_best(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, di
     """Save this trial's model as ``directory`` if it beats the one there (file lock: parallel trials)."""
     from filelock import FileLock
 
-    from neobert_embed.files import atomic_directory, atomic_write_json, read_json
+    from neobert_embed.files import atomic_directory
     from neobert_embed.glue.tasks import TASKS
 
     selection = TASKS[result["task"]].selection_metric
     directory.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory) + ".lock"):
-        best_file = directory / BEST_FILE
-        if best_file.is_file():
-            previous = read_json(best_file, "best-trial record")
-            if previous["scores"][selection] >= result["scores"][selection]:
-                return
+        previous = BEST_TRIAL.read(directory)
+        if previous is not None and previous["scores"][selection] >= result["scores"][selection]:
+            return
         with atomic_directory(directory) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-            atomic_write_json(tmp / BEST_FILE, {"key": result["key"], "scores": result["scores"]})
+            BEST_TRIAL.write(tmp, {"key": result["key"], "scores": result["scores"]})

@@ -35,7 +35,6 @@ from neobert_embed.index.factory import as_codes, write_faiss_index
 from neobert_embed.index.integrity import check_index_files, open_faiss, open_store, with_checksums
 from neobert_embed.index.manifest import (
     INDEX_NAME,
-    MANIFEST_NAME,
     STORE_NAME,
     IndexManifest,
     read_manifest,
@@ -46,6 +45,7 @@ from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.locks import writer_lock
 from neobert_embed.model_files import check_model_files
+from neobert_embed.records import INDEX_MANIFEST
 from neobert_embed.sources import source_format
 
 ADD_CHUNK = 4096
@@ -89,7 +89,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
         def locked_and_staged() -> _Staged:
             held.enter_context(writer_lock(index_dir, command="neobert-embed index add", wait=wait,
                                            on_stale=lambda holder: remove_debris(index_dir)))
-            return _stage(index_dir, held.enter_context(atomic_directory(index_dir, record=MANIFEST_NAME, stamp=False)),
+            return _stage(index_dir, held.enter_context(atomic_directory(index_dir, record=INDEX_MANIFEST.name, stamp=False)),
                           corpus, fields, row_ids, on_duplicate)
 
         staged = on_main(world, locked_and_staged)
@@ -122,7 +122,7 @@ def _stage(index_dir: Path, work: Path, corpus: str | Path, fields: CorpusFields
     manifest = read_manifest(index_dir)
     open_store(index_dir, manifest).close()
     # the store and what the user keeps there; _commit writes index.faiss, vectors.f16.npy and the manifest
-    written = [MANIFEST_NAME, INDEX_NAME, RERANK_NAME]
+    written = [INDEX_MANIFEST.name, INDEX_NAME, RERANK_NAME]
     shutil.copytree(index_dir, work, dirs_exist_ok=True,
                     ignore=lambda folder, names: written if Path(folder) == index_dir else [])
     with DocumentStore(work / STORE_NAME) as store:

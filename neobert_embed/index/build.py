@@ -48,7 +48,6 @@ from neobert_embed.index.factory import (
 from neobert_embed.index.integrity import with_checksums
 from neobert_embed.index.manifest import (
     INDEX_NAME,
-    MANIFEST_NAME,
     STORE_NAME,
     Calibration,
     IndexManifest,
@@ -69,11 +68,11 @@ from neobert_embed.inference.runtime import check_compute_precision
 from neobert_embed.locks import LockHolder, writer_lock
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
-from neobert_embed.runs import Interrupted, check_resume, read_record, write_record
+from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
+from neobert_embed.runs import Interrupted, check_resume
 from neobert_embed.shards import ShardDirectory
 from neobert_embed.sources import fingerprint
 
-STATE_NAME = "build_state.json"
 SAMPLE_SEED = 0
 # What the encoded chunks depend on. The index type, factory and stored precision are not part of
 # it: chunks are float32 vectors whatever index is built from them, so a build that failed at the
@@ -134,19 +133,19 @@ def partial_directory(output: Path) -> Path:
 def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrite: bool) -> Path:
     """Create, reuse (``resume``) or refuse the work directory; refuse to clobber a finished index."""
     partial = partial_directory(output)
-    if (output / MANIFEST_NAME).exists() and not overwrite:
+    if INDEX_MANIFEST.exists(output) and not overwrite:
         raise UserInputError(f"{output} already holds an index; add documents with `neobert-embed index "
                              "add`, choose another --output, or pass --overwrite to rebuild it")
     if partial.exists():
         if resume and not overwrite and check_resume(
-                partial, state, name=STATE_NAME, hint="rerun with the same inputs, or use --overwrite to start over"):
+                partial, state, record=INDEX_BUILD_STATE, hint="rerun with the same inputs, or use --overwrite to start over"):
             return partial
-        encoded = (partial / STATE_NAME).is_file() and any((partial / "shards").glob("chunk-*.npy"))
+        encoded = INDEX_BUILD_STATE.exists(partial) and any((partial / "shards").glob("chunk-*.npy"))
         if encoded and not overwrite:
             raise UserInputError(f"{partial} holds an interrupted build with encoded chunks; pass --resume "
                                  "to continue it or --overwrite to discard it")
         shutil.rmtree(partial)
-    write_record(partial, state, name=STATE_NAME)
+    INDEX_BUILD_STATE.write(partial, state)
     return partial
 
 
@@ -362,7 +361,7 @@ def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncod
     manifest = with_checksums(partial, manifest)
     write_manifest(partial, manifest)
     ShardDirectory(partial / "shards").remove()
-    (partial / STATE_NAME).unlink()
+    INDEX_BUILD_STATE.path(partial).unlink()
     replace_directory(partial, output)
     return manifest
 
@@ -417,7 +416,7 @@ def _preflight(opts: BuildOptions, output: Path, overwrite: bool) -> None:
     """Every check that needs no model weights (the factory is checked against the corpus size
     here when the model's width can be read from its files, else again after the import)."""
     check_compute_precision(opts.compute_precision)
-    check_output_directory(output, record=MANIFEST_NAME, inputs=[opts.corpus, opts.model], what="index",
+    check_output_directory(output, record=INDEX_MANIFEST, inputs=[opts.corpus, opts.model], what="index",
                            replace="--overwrite" if overwrite else None, owned=INDEX_OWNED)
     check_model_files(opts.model)
     check_length_flag(opts.model, opts.max_seq_length, "--max-length")
@@ -437,7 +436,7 @@ def _report_stale(holder: LockHolder, output: Path) -> None:
 
 def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: bool, show_progress: bool,
                   on_chunk: Callable[[ChunkDone], None] | None, world: World) -> IndexManifest:
-    recorded = (read_record(partial_directory(output), STATE_NAME) or {}) if resume else {}
+    recorded = (INDEX_BUILD_STATE.read(partial_directory(output)) or {}) if resume else {}
     precision = recorded.get("compute_precision", "auto") if opts.compute_precision == "auto" else opts.compute_precision
     encoder = load_encoder(opts.model, device=world.device(opts.device), batch_size=opts.batch_size,
                            max_seq_length=opts.max_seq_length, revision=opts.revision, precision=precision,

@@ -24,6 +24,7 @@ from neobert_embed.encoding import SLICE_BATCHES, encode_longest_first
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.manifest import IndexManifest
 from neobert_embed.inference.runtime import model_fingerprint
+from neobert_embed.sentence import resolve_prompt
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -78,6 +79,7 @@ class IndexEncoder:
             >>> encoder.encode(["first doc", "second doc"], kind="document").dtype
             dtype('float32')
         """
+        # None only for an index whose manifest predates recording every side: the model's default then, as at build
         vectors = self.model.encode(texts, batch_size=self.batch_size, prompt=self.prompts.get(kind),
                                     normalize_embeddings=self.normalized, convert_to_numpy=True,
                                     show_progress_bar=False)
@@ -147,7 +149,7 @@ def load_encoder(name_or_path: str | Path, *, device: str | None = None, batch_s
         revision=revision or _revision(model),
         fingerprint=loaded.fingerprint or model_fingerprint(model),
         similarity=similarity,
-        prompts={kind: model.prompts[kind] for kind in PROMPT_KINDS if model.prompts.get(kind)},
+        prompts={kind: resolve_prompt(model, kind) for kind in PROMPT_KINDS},  # '' = none, recorded as such
         batch_size=batch_size,
         choice=loaded.choice,
     )

@@ -27,6 +27,7 @@ from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexFile, Inde
 from neobert_embed.index.ondisk import IVFDATA_NAME, read_on_disk
 from neobert_embed.index.rerank import RERANK_NAME
 from neobert_embed.index.store import DocumentStore
+from neobert_embed.records import INDEX_MANIFEST
 
 CHECKSUMMED = (INDEX_NAME, STORE_NAME, IVFDATA_NAME, RERANK_NAME)  # the last two only exist for some indexes
 
@@ -156,7 +157,7 @@ def verify_index(directory: str | Path) -> VerifyReport:
     manifest = read_manifest(directory)
     report = VerifyReport(str(directory))
     if not manifest.files:
-        report.problems.append(f"{directory / 'manifest.json'}: records no checksums (index made by an older "
+        report.problems.append(f"{INDEX_MANIFEST.path(directory)}: records no checksums (index made by an older "
                                "version); rebuild it to get them")
     for name, recorded in manifest.files.items():
         path = directory / name

@@ -20,10 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_text
-from neobert_embed.recipes import load_spec
+from neobert_embed.records import INDEX_MANIFEST
 
-MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.faiss"
 STORE_NAME = "documents.sqlite"
 FORMAT_VERSION = 1
@@ -99,7 +97,7 @@ def write_manifest(directory: str | Path, manifest: IndexManifest) -> None:
     Example:
         >>> write_manifest("runs/news-index", manifest)
     """
-    atomic_write_text(Path(directory) / MANIFEST_NAME, manifest.model_dump_json(indent=2) + "\n")
+    INDEX_MANIFEST.write(directory, manifest.model_dump(mode="json"))
 
 
 def read_manifest(directory: str | Path) -> IndexManifest:
@@ -110,13 +108,9 @@ def read_manifest(directory: str | Path) -> IndexManifest:
         7600
     """
     directory = Path(directory)
-    path = directory / MANIFEST_NAME
-    if not path.is_file():
+    if not INDEX_MANIFEST.exists(directory):
         partial = directory.with_name(directory.name + ".partial")
         hint = (f"; an interrupted build is in {partial}: rerun `neobert-embed index build` with "
                 "--resume" if partial.is_dir() else "; build one with `neobert-embed index build`")
-        raise UserInputError(f"{directory}: not an index (no {MANIFEST_NAME}){hint}")
-    try:
-        return load_spec(path, IndexManifest, "manifest")
-    except UserInputError as exc:
-        raise UserInputError(f"{exc}; rebuild the index") from None
+        raise UserInputError(f"{directory}: not an index (no {INDEX_MANIFEST.name}){hint}")
+    return INDEX_MANIFEST.validate(directory, IndexManifest)

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.records import EXPORT
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WRITER = "neobert-embed export"
-EXPORT_RECORD = "export.json"
 FORMATS = ("onnx", "openvino")
 QUANTIZATIONS = ("int8",)
 OPSET = 17
@@ -154,21 +154,24 @@ def check_export_output(output: str | Path, source: str | Path, overwrite: bool)
         >>> check_export_output("runs/x-onnx", "runs/x", overwrite=False)
     """
     from neobert_embed.outputs import DirectoryState, check_output_directory
-    from neobert_embed.runs import read_record
 
     output = Path(output)
-    state = check_output_directory(output, record=EXPORT_RECORD, inputs=[source] if Path(source).exists() else [],
-                                   what="model export",
-                                   replace="--overwrite" if overwrite else None)
+    state = check_output_directory(output, **_claim(output, source, overwrite))
     if state is not DirectoryState.OWNED:
         return
-    record = read_record(output, EXPORT_RECORD) or {}
+    record = EXPORT.read(output) or {}
     if record.get("writer") != WRITER:
-        raise UserInputError(f"--output {output} holds an {EXPORT_RECORD} written by {record.get('writer')!r}, not by "
+        raise UserInputError(f"--output {output} holds an {EXPORT.name} written by {record.get('writer')!r}, not by "
                              f"{WRITER}; nothing was deleted: choose another path")
     if not overwrite:
         raise UserInputError(f"--output {output} already holds an export; pass --overwrite to replace it or choose "
                              "another path")
+
+
+def _claim(output: Path, source: str | Path, overwrite: bool) -> dict[str, Any]:
+    """What makes ``output`` this command's to write (see :func:`~neobert_embed.runs.claimed_directory`)."""
+    return dict(record=EXPORT, inputs=[source] if Path(source).exists() else [], what="model export",
+                replace="--overwrite" if overwrite else None)
 
 
 def export_model(
@@ -219,9 +222,9 @@ def export_model(
     output = Path(output_dir)
     check_export_output(output, source, overwrite)
 
-    from neobert_embed.files import atomic_directory, atomic_write_json, remove_debris
+    from neobert_embed.files import atomic_directory, remove_debris
     from neobert_embed.inference.backends import GRAPH_FILES, OUTPUT_NAME
-    from neobert_embed.locks import writer_lock
+    from neobert_embed.runs import claimed_directory
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(source, device="cpu", precision="fp32")
@@ -229,8 +232,8 @@ def export_model(
     reference = model.encode(list(texts), batch_size=8, convert_to_numpy=True)
     fp32_name, int8_name = GRAPH_FILES[format]
     # One writer at a time; a writer killed earlier left a temporary sibling, removed here.
-    with writer_lock(output, command=WRITER, on_stale=lambda _: remove_debris(output)), \
-            atomic_directory(output, record=EXPORT_RECORD) as tmp:
+    with claimed_directory(output, command=WRITER, on_stale=lambda _: remove_debris(output),
+                           **_claim(output, source, overwrite)), atomic_directory(output, record=EXPORT.name) as tmp:
         check_export_output(output, source, overwrite)  # again, now that no one else writes it
         model.save(str(tmp))
         onnx_file = tmp / GRAPH_FILES["onnx"][0]
@@ -261,7 +264,7 @@ def export_model(
         record = {**report.to_json(), "writer": WRITER, "opset": opset,
                   "file": str(report.file.relative_to(output))}  # relative: the directory may move
         del record["output"]
-        atomic_write_json(tmp / EXPORT_RECORD, record)
+        EXPORT.write(tmp, record)
     return report
 
 

@@ -21,14 +21,16 @@ from pathlib import Path
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, atomic_write_json, read_json
+from neobert_embed.files import atomic_directory, read_json
 from neobert_embed.modeling.configuration import NeoBERTConfig
 from neobert_embed.modeling.model import NeoBERTForMaskedLM, NeoBERTModel
+from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import read_spec
+from neobert_embed.records import CONVERT
 
 REMOTE_CODE_FIELDS = ("auto_map", "trust_remote_code")
 SHOWN_PER_PROBLEM = 10
-CONVERT_RECORD = "convert.json"  # marks a directory this command wrote (only such a one is replaced)
+WRITER = "neobert-embed convert"
 
 
 @dataclass(frozen=True)
@@ -177,14 +179,20 @@ def convert_checkpoint(
         >>> convert_checkpoint("chandar-lab/NeoBERT", "models/neobert").num_parameters
         245136954
     """
-    from neobert_embed.outputs import check_output_directory
+    from neobert_embed.runs import claimed_directory
 
     output = Path(output)
-    check_output_directory(output, record=CONVERT_RECORD, inputs=[source], what="converted model",
-                           replace="--overwrite" if overwrite else None)
-    if output.exists() and not overwrite:
-        raise UserInputError(f"{output} already exists; pass --overwrite (overwrite=True) to replace it "
-                             "or choose another output")
+    with claimed_directory(output, record=CONVERT, command=WRITER, inputs=[source], what="converted model",
+                           replace="--overwrite" if overwrite else None) as state:
+        if state is not DirectoryState.ABSENT and not overwrite:
+            raise UserInputError(f"{output} already exists; pass --overwrite (overwrite=True) to replace it "
+                                 "or choose another output")
+        return _convert(source, output, revision, tokenizer, overwrite)
+
+
+def _convert(source: str | Path, output: Path, revision: str | None, tokenizer: str | None,
+             overwrite: bool) -> ConversionReport:
+    """Convert ``source`` into ``output``, which this process owns (see :func:`convert_checkpoint`)."""
     directory = resolve_source(source, revision)
     config = read_config(directory)
     for field in REMOTE_CODE_FIELDS:
@@ -192,12 +200,11 @@ def convert_checkpoint(
             delattr(config, field)
     model = _build_model(config, read_weights(directory), directory)
     loaded_tokenizer = _load_tokenizer(directory, tokenizer, config.max_position_embeddings)
-    with atomic_directory(output, overwrite=overwrite, record=CONVERT_RECORD) as staging:
+    with atomic_directory(output, overwrite=overwrite, record=CONVERT.name) as staging:
         model.save_pretrained(staging)
         loaded_tokenizer.save_pretrained(staging)
         _verify(staging, model)
-        atomic_write_json(staging / CONVERT_RECORD, {"writer": "neobert-embed convert", "source": str(source),
-                                                     "revision": revision})
+        CONVERT.write(staging, {"writer": WRITER, "source": str(source), "revision": revision})
     return ConversionReport(
         source=str(source),
         output=output,

@@ -4,7 +4,7 @@ Why: a run that lasts days is interrupted — preemption, Ctrl-C, a node failure
 continue as if nothing happened. A checkpoint directory ``step-NNNNNNNN`` holds the engine state
 (parameters, optimizer, scheduler; sharded by DeepSpeed under ZeRO), each process's RNG states,
 the trainer state (step, stream position, counters, the engine kind whose format reads its files),
-the model config and tokenizer (so ``pretrain export`` needs nothing else), and a ``manifest.json``
+the model config and tokenizer (so ``pretrain export`` needs nothing else), and a ``checkpoint.json``
 with the size and SHA-256 of every file. It is put in place by :func:`files.replace_directory`, so
 a crash mid-save leaves the previous checkpoints untouched (a replaced step's old copy left aside
 stands in for it, and is put back on resume); on resume a newest checkpoint whose files do not
@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
@@ -30,16 +29,15 @@ import numpy as np
 import torch
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json, read_json, remove_debris, replace_directory, sha256_file
+from neobert_embed.files import remove_debris, replace_directory, sha256_file
 from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
+from neobert_embed.records import CHECKPOINT_MANIFEST, TRAINER_STATE
 from neobert_embed.runs import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 PREFIX = "step-"
-MANIFEST = "manifest.json"
-TRAINER_STATE = "trainer_state.json"
 MODEL_FILES = "model"
 
 
@@ -72,18 +70,19 @@ def _remove_debris(root: Path) -> list[Path]:
 
 
 def _write_manifest(directory: Path) -> None:
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
-    atomic_write_json(directory / MANIFEST, {
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in CHECKPOINT_MANIFEST.names)
+    CHECKPOINT_MANIFEST.write(directory, {
         str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files})
 
 
 def verify_checkpoint(directory: Path) -> None:
     """Raise :class:`CorruptCheckpoint` unless every file matches the manifest."""
-    manifest_path = directory / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CorruptCheckpoint(f"{manifest_path}: unreadable ({exc})") from None
+        manifest = CHECKPOINT_MANIFEST.read(directory)
+    except UserInputError as exc:
+        raise CorruptCheckpoint(str(exc)) from None
+    if manifest is None:
+        raise CorruptCheckpoint(f"{CHECKPOINT_MANIFEST.path(directory)}: missing")
     for name, expected in manifest.items():
         path = directory / name
         if not path.is_file():
@@ -126,7 +125,7 @@ def save_checkpoint(engine: TrainingEngine, root: Path, step: int, trainer_state
     torch.save(_rng_state(), staging / f"rng-rank{engine.rank}.pt")
     engine.barrier()
     if engine.rank == 0:
-        atomic_write_json(staging / TRAINER_STATE, trainer_state | {"engine": engine.kind})
+        TRAINER_STATE.write(staging, trainer_state | {"engine": engine.kind})
         for part in model_files:
             part.save_pretrained(str(staging / MODEL_FILES))
         _write_manifest(staging)
@@ -141,7 +140,9 @@ def _load_one(engine: TrainingEngine, directory: Path) -> dict[str, Any]:
     verify_checkpoint(directory)
     try:
         engine.load(directory)
-        state = json.loads((directory / TRAINER_STATE).read_text(encoding="utf-8"))
+        state = TRAINER_STATE.read(directory)
+        if state is None:
+            raise FileNotFoundError(f"no {TRAINER_STATE.name}")
         rng_file = next(f for f in (directory / f"rng-rank{engine.rank}.pt", directory / "rng-rank0.pt") if f.is_file())
         _restore_rng(torch.load(rng_file, map_location="cpu", weights_only=False))
     except Exception as exc:  # any failure to load means this checkpoint is unusable; try the previous
@@ -189,7 +190,7 @@ def find_checkpoint(source: Path) -> Path:
         >>> find_checkpoint(Path("runs/tiny")).name
         'step-00001000'
     """
-    explicit = _step_of(source) is not None and (source / TRAINER_STATE).is_file()
+    explicit = _step_of(source) is not None and TRAINER_STATE.exists(source)
     if not explicit and not (source / CHECKPOINTS_DIR).is_dir():
         raise UserInputError(f"{source}: neither a pretraining output directory nor a checkpoint (step-NNNNNNNN)")
     return _first_usable([source] if explicit else list_checkpoints(source / CHECKPOINTS_DIR), verify_checkpoint,
@@ -204,8 +205,8 @@ def consolidated_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
         >>> sorted(consolidated_state_dict(find_checkpoint(Path("runs/tiny"))))[0]
         'mlm.decoder.bias'
     """
-    kind = read_json(checkpoint / TRAINER_STATE, "trainer state", "resume from an earlier checkpoint").get("engine")
+    kind = (TRAINER_STATE.read(checkpoint) or {}).get("engine")
     if kind not in CHECKPOINT_FORMATS:
-        raise UserInputError(f"{checkpoint / TRAINER_STATE}: engine {kind!r} is not one of "
+        raise UserInputError(f"{TRAINER_STATE.path(checkpoint)}: engine {kind!r} is not one of "
                              f"{sorted(CHECKPOINT_FORMATS)}; export an earlier checkpoint")
     return CHECKPOINT_FORMATS[kind].consolidated_state_dict(checkpoint)

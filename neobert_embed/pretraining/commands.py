@@ -51,10 +51,11 @@ def pretrain_command(
     from neobert_embed.outputs import check_output_directory
     from neobert_embed.pretraining.recipe import load_pretrain_recipe
     from neobert_embed.pretraining.train import pretrain
-    from neobert_embed.runs import CHECKPOINTS_DIR, RUN_FILE
+    from neobert_embed.records import RUN
+    from neobert_embed.runs import CHECKPOINTS_DIR
 
     settings = load_pretrain_recipe(recipe)  # a bad recipe is refused before anything is created
-    check_output_directory(output, record=(RUN_FILE, CHECKPOINTS_DIR), inputs=[corpus], what="pretraining run")
+    check_output_directory(output, record=(RUN, CHECKPOINTS_DIR), inputs=[corpus], what="pretraining run")
     with third_party_log(output, verbose):  # (a bad --output is refused before its log is made)
         pretrain(settings, corpus, output, max_steps=max_steps, resume=resume, stop_after_steps=stop_after_steps,
                  wait=not no_wait)

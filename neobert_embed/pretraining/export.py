@@ -18,11 +18,13 @@ import logging
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, atomic_write_json
+from neobert_embed.files import atomic_directory
 from neobert_embed.pretraining.checkpoint import MODEL_FILES, consolidated_state_dict, find_checkpoint
+from neobert_embed.records import EXPORT
+from neobert_embed.runs import claimed_directory
 
 OBJECTIVE_PREFIX = "mlm."
-EXPORT_RECORD = "export.json"
+WRITER = "neobert-embed pretrain export"
 logger = logging.getLogger(__name__)
 
 
@@ -37,16 +39,23 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
         >>> export_checkpoint("runs/stage1/checkpoints/step-00500000", "models/neobert-500k")
         PosixPath('models/neobert-500k')
     """
+    output = Path(output)
+    with claimed_directory(output, record=EXPORT, command=WRITER, inputs=[source], what="exported model",
+                           replace="exporting again"):
+        checkpoint = find_checkpoint(Path(source))
+        _export(checkpoint, output)
+    if progress:
+        logger.info("exported %s -> %s", checkpoint, output)
+    return output
+
+
+def _export(checkpoint: Path, output: Path) -> None:
+    """Write the model and tokenizer of ``checkpoint`` into ``output`` (which this process owns)."""
     from transformers import AutoConfig, AutoTokenizer
 
     import neobert_embed  # noqa: F401  (Auto-class registration)
     from neobert_embed.modeling import NeoBERTForMaskedLM
-    from neobert_embed.outputs import check_output_directory
 
-    output = Path(output)
-    check_output_directory(output, record=EXPORT_RECORD, inputs=[source], what="exported model",
-                           replace="exporting again")
-    checkpoint = find_checkpoint(Path(source))
     config = AutoConfig.from_pretrained(str(checkpoint / MODEL_FILES))
     weights = {key.removeprefix(OBJECTIVE_PREFIX): value for key, value in consolidated_state_dict(checkpoint).items()}
     model = NeoBERTForMaskedLM(config)
@@ -56,11 +65,7 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
                              f"unexpected {unexpected[:3]})")
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint / MODEL_FILES))
     tokenizer.model_max_length = config.max_position_embeddings
-    with atomic_directory(output, record=EXPORT_RECORD) as tmp:
+    with atomic_directory(output, record=EXPORT.name) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        atomic_write_json(tmp / EXPORT_RECORD, {"writer": "neobert-embed pretrain export",
-                                                "checkpoint": str(checkpoint.resolve())})
-    if progress:
-        logger.info("exported %s -> %s", checkpoint, output)
-    return output
+        EXPORT.write(tmp, {"writer": WRITER, "checkpoint": str(checkpoint.resolve())})

@@ -34,14 +34,13 @@ from pathlib import Path
 
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_path, atomic_write_json, replace_directory
+from neobert_embed.files import atomic_path, replace_directory
 from neobert_embed.pretraining.documents import iter_documents
-from neobert_embed.pretraining.prepared import MANIFEST, PreparedCorpus, is_prepared, load_prepared
+from neobert_embed.pretraining.prepared import PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
-from neobert_embed.runs import Interrupted, check_resume, claimed_directory, read_record, write_record
+from neobert_embed.records import CORPUS_MANIFEST, PREPARE_STATE
+from neobert_embed.runs import Interrupted, check_resume, claimed_directory
 from neobert_embed.sources import fingerprint
-
-STATE = "prepare.json"
 
 __all__ = ["prepare_corpus", "load_prepared", "is_prepared", "PreparedCorpus"]
 logger = logging.getLogger(__name__)
@@ -82,7 +81,7 @@ def prepare_corpus(
     documents = functools.partial(iter_documents, corpus, text_field, split, streaming)
     if next(documents(), None) is None:
         raise UserInputError(f"{corpus}: the corpus holds no documents (it is empty or only blank lines)")
-    with claimed_directory(output, record=(MANIFEST, STATE), command="neobert-embed pretrain prepare",
+    with claimed_directory(output, record=(CORPUS_MANIFEST, PREPARE_STATE), command="neobert-embed pretrain prepare",
                            inputs=[corpus], what="prepared corpus", wait=wait):  # it and its .partial
         final, output = output, _claim_partial(output, plan)
         tokenizer_dir = output / "tokenizer"
@@ -102,7 +101,7 @@ def prepare_corpus(
             raise UserInputError(f"{corpus}: no document produced any token with tokenizer {tokenizer!r}")
         num_documents = sum(count for _, count, _ in shards)
         num_tokens = sum(tokens for _, _, tokens in shards)
-        atomic_write_json(output / MANIFEST, {
+        CORPUS_MANIFEST.write(output, {
             "shards": [name for name, _, _ in shards], "num_documents": num_documents,
             "num_tokens": num_tokens, **plan})
         replace_directory(output, final)
@@ -121,15 +120,15 @@ def _claim_partial(output: Path, plan: dict) -> Path:
     with other options is refused (naming them); shards of a corpus that changed since (fixed
     after a bad line, say) are stale debris of this command, so they are deleted and it starts over."""
     partial = partial_path(output)
-    if (output / STATE).is_file():  # an unfinished preparation of an earlier version, kept in place
+    if PREPARE_STATE.exists(output):  # an unfinished preparation of an earlier version, kept in place
         os.replace(output, partial)
-    saved = read_record(partial, STATE)
+    saved = PREPARE_STATE.read(partial)
     if saved is not None and saved.get("fingerprint") != plan["fingerprint"]:
         logger.info("%s changed since the unfinished preparation in %s; starting over", plan["corpus"], partial)
         shutil.rmtree(partial)
-    if check_resume(partial, plan, name=STATE, verb="rerunning prepare",
+    if check_resume(partial, plan, record=PREPARE_STATE, verb="rerunning prepare",
                     hint="rerun with the same corpus and options to resume it, or choose another --output") is None:
-        write_record(partial, plan, name=STATE)
+        PREPARE_STATE.write(partial, plan)
     return partial
 
 

@@ -19,14 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import read_json
-
-MANIFEST = "manifest.json"
+from neobert_embed.records import CORPUS_MANIFEST
 
 
 def is_prepared(path: str | Path) -> bool:
     """True when ``path`` is a completely prepared corpus directory."""
-    return (Path(path) / MANIFEST).is_file()
+    return CORPUS_MANIFEST.exists(path)
 
 
 @dataclass
@@ -71,9 +69,9 @@ def load_prepared(path: str | Path) -> PreparedCorpus:
 
     path = Path(path)
     if not is_prepared(path):
-        raise UserInputError(f"{path}: not a prepared corpus (no {MANIFEST}); run "
+        raise UserInputError(f"{path}: not a prepared corpus (no {CORPUS_MANIFEST.name}); run "
                              "`neobert-embed pretrain prepare` on it, or finish the interrupted run")
-    manifest = read_json(path / MANIFEST, "prepared-corpus manifest")
+    manifest = CORPUS_MANIFEST.read(path)
     flats, shard_ids, starts, lengths = [], [], [], []
     for shard_index, name in enumerate(manifest["shards"]):
         shard = path / "shards" / name

@@ -45,14 +45,13 @@ from neobert_embed.pretraining.metrics import MetricsLog
 from neobert_embed.pretraining.packing import DocumentStream, LengthMixture, StreamPosition
 from neobert_embed.pretraining.prepared import PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.recipe import PretrainRecipe, load_pretrain_recipe
+from neobert_embed.records import RUN
 from neobert_embed.runs import (
     CHECKPOINTS_DIR,
     METRICS_FILE,
-    RUN_FILE,
     Interrupted,
     check_resume,
     claimed_directory,
-    write_record,
 )
 
 # Recipe keys that may change on --resume: they do not shape the training trajectory (with
@@ -128,7 +127,7 @@ def pretrain(
         recipe = load_pretrain_recipe(recipe)
     recipe = recipe.with_max_steps(max_steps)
     output = Path(output)
-    with claimed_directory(output, record=(RUN_FILE, CHECKPOINTS_DIR), command="neobert-embed pretrain",
+    with claimed_directory(output, record=(RUN, CHECKPOINTS_DIR), command="neobert-embed pretrain",
                            inputs=[corpus], what="pretraining run", wait=wait):
         return _pretrain_claimed(recipe, corpus, output, resume, stop_after_steps, progress)
 
@@ -148,7 +147,7 @@ def _pretrain_claimed(recipe: PretrainRecipe, corpus: str | Path, output: Path, 
     recorded = check_resume(output, settings, operational=OPERATIONAL_KEYS,
                             hint="resume with the run's recipe and corpus, or start a new --output")
     if recorded is None and is_main_process():
-        write_record(output, settings)
+        RUN.write(output, settings)
     with process_scope(recipe.training.cpu_threads):
         return _run(recipe, corpus, output, resume, existing, stop_after_steps, progress)
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from neobert_embed.errors import UserInputError
 from neobert_embed.inference.runtime import InferenceModel
 
 if TYPE_CHECKING:
@@ -69,13 +68,9 @@ class Embedder:
             >>> engine.prompt_for("query")
             'query: '
         """
-        if prompt_name is None:
-            default = self.model.default_prompt_name
-            return self.model.prompts.get(default) if default else None
-        if prompt_name not in self.model.prompts:
-            known = ", ".join(sorted(self.model.prompts)) or "none"
-            raise UserInputError(f"unknown prompt_name {prompt_name!r}; this model's prompts: {known}")
-        return self.model.prompts[prompt_name]
+        from neobert_embed.sentence import resolve_prompt
+
+        return resolve_prompt(self.model, prompt_name, required="prompt_name") or None
 
     def count_tokens(self, texts: Sequence[str], prompt: str | None, *, on_loop: bool = False) -> list[int]:
         """Tokens of each (prompted) text with special tokens, before truncation.

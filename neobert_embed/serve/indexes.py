@@ -29,8 +29,8 @@ from typing import Any
 from neobert_embed.errors import UserInputError
 from neobert_embed.index import Hit, SearchIndex, open_index, read_manifest
 from neobert_embed.index.encoder import IndexEncoder
-from neobert_embed.index.manifest import MANIFEST_NAME
 from neobert_embed.inference.runtime import InferenceModel
+from neobert_embed.records import INDEX_MANIFEST
 
 
 class UnknownIndex(UserInputError):
@@ -39,7 +39,7 @@ class UnknownIndex(UserInputError):
 
 def _stamp(directory: Path) -> tuple[int, int, int] | None:
     try:
-        stat = os.stat(directory / MANIFEST_NAME)
+        stat = os.stat(INDEX_MANIFEST.path(directory))
     except FileNotFoundError:  # mid-replacement by `index add`: keep the open one
         return None
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns)

@@ -1,0 +1,142 @@
+"""Records: the small JSON files by which a command says what it was asked, reached or wrote.
+
+Why one module: a rerun, a resume, an ``--overwrite`` and ``index search`` all read back what an
+earlier command wrote, and each area used to name, write and read its own files its own way (a
+damaged one was sometimes a located error, sometimes a traceback, and ``manifest.json`` meant three
+different things). Here every kind of record is declared once, as a :class:`RecordFile` naming
+its file, what it holds and what to do when it is damaged, and is written (atomically, indented
+JSON) and read (one located one-line error for a damaged file, a wrong top-level type or a bad
+field) by the same code. Records written under an older name are still read (``legacy``).
+
+The format of every record is one JSON value, an object unless the kind says otherwise; a record
+that pins an output's parts also lists them under ``written`` (see
+:func:`~neobert_embed.files.atomic_directory`).
+
+Example:
+    >>> RUN.write("runs/x", {"model": "bert"})
+    >>> RUN.read("runs/x")
+    {'model': 'bert'}
+    >>> CHECKPOINT_MANIFEST.read("runs/x/checkpoints/step-10")   # a cut-short file
+    Traceback (most recent call last):
+    UserInputError: runs/x/checkpoints/step-10/checkpoint.json:3: damaged checkpoint manifest (invalid JSON: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_json, read_json
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
+RESTORE = "restore it from a copy, or remove it to start that part over"
+
+
+@dataclass(frozen=True)
+class RecordFile:
+    """One kind of record: its file name, what it holds (for messages) and how to repair it.
+
+    ``legacy`` lists names the same record had in earlier versions; reading falls back to them
+    and an output carrying one is still recognised as this command's own. ``shape`` is the JSON
+    type of the top level (``dict`` for all but the demo's journal, a list of stages).
+
+    Example:
+        >>> TRAINER_STATE.path("runs/x/checkpoints/step-10")
+        PosixPath('runs/x/checkpoints/step-10/trainer_state.json')
+    """
+
+    name: str
+    holds: str
+    fix: str = RESTORE
+    legacy: tuple[str, ...] = ()
+    shape: type = dict
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every file name this record has had, current first (what ownership checks accept)."""
+        return (self.name, *self.legacy)
+
+    def path(self, directory: str | Path) -> Path:
+        """Where the record of ``directory`` is: the current name, or a legacy one that exists."""
+        directory = Path(directory)
+        return next((directory / name for name in self.legacy if not (directory / self.name).is_file()
+                     and (directory / name).is_file()), directory / self.name)
+
+    def exists(self, directory: str | Path) -> bool:
+        """Whether ``directory`` carries this record (under any of its names)."""
+        return self.path(directory).is_file()
+
+    def read(self, directory: str | Path) -> Any:
+        """The record in ``directory`` (None when there is none); a damaged one is a located error."""
+        path = self.path(directory)
+        if not path.is_file():
+            return None
+        data = read_json(path, self.holds, self.fix)
+        if not isinstance(data, self.shape):
+            raise UserInputError(f"{path}: damaged {self.holds} (a JSON {_json_type(self.shape)} was expected, "
+                                 f"got {_json_type(type(data))}); {self.fix}")
+        return data
+
+    def validate(self, directory: str | Path, model: type[M]) -> M:
+        """The record parsed into the pydantic ``model``; a bad field is an error naming the file and key.
+
+        Example:
+            >>> INDEX_MANIFEST.validate("runs/news-index", IndexManifest).factory
+            'IVF1024,Flat'
+        """
+        from neobert_embed.recipes import read_spec
+
+        try:
+            return read_spec(self.path(directory), self.holds).validate(model)
+        except UserInputError as exc:
+            raise UserInputError(f"{exc}; {self.fix}") from None
+
+    def write(self, directory: str | Path, data: Mapping[str, Any] | Sequence[Any]) -> Path:
+        """Write the record into ``directory`` atomically, under its current name; returns its path."""
+        path = Path(directory) / self.name
+        atomic_write_json(path, dict(data) if isinstance(data, Mapping) else list(data))
+        return path
+
+
+def _json_type(kind: type) -> str:
+    return {dict: "object", list: "array", str: "string", int: "number", float: "number",
+            bool: "boolean", type(None): "null"}.get(kind, kind.__name__)
+
+
+# Run directories (see neobert_embed.runs): settings, checked by every resume.
+RUN = RecordFile("run.json", "run record", "resume with a copy of it, or start a new --output")
+TRIAL_MODEL = RecordFile("model.json", "trial folder's model record",
+                         "remove that trials/<model> folder to run its trials again")
+# Work in progress, in a hidden sibling of the output until the job finishes.
+PREPARE_STATE = RecordFile("prepare.json", "corpus-preparation state", "remove it to prepare the corpus over")
+INDEX_BUILD_STATE = RecordFile("build_state.json", "index build state",
+                               "rerun with --overwrite to build the index over")
+# Finished outputs: what they hold and how they were made.
+INDEX_MANIFEST = RecordFile("manifest.json", "index manifest", "rebuild the index with `neobert-embed index build`")
+CORPUS_MANIFEST = RecordFile("corpus.json", "prepared-corpus manifest",
+                             "prepare the corpus again with `neobert-embed pretrain prepare`", legacy=("manifest.json",))
+CHECKPOINT_MANIFEST = RecordFile("checkpoint.json", "checkpoint manifest", "resume from an earlier checkpoint",
+                                 legacy=("manifest.json",))
+# Step, stream position and engine of a pretraining checkpoint; transformers' Trainer writes one of the same
+# name in its checkpoints (train-contrastive), last, so its presence marks a complete one.
+TRAINER_STATE = RecordFile("trainer_state.json", "trainer state", "resume from an earlier checkpoint")
+EXPORT = RecordFile("export.json", "export record", "export the model again with --overwrite")
+CONVERT = RecordFile("convert.json", "conversion record", "convert the checkpoint again with --overwrite")
+DEMO_JOURNAL = RecordFile("stages.json", "demo journal", "remove it to run every stage again", shape=list)
+BEST_TRIAL = RecordFile("best.json", "best-trial record", "remove that models/<model>/<task> folder to select again")
+TRAINING_SUMMARY = RecordFile("summary.json", "training summary", "train again with --overwrite")
+# Written for people and scripts, never read back by the toolkit.
+GLUE_SCORES = RecordFile("scores.json", "GLUE scores")
+MTEB_PROTOCOL = RecordFile("protocol.json", "evaluation protocol")
+DEMO_SUMMARY = RecordFile("summary.json", "demo summary", "rerun `neobert-embed demo`")
+
+RECORDS: tuple[RecordFile, ...] = (RUN, TRIAL_MODEL, PREPARE_STATE, INDEX_BUILD_STATE, INDEX_MANIFEST,
+                                   CORPUS_MANIFEST, CHECKPOINT_MANIFEST, TRAINER_STATE, EXPORT, CONVERT,
+                                   DEMO_JOURNAL, BEST_TRIAL, TRAINING_SUMMARY, GLUE_SCORES, MTEB_PROTOCOL,
+                                   DEMO_SUMMARY)

@@ -1,0 +1,108 @@
+"""Records: one declaration per kind, one way to write and read them, a located error for a damaged one.
+
+The commands' own damaged-record cases (run.json, stages.json, a manifest, a trial result...) are in
+test_fault_injection.py and test_hostile_inputs.py; here is the mechanism they share, and the check
+that no module names a record file outside ``records.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.outputs import DirectoryState, check_output_directory, record_names
+from neobert_embed.records import (
+    CHECKPOINT_MANIFEST,
+    CORPUS_MANIFEST,
+    DEMO_JOURNAL,
+    INDEX_MANIFEST,
+    RECORDS,
+    RUN,
+)
+
+PACKAGE = Path(__file__).resolve().parents[1] / "neobert_embed"
+
+
+def _example(record):
+    return [{"name": "corpus"}] if record.shape is list else {"model": "bert", "steps": [1, 2]}
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"{r.holds} ({r.name})")
+def test_every_record_round_trips_and_a_damaged_one_is_a_located_error(tmp_path, record):
+    assert record.read(tmp_path) is None and not record.exists(tmp_path)
+    path = record.write(tmp_path, _example(record))
+    assert path == tmp_path / record.name and record.read(tmp_path) == _example(record)
+    assert not [p for p in tmp_path.iterdir() if p != path]  # written through a temporary sibling, renamed
+    path.write_text(path.read_text()[:-6], encoding="utf-8")  # cut short, as by a full disk
+    with pytest.raises(UserInputError) as damaged:
+        record.read(tmp_path)
+    message = str(damaged.value)
+    assert message.startswith(f"{path}:") and f"damaged {record.holds}" in message and record.fix in message
+    assert "\n" not in message
+    path.write_text("[1]" if record.shape is dict else "{}", encoding="utf-8")  # valid JSON, wrong shape
+    with pytest.raises(UserInputError, match=rf"^{path}: damaged {record.holds} \(a JSON (object|array) was "
+                                             r"expected, got (array|object)\)"):
+        record.read(tmp_path)
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(UserInputError, match=rf"^{path}: damaged {record.holds} \(not UTF-8"):
+        record.read(tmp_path)
+
+
+def test_records_are_named_once_and_each_name_says_one_thing():
+    names = [name for record in RECORDS for name in record.names]
+    current = {record.name: record for record in RECORDS}
+    assert set(names) == set(current) | {"manifest.json"}
+    # summary.json is a training summary in a model directory and the demo's summary in its own; manifest.json is
+    # the index manifest, and an older name of two pretraining records, read in directories those commands own
+    shared = {name for name in current if [r.name for r in RECORDS].count(name) > 1}
+    assert shared == {"summary.json"}
+
+
+def test_no_module_names_a_record_file_outside_records():
+    """File names of records are string constants in records.py only (docstrings and messages aside)."""
+    names = {name for record in RECORDS for name in record.names}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "records.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        found += [f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings]
+    assert not found, "declare record files in neobert_embed/records.py: " + ", ".join(found)
+
+
+@pytest.mark.parametrize("record", [CORPUS_MANIFEST, CHECKPOINT_MANIFEST], ids=lambda r: r.name)
+def test_records_written_under_an_older_name_are_still_read_and_owned(tmp_path, record):
+    (tmp_path / "manifest.json").write_text('{"shards": ["a.arrow"]}', encoding="utf-8")
+    assert record.exists(tmp_path) and record.read(tmp_path) == {"shards": ["a.arrow"]}
+    assert check_output_directory(tmp_path, record=record) is DirectoryState.OWNED
+    record.write(tmp_path, {"shards": ["b.arrow"]})  # a new write uses the current name, which wins
+    assert record.path(tmp_path).name == record.name and record.read(tmp_path) == {"shards": ["b.arrow"]}
+    assert record_names((record, "checkpoints")) == (record.name, "manifest.json", "checkpoints")
+
+
+class _Settings(BaseModel):
+    model: str
+    steps: int
+
+
+def test_a_typed_record_names_the_bad_key_and_what_to_do(tmp_path):
+    RUN.write(tmp_path, {"model": "bert", "steps": "many"})
+    with pytest.raises(UserInputError, match=r"run.json:3: key 'steps': .*integer.*; resume with a copy of it"):
+        RUN.validate(tmp_path, _Settings)
+    RUN.write(tmp_path, {"model": "bert", "steps": 3})
+    assert RUN.validate(tmp_path, _Settings) == _Settings(model="bert", steps=3)
+
+
+def test_the_demo_journal_is_a_list_and_an_index_manifest_an_object(tmp_path):
+    DEMO_JOURNAL.write(tmp_path, [])
+    assert DEMO_JOURNAL.read(tmp_path) == []
+    INDEX_MANIFEST.write(tmp_path, {"format_version": 1})
+    assert INDEX_MANIFEST.read(tmp_path) == {"format_version": 1}
