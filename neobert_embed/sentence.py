@@ -18,10 +18,14 @@ from __future__ import annotations
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from neobert_embed.backbones import BACKBONES, resolve_model_name, usable_max_length
 from neobert_embed.errors import UserInputError
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers import SentenceTransformer
 
 PRECISIONS = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
               "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -88,7 +92,7 @@ def load_sentence_model(
     prompts: dict[str, str] | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
-) -> Any:
+) -> SentenceTransformer:
     """Build a ``SentenceTransformer`` (mean pooling) over any encoder, or load a saved one.
 
     Args:
@@ -160,7 +164,7 @@ def load_sentence_model(
     return model
 
 
-def check_finite_weights(model: Any, source: str | Path) -> None:
+def check_finite_weights(model: torch.nn.Module, source: str | Path) -> None:
     """Refuse a model whose weights hold NaN or Inf, naming the first such tensor.
 
     Why: a diverged training run saves NaN weights without complaint; encoded with them, every
@@ -180,7 +184,7 @@ def check_finite_weights(model: Any, source: str | Path) -> None:
                                  "checkpoint); use an earlier checkpoint or retrain")
 
 
-def _all_finite(tensor: Any) -> bool:
+def _all_finite(tensor: torch.Tensor) -> bool:
     """True when every value of a floating-point tensor is finite.
 
     Why numpy for CPU fp16/fp32/fp64 tensors: ``torch.isfinite(t).all()`` runs two parallel

@@ -18,11 +18,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.contrastive.recipe import DataSource
 from neobert_embed.errors import UserInputError
 from neobert_embed.sources import iter_records
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +80,7 @@ def _text(value: Any, column: str, location: str) -> str:
     return value
 
 
-def load_examples(name: str, source: DataSource) -> Any:
+def load_examples(name: str, source: DataSource) -> Dataset:
     """Load one named source as a ``datasets.Dataset`` with columns anchor, positive, negative_1..n.
 
     Raises :class:`UserInputError` naming the file and line/row for a missing column, an empty or

@@ -22,7 +22,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neobert_embed.contrastive.data import load_examples
 from neobert_embed.contrastive.recipe import DataSource
@@ -30,6 +30,9 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_text
 from neobert_embed.inference.machine import describe_machine
 from neobert_embed.inference.runtime import check_compute_precision, check_precision_fits
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 MINE_WRITER = "neobert-embed mine-negatives"
 logger = logging.getLogger(__name__)
@@ -109,7 +112,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     return output
 
 
-def _sample_texts(pairs: Any, limit: int = 32) -> list[str]:
+def _sample_texts(pairs: Dataset, limit: int = 32) -> list[str]:
     """Anchors and positives spread through ``pairs``: what ``auto`` measures precisions on (both
     sides, since queries and documents differ in length)."""
     rows = pairs.num_rows

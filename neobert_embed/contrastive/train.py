@@ -37,7 +37,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed import runs
 from neobert_embed.contrastive.loss import build_contrastive_loss
@@ -48,6 +48,9 @@ from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import Spec
 from neobert_embed.records import RUN, TRAINER_STATE, TRAINING_SUMMARY
 from neobert_embed.training_precision import TrainingPrecision
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +201,7 @@ def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) 
 def train_contrastive(model: str | None = None, data: dict[str, Any] | None = None,
                       output: str | Path = "runs/contrastive", recipe: ContrastiveRecipe | None = None,
                       resume: bool = False, overwrite: bool = False,
-                      callbacks: list[Any] | None = None, wait: bool = True) -> Path:
+                      callbacks: list[TrainerCallback] | None = None, wait: bool = True) -> Path:
     """Fine-tune ``model`` contrastively on ``data`` with ``recipe``; return the saved model dir.
 
     Args:
@@ -234,7 +237,7 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
 
 
 def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, recipe: ContrastiveRecipe | None,
-              resume: bool, overwrite: bool, callbacks: list[Any] | None, state: DirectoryState) -> Path:
+              resume: bool, overwrite: bool, callbacks: list[TrainerCallback] | None, state: DirectoryState) -> Path:
     """The body of :func:`train_contrastive`, run while holding the run directory's lock."""
     model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
     if resume and TRAINING_SUMMARY.exists(output) and (output / "modules.json").is_file():
@@ -317,7 +320,7 @@ def _discard_new_run(output: Path, remove_directory: bool = False) -> None:
 
 
 def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str, DataSource],
-                   recipe: ContrastiveRecipe, output: Path, callbacks: list[Any] | None):
+                   recipe: ContrastiveRecipe, output: Path, callbacks: list[TrainerCallback] | None):
     """The recipe's trainer with its callbacks: metrics file, quiet progress bar, graceful Ctrl-C
     (the last two returned as well: ``train()`` runs inside them)."""
     from datasets import DatasetDict

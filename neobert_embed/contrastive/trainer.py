@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sentence_transformers import SentenceTransformerTrainer
 from transformers import TrainerCallback
@@ -29,6 +29,10 @@ from neobert_embed.contrastive.recipe import ContrastiveRecipe
 from neobert_embed.contrastive.sampler import AlphaBatchSampler, no_duplicates_sampler
 from neobert_embed.runs import MetricsFile
 from neobert_embed.training_precision import resolve_training_precision, training_device
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +59,7 @@ def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
             "optim": "adamw_torch_fused" if cuda else "adamw_torch", "use_cpu": kind == "cpu"}
 
 
-def texts_per_example(dataset: Any) -> int:
+def texts_per_example(dataset: Dataset) -> int:
     """Number of text columns of a normalized dataset (anchor, positive, negatives)."""
     return len([c for c in dataset.column_names if c != "dataset_name"])
 
@@ -179,7 +183,7 @@ class KeepSpecialTokenIds(TrainerCallback):
 
     NAMES = ("pad_token_id", "bos_token_id", "eos_token_id")
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         self.config = config
         self.saved = {name: getattr(config, name, None) for name in self.NAMES}
 

@@ -34,6 +34,7 @@ from neobert_embed.inference.runtime import PrecisionChoice
 
 if TYPE_CHECKING:
     from mteb import AbsTask, EncoderProtocol, TaskMetadata
+    from mteb.models import ModelMeta
     from mteb.types import PromptType
 
     from neobert_embed.evaluation.encoder import ModelIdentity
@@ -64,7 +65,7 @@ def check_protocol(protocol: str) -> str:
     return protocol
 
 
-def _registered_meta(name: str) -> Any:
+def _registered_meta(name: str) -> ModelMeta | None:
     """mteb's ``ModelMeta`` for a model it knows by name (with a loader), else None."""
     import mteb
 
@@ -77,7 +78,7 @@ def _registered_meta(name: str) -> Any:
 
 def load_model_encoder(identity: ModelIdentity, *, device: str | None = None,
                        max_length: int | None = None, compute_precision: str | None = None,
-                       sample_texts: Sequence[str] | None = None) -> Any:
+                       sample_texts: Sequence[str] | None = None) -> EncoderProtocol:
     """An mteb encoder that evaluates ``identity`` exactly as its authors configured it.
 
     A model in mteb's registry (by hub id) is loaded with ``mteb.get_model`` (its own loader,

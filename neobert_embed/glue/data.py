@@ -26,12 +26,15 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.errors import UserInputError, located
 from neobert_embed.files import iter_jsonl
 from neobert_embed.glue.tasks import GlueTask, get_task
 from neobert_embed.recipes import TASK_FILE, read_spec
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 HUB_DATASET = "nyu-mll/glue"
 
@@ -97,7 +100,7 @@ def read_split(path: str | Path, task: GlueTask, labelled: bool = True) -> dict[
     return columns
 
 
-def _from_columns(columns: dict[str, list], task: GlueTask) -> Any:
+def _from_columns(columns: dict[str, list], task: GlueTask) -> Dataset:
     from datasets import Dataset, Features, Value
 
     features = {"sentence1": Value("string"), **({"sentence2": Value("string")} if task.is_pair else {}),

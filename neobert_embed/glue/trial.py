@@ -36,7 +36,7 @@ from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from
 from neobert_embed.records import BEST_TRIAL
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import EvalPrediction, PreTrainedModel, PreTrainedTokenizerBase, TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def backbone_path(model: str) -> str:
     return name
 
 
-def load_classifier(source: str, task: GlueTask, reset_head: bool = False) -> tuple[Any, Any]:
+def load_classifier(source: str, task: GlueTask, reset_head: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)``: a fresh ``num_labels`` head on the encoder at ``source``.
 
     ``reset_head`` starts from another task's fine-tuned model (MNLI → RTE): its classifier is
@@ -161,7 +161,7 @@ def tokenize_splits(data: GlueData, tokenizer: Any, max_length: int) -> dict[str
 
 
 def training_arguments(preset: GluePreset, trial: Trial, task: GlueTask, train_rows: int, work_dir: Path,
-                       device: str) -> Any:
+                       device: str) -> TrainingArguments:
     """The ``TrainingArguments`` of a trial (public so a plain-Trainer comparison can reuse the schedule)."""
     from transformers import TrainingArguments
 
@@ -235,7 +235,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
     validation = [(prefix, encoded[split]) for prefix, split in task.validation_splits]
     first_prefix, first_validation = validation[0]
 
-    def metrics(prediction: Any) -> dict[str, float]:
+    def metrics(prediction: EvalPrediction) -> dict[str, float]:
         logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
         return compute_metrics(task, predictions_from_logits(task, logits), prediction.label_ids, first_prefix)
 

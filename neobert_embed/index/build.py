@@ -65,11 +65,11 @@ from neobert_embed.index.rerank import (
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
 from neobert_embed.inference.runtime import check_compute_precision
-from neobert_embed.locks import LockHolder, writer_lock
+from neobert_embed.locks import LockHolder
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
-from neobert_embed.runs import Interrupted, check_resume
+from neobert_embed.runs import Interrupted, check_resume, claimed_directory
 from neobert_embed.shards import ShardDirectory
 from neobert_embed.sources import fingerprint
 
@@ -400,8 +400,9 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
     with contextlib.ExitStack() as held:
         def checked_and_locked() -> None:  # rank 0 only: the other ranks wait for its verdict, not on the lock
             _preflight(opts, output, overwrite)
-            held.enter_context(writer_lock(output, command="neobert-embed index build", wait=wait,
-                                           on_stale=lambda holder: _report_stale(holder, output)))
+            held.enter_context(claimed_directory(output, command="neobert-embed index build", wait=wait,
+                                                 on_stale=lambda holder: _report_stale(holder, output),
+                                                 **_claim(opts, overwrite)))
 
         on_main(world, checked_and_locked)
         return _build_locked(opts, output, resume, overwrite, show_progress, on_chunk, world)
@@ -416,8 +417,7 @@ def _preflight(opts: BuildOptions, output: Path, overwrite: bool) -> None:
     """Every check that needs no model weights (the factory is checked against the corpus size
     here when the model's width can be read from its files, else again after the import)."""
     check_compute_precision(opts.compute_precision)
-    check_output_directory(output, record=INDEX_MANIFEST, inputs=[opts.corpus, opts.model], what="index",
-                           replace="--overwrite" if overwrite else None, owned=INDEX_OWNED)
+    check_output_directory(output, **_claim(opts, overwrite))
     check_model_files(opts.model)
     check_length_flag(opts.model, opts.max_seq_length, "--max-length")
     dimension = embedding_dimension(opts.model)
@@ -425,6 +425,12 @@ def _preflight(opts: BuildOptions, output: Path, overwrite: bool) -> None:
     documents = count_documents(opts.corpus) if opts.factory is not None else None
     if opts.factory is not None and documents is not None and dimension is not None:
         check_factory_for_corpus(opts.factory, documents, dimension)
+
+
+def _claim(opts: BuildOptions, overwrite: bool) -> dict[str, Any]:
+    """What makes a directory this build's output (see :func:`~neobert_embed.runs.claimed_directory`)."""
+    return dict(record=INDEX_MANIFEST, inputs=[opts.corpus, opts.model], what="index",
+                replace="--overwrite" if overwrite else None, owned=INDEX_OWNED)
 
 
 def _report_stale(holder: LockHolder, output: Path) -> None:

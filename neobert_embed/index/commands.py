@@ -142,10 +142,7 @@ def add(
     from neobert_embed.index.add import add_documents
     from neobert_embed.index.documents import CorpusFields
 
-    if precision is not None:
-        from neobert_embed.inference.runtime import check_compute_precision
-
-        check_compute_precision(precision)
+    _check_precision(precision)
     if on_duplicate not in ("error", "replace"):
         raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
     fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
@@ -154,6 +151,14 @@ def add(
                                  batch_size=batch_size, device=device, wait=not no_wait, precision=precision)
     logger.info(_used_line(manifest, fields))
     logger.info("%s now holds %d documents (%d replaced so far)", index_dir, manifest.documents, manifest.replaced)
+
+
+def _check_precision(precision: str | None) -> None:
+    """Refuse an unknown ``--precision`` before the index's model is loaded (None: the index's own)."""
+    if precision is not None:
+        from neobert_embed.inference.runtime import check_compute_precision
+
+        check_compute_precision(precision)
 
 
 @index_app.command("search")
@@ -175,10 +180,7 @@ def search(
     from neobert_embed.errors import UserInputError
     from neobert_embed.index.search import open_index
 
-    if precision is not None:
-        from neobert_embed.inference.runtime import check_compute_precision
-
-        check_compute_precision(precision)
+    _check_precision(precision)
     if (query is None) == (queries is None):
         raise UserInputError("give either a QUERY argument or --queries FILE (not both)")
     if query is not None and not query.strip():
@@ -234,10 +236,7 @@ def evaluate(
     from neobert_embed.index.evaluate import evaluate_index
     from neobert_embed.index.manifest import read_manifest
 
-    if precision is not None:
-        from neobert_embed.inference.runtime import check_compute_precision
-
-        check_compute_precision(precision)
+    _check_precision(precision)
     manifest = read_manifest(index_dir)
     with json_only_stdout(as_json), without_progress_bars():  # no log folder: loading bars would break the lines
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,

@@ -19,12 +19,15 @@ import dataclasses
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_path
+
+if TYPE_CHECKING:
+    import faiss
 
 INDEX_TYPES = ("auto", "flat", "ivf", "hnsw", "ivfpq")
 PRECISIONS = ("float32", "float16", "int8", "binary")
@@ -208,7 +211,7 @@ def _resolved_spec(index_type: str, n_vectors: int, dimension: int, precision: s
                      min(n_vectors, max(ivf_train, 256 * 39)))
 
 
-def create_index(spec: IndexSpec, dimension: int) -> Any:
+def create_index(spec: IndexSpec, dimension: int) -> faiss.Index:
     """Instantiate an empty FAISS index (inner product; Hamming for binary codes).
 
     Example:
@@ -246,7 +249,7 @@ def as_codes(spec: IndexSpec, vectors: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
-def exclusion_selector(rows: np.ndarray | None) -> Any | None:
+def exclusion_selector(rows: np.ndarray | None) -> faiss.IDSelector | None:
     """A FAISS selector that skips ``rows`` (replaced documents), or None when there are none.
 
     Built once per opened index, not per search: its hash set costs ~50 ms per million rows, far

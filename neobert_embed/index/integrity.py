@@ -18,7 +18,7 @@ import contextlib
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import sha256_file
@@ -28,6 +28,9 @@ from neobert_embed.index.ondisk import IVFDATA_NAME, read_on_disk
 from neobert_embed.index.rerank import RERANK_NAME
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.records import INDEX_MANIFEST
+
+if TYPE_CHECKING:
+    import faiss
 
 CHECKSUMMED = (INDEX_NAME, STORE_NAME, IVFDATA_NAME, RERANK_NAME)  # the last two only exist for some indexes
 
@@ -82,7 +85,7 @@ def _check_sizes(directory: Path, manifest: IndexManifest) -> None:
                                  f"corrupt or from another index); {_advice(directory)}")
 
 
-def open_faiss(directory: str | Path, manifest: IndexManifest) -> Any:
+def open_faiss(directory: str | Path, manifest: IndexManifest) -> faiss.Index:
     """Load ``index.faiss`` of ``directory`` and check it is this index's (vectors, dimension).
 
     An ``--on-disk`` index is opened with its inverted lists memory-mapped from ``index.ivfdata``.

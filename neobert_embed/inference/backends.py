@@ -31,7 +31,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,10 @@ from torch import nn
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +147,7 @@ class BackendTransformer(nn.Module):
         do_lower_case: lower-case inputs (the saved module's setting).
     """
 
-    def __init__(self, tokenizer: Any, runner: OnnxRunner | OpenVINORunner, file: Path, *, hidden_size: int,
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, runner: OnnxRunner | OpenVINORunner, file: Path, *, hidden_size: int,
                  max_seq_length: int | None, do_lower_case: bool = False) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -269,7 +273,7 @@ def load_backend_model(
     device: str | None = None,
     quantized: bool = False,
     inference_precision: str | None = None,
-) -> Any:
+) -> SentenceTransformer:
     """Load an exported directory as a ``SentenceTransformer`` that runs on ONNX Runtime or OpenVINO.
 
     Args:

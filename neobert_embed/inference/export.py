@@ -55,6 +55,8 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.records import EXPORT
 
 if TYPE_CHECKING:
+    import numpy as np
+    import openvino
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules.transformer import Transformer
 
@@ -287,7 +289,7 @@ def _versions(format: str) -> dict[str, str]:  # noqa: A002
     return found
 
 
-def _agreement(reference: Any, candidate: Any) -> Agreement:
+def _agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
     import numpy as np
 
     reference, candidate = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
@@ -297,7 +299,7 @@ def _agreement(reference: Any, candidate: Any) -> Agreement:
                      texts=len(cosines))
 
 
-def _encode_file(directory: Path, backend: str, quantized: bool, texts: Sequence[str]) -> Any:
+def _encode_file(directory: Path, backend: str, quantized: bool, texts: Sequence[str]) -> np.ndarray:
     """Pooled embeddings of ``texts`` from a written file, computed in fp32 (the file, not the runtime)."""
     from neobert_embed.inference.backends import load_backend_model
 
@@ -445,7 +447,7 @@ def _quantize_onnx(fp32: Path, int8: Path) -> str:
             "down-projections kept fp32")
 
 
-def _convert_openvino(onnx_file: Path, xml: Path) -> Any:
+def _convert_openvino(onnx_file: Path, xml: Path) -> openvino.Model:
     """The ONNX graph as OpenVINO IR (fp32 weights); returns the in-memory model."""
     import openvino as ov
 
@@ -455,7 +457,7 @@ def _convert_openvino(onnx_file: Path, xml: Path) -> Any:
     return ov_model
 
 
-def _quantize_openvino(ov_model: Any, xml: Path, model: Any, inputs: tuple[str, ...],
+def _quantize_openvino(ov_model: openvino.Model, xml: Path, model: SentenceTransformer, inputs: tuple[str, ...],
                        calibration: Sequence[str] | None) -> str:
     """nncf static int8 with ``calibration`` texts, else int8 weight compression; returns the method."""
     import nncf

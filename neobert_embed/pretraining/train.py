@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -54,6 +54,9 @@ from neobert_embed.runs import (
     claimed_directory,
 )
 
+if TYPE_CHECKING:
+    from neobert_embed.modeling import NeoBERTForMaskedLM
+
 # Recipe keys that may change on --resume: they do not shape the training trajectory (with
 # training.max_steps the run stops at the new count; the schedule keeps its original length).
 OPERATIONAL_KEYS = frozenset({
@@ -76,7 +79,7 @@ class PretrainResult:
     metrics_path: Path
     checkpoint: Path | None
     export_dir: Path | None
-    model: Any = field(repr=False, default=None)
+    model: NeoBERTForMaskedLM | None = field(repr=False, default=None)
 
 
 @dataclass

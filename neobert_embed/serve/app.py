@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import Depends, FastAPI, Security
@@ -45,6 +45,9 @@ from neobert_embed.serve.schemas import (
     SearchResponse,
 )
 from neobert_embed.serve.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 INLINE_COUNT_CHARS = 4096  # requests up to this many characters are counted on the event loop
 PADDED_MIN_FILL = 0.5  # a padded model's batch never pads an input to more than twice its length
@@ -96,7 +99,7 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
                        time.time())
 
 
-def create_app(settings: ServeSettings, served: InferenceModel | None = None) -> Any:
+def create_app(settings: ServeSettings, served: InferenceModel | None = None) -> FastAPI:
     """The ASGI application for ``settings`` (the model is loaded now, batching starts with the app).
 
     Example:

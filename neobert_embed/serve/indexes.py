@@ -24,13 +24,16 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.index import Hit, SearchIndex, open_index, read_manifest
 from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.inference.runtime import InferenceModel
 from neobert_embed.records import INDEX_MANIFEST
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class UnknownIndex(UserInputError):
@@ -55,7 +58,7 @@ class OpenIndex:
     shared: bool  # True: queries are encoded by the served model through the batcher
     lock: threading.Lock = field(default_factory=threading.Lock)  # FAISS params and SQLite: one at a time
 
-    def hits(self, vectors: Any, k: int) -> list[list[Hit]]:
+    def hits(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
         """Top-``k`` documents for query vectors encoded the index's way."""
         with self.lock:
             return self.index.hits(vectors, k)

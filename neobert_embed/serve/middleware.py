@@ -11,10 +11,13 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.serve.errors import error_body
 from neobert_embed.serve.metrics import ServeMetrics
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Send
 
 Scope = dict[str, Any]
 DRAIN_LIMIT = 64 * 1024 * 1024
@@ -23,12 +26,12 @@ DRAIN_LIMIT = 64 * 1024 * 1024
 class EdgeMiddleware:
     """Buffers request bodies up to ``max_body`` bytes (413 beyond) and records request metrics."""
 
-    def __init__(self, app: Any, metrics: ServeMetrics, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics, max_body: int) -> None:
         self.app = app
         self.metrics = metrics
         self.max_body = max_body
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -50,7 +53,7 @@ class EdgeMiddleware:
             self.metrics.in_progress.dec()
             self.metrics.observe_request(scope.get("path", ""), status, time.perf_counter() - start)
 
-    async def _bounded_body(self, scope: Scope, receive: Any, send: Any) -> Any:
+    async def _bounded_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """A ``receive`` replaying the whole body, or None when a 413/400 was already sent."""
         if scope.get("method") not in {"POST", "PUT", "PATCH"}:
             return receive
@@ -86,7 +89,7 @@ class EdgeMiddleware:
         return replay
 
 
-async def _reject(send: Any, status: int, message: str, kind: str) -> None:
+async def _reject(send: Send, status: int, message: str, kind: str) -> None:
     body = error_body(status, message, kind)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
