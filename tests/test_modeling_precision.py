@@ -57,14 +57,14 @@ def test_low_precision_buffer_data_is_recomputed_in_fp32(long_checkpoint):
 
 def test_deepspeed_bf16_engine_keeps_fp32_rope(long_checkpoint, monkeypatch):
     deepspeed = pytest.importorskip("deepspeed")
-    from neobert_embed.pretraining.engine import fill_rendezvous_env
+    from neobert_embed.pretraining.engine import fill_rendezvous_env, join_process_group
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "")  # recorded, so the world-of-one variables are removed after the test
         monkeypatch.delenv(key)
     fill_rendezvous_env()
     if not deepspeed.comm.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+        join_process_group()  # as pretraining does: a world of one builds no shared-memory op
     model = AutoModelForMaskedLM.from_pretrained(long_checkpoint)
     reference = rotations(model)
     config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},

@@ -117,10 +117,18 @@ def init_distributed() -> None:
     """Join the process group early when launched with several processes (so process 0 can prepare
     the corpus while the others wait); a no-op for one process or without deepspeed."""
     if current_world().distributed and deepspeed_available():
-        _join_process_group()
+        join_process_group()
 
 
-def _join_process_group() -> None:
+def join_process_group() -> None:
+    """Start DeepSpeed's process group for this process (gloo on CPU, nccl on GPUs).
+
+    A world of one on CPU skips DeepSpeed's shared-memory all-reduce, which it would otherwise compile
+    first (:func:`_skip_shared_memory_collectives`).
+
+    Example:
+        >>> fill_rendezvous_env(); join_process_group()   # then deepspeed.initialize(...)
+    """
     import deepspeed
 
     if not current_world().distributed and default_device() == "cpu":
@@ -240,7 +248,7 @@ class DeepSpeedEngine:
 
         fill_rendezvous_env()
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-        _join_process_group()
+        join_process_group()
         training = recipe.training
         self.device_type = default_device()
         chosen = resolve_training_precision(training.precision, self.device_type)
