@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -310,7 +310,7 @@ def _terminal_handlers_to(stream: TextIO) -> Iterator[None]:
     """
     terminals = (sys.__stderr__, sys.__stdout__)
     for handler in _stream_handlers():
-        _unbind_flush(handler, lambda bound: isinstance(bound, _LazyLog))  # left by an earlier capture
+        _unbind_flush(handler)  # left by an earlier capture
     moved = [(handler, handler.stream) for handler in _stream_handlers() if handler.stream in terminals]
     for handler, _ in moved:
         handler.setStream(stream)
@@ -320,20 +320,20 @@ def _terminal_handlers_to(stream: TextIO) -> Iterator[None]:
         for handler, original in moved:
             handler.setStream(original)
         for handler in _stream_handlers():
-            _unbind_flush(handler, lambda bound: bound is stream)
+            _unbind_flush(handler)
             if handler.stream is stream:
                 handler.setStream(sys.__stderr__)
 
 
-def _unbind_flush(handler: logging.StreamHandler, made_here: Callable[[object], bool]) -> None:
-    """Drop a handler's own ``flush`` when it is bound to a capture's log.
+def _unbind_flush(handler: logging.StreamHandler) -> None:
+    """Drop a handler's own ``flush`` when it is bound to a capture's log (its class's flush remains).
 
     Why: transformers makes its default handler with ``handler.flush = sys.stderr.flush``; made
     inside a capture, that is the log's flush, which fails on the closed log at the next command's
     first record (a second command in one process: a notebook, a torchrun worker, a test).
     """
     bound = getattr(handler.__dict__.get("flush"), "__self__", None)
-    if bound is not None and made_here(bound):
+    if isinstance(bound, _LazyLog):
         del handler.flush
 
 

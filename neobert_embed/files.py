@@ -43,30 +43,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     Example:
         >>> atomic_write_bytes("out/manifest.json", b"{}")
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary sibling of ``path`` for a library that writes the file itself (FAISS, Arrow);
-    it replaces ``path`` in one rename when the block succeeds, and is removed when it fails.
+    """A temporary sibling of ``path`` to write; it replaces ``path`` in one rename when the block
+    succeeds, and is removed when it fails. Every atomic file write goes through it, bytes
+    (:func:`atomic_write_bytes`) or a library that writes by name (FAISS, Arrow).
 
-    Why: such writers take a file name, not bytes, so :func:`atomic_write_bytes` cannot be used;
-    a crash mid-write leaves ``.NAME.PID.tmp`` (which :func:`remove_debris` clears), never a torn
-    ``path``.
+    Why: a crash mid-write leaves ``.NAME.XXXX.tmp`` (which :func:`remove_debris` clears), never a
+    torn ``path``; the name is unique, so two writers in one process do not share it.
 
     Example:
         >>> with atomic_path("runs/idx/index.faiss") as tmp:
@@ -74,8 +64,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+        os.close(fd)
         yield tmp
         os.replace(tmp, path)
     except BaseException:

@@ -65,8 +65,7 @@ class RecordFile:
     def path(self, directory: str | Path) -> Path:
         """Where the record of ``directory`` is: the current name, or a legacy one that exists."""
         directory = Path(directory)
-        return next((directory / name for name in self.legacy if not (directory / self.name).is_file()
-                     and (directory / name).is_file()), directory / self.name)
+        return next((directory / name for name in self.names if (directory / name).is_file()), directory / self.name)
 
     def exists(self, directory: str | Path) -> bool:
         """Whether ``directory`` carries this record (under any of its names)."""

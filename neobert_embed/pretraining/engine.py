@@ -148,9 +148,11 @@ def _skip_shared_memory_collectives() -> None:
         >>> _skip_shared_memory_collectives()   # then deepspeed.init_distributed(dist_backend="gloo")
     """
     from deepspeed import ops
-    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+    from deepspeed.accelerator import get_accelerator
 
-    ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")  # as deepspeed.comm asks for it
+    if builder is not None:
+        ops.__compatible_ops__[builder.NAME] = False
 
 
 def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
