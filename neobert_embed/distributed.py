@@ -142,7 +142,7 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def broadcast_from_main(world: World, value: Any) -> Any:
+def broadcast_from_main(world: World, value: T) -> T:
     """Rank 0's ``value`` on every rank (objects are pickled; no-op in one process)."""
     if not world.distributed:
         return value

@@ -174,6 +174,22 @@ def remove_debris(target: str | Path) -> list[Path]:
     return found
 
 
+def value_digest(value: str | dict | list, length: int = 16) -> str:
+    """The first ``length`` hex digits of the SHA-256 of ``value``: a string's UTF-8 bytes, anything
+    else as JSON with sorted keys (so equal settings hash alike whatever their order).
+
+    Why one function: results caches (evaluation recipes), tokenised-data caches (GLUE) and resume
+    guards (a data source's files) all key on "a short hash of these settings"; one rule keeps their
+    keys comparable and their length a choice, not an accident.
+
+    Example:
+        >>> value_digest({"b": 1, "a": 2}, 12) == value_digest({"a": 2, "b": 1}, 12)
+        True
+    """
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
 def sha256_file(path: str | Path) -> str:
     """Hex SHA-256 of a file, read in 1 MiB blocks (checkpoints and indexes record it).
 

@@ -3,7 +3,8 @@
 Why one module: training, index builds and corpus preparation are long jobs that resume, and each
 had its own copy of these mechanisms, each behaving a little differently. Here they are once:
 claiming the output directory (:func:`claimed_directory`: checked before any work, then held by
-one writer for the whole job); the run record (settings written atomically when a run starts); the resume check (a resume with other
+one writer for the whole job); updating a finished one in place (:func:`updated_directory`: the
+same lock, and a staged copy that replaces it whole or not at all); the run record (settings written atomically when a run starts); the resume check (a resume with other
 settings is refused before any work, in one error listing every changed key as ``key (old →
 new)``, except the operational keys each area declares); ``metrics.jsonl`` (trimmed on resume to
 the restored step, so it reads as one uninterrupted run); promotion of the finished output; and
@@ -58,6 +59,27 @@ def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
     check_output_directory(output, **check)
     with writer_lock(output, command=command, wait=wait, on_stale=on_stale):
         yield check_output_directory(output, **check)
+
+
+@contextlib.contextmanager
+def updated_directory(directory: str | Path, *, record: RecordFile, command: str, wait: bool = True,
+                      on_stale: Callable[[LockHolder], None] | None = None) -> Iterator[Path]:
+    """Update the finished directory ``directory`` (one this toolkit wrote: it carries ``record``)
+    through a staged copy: the one way a command changes an existing output in place.
+
+    Holds the directory's writer lock for the block (concurrent updates are serialised, none is
+    lost; ``wait=False`` fails at once when another writer holds it) and yields an empty sibling
+    to write the new version into; it replaces ``directory`` in one rename when the block
+    succeeds, and an error or Ctrl-C leaves ``directory`` exactly as it was. Under torchrun call it
+    on rank 0 only (``index add`` does, through :func:`~neobert_embed.distributed.on_main`).
+
+    Example:
+        >>> with updated_directory("runs/index", record=INDEX_MANIFEST, command="neobert-embed index add") as work:
+        ...     write_new_version(from_dir="runs/index", into=work)
+    """
+    with writer_lock(directory, command=command, wait=wait, on_stale=on_stale), \
+            atomic_directory(directory, record=record.name, stamp=False) as work:
+        yield work
 
 
 class Interrupted(KeyboardInterrupt):

@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import iter_jsonl, iter_text_lines
+from neobert_embed.files import iter_jsonl, iter_text_lines, value_digest
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet",
            ".pq": "parquet", ".txt": "txt", ".text": "txt", ".tsv": "txt", "": "txt"}
@@ -148,7 +147,7 @@ def fingerprint(source: str | Path, split: str = "train") -> str:
     path = Path(source)
     files = [path] if path.is_file() else _directory_files(path, source_format(path)) if path.is_dir() else []
     parts = [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files] or [f"hub:{source}"]
-    return hashlib.sha256("\n".join([f"split:{split}", *parts]).encode("utf-8")).hexdigest()[:16]
+    return value_digest("\n".join([f"split:{split}", *parts]), 16)
 
 
 def _directory_files(directory: Path, kind: str) -> list[Path]:

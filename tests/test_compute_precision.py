@@ -109,7 +109,7 @@ def test_auto_falls_back_to_fp32_on_a_cpu_without_bf16_or_int8_units(minilm_path
     assert machine.bf16_units is None and machine.int8_units is None
     loaded = load_inference_model(str(minilm_path), "auto", sample_texts=["a short text", "another one"])
     assert loaded.choice.precision == "fp32" and loaded.choice.trials == ()
-    assert loaded.choice.description == "fp32 (no bf16 or int8 matrix units on this CPU)"
+    assert loaded.choice.description == "fp32 (no bf16 or int8 matrix units on this CPU); un-padded BertModel layers"
 
 
 def test_encode_defaults_to_auto_and_records_the_choice(minilm_path, tmp_path, mixed_texts):
@@ -148,8 +148,8 @@ def test_an_index_remembers_its_precision_and_queries_default_to_it(minilm_path,
     assert manifest.compute_precision == "bf16" and manifest.compute["requested"] == "bf16"
     with open_index(tmp_path / "index") as index:
         assert index.encoder.compute_precision == "bf16"
-        assert index.encoder.choice.description == "bf16 (the index's own, recorded at build)"  # never "asked for"
+        assert index.encoder.choice.reason == "the index's own, recorded at build"  # never "asked for"
         assert index.search(["document number 4 about topic 1"], k=1)[0][0].doc_id == "4"
     with open_index(tmp_path / "index", precision="fp32") as index:
         assert index.encoder.compute_precision == "fp32"
-        assert index.encoder.choice.description == "fp32 (asked for)"
+        assert index.encoder.choice.reason == "asked for"

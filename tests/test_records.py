@@ -8,6 +8,7 @@ that no module names a record file outside ``records.py``.
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,25 @@ def test_the_demo_journal_is_a_list_and_an_index_manifest_an_object(tmp_path):
     assert DEMO_JOURNAL.read(tmp_path) == []
     INDEX_MANIFEST.write(tmp_path, {"format_version": 1})
     assert INDEX_MANIFEST.read(tmp_path) == {"format_version": 1}
+
+
+def test_one_settings_digest_keeps_every_key_older_versions_wrote(tmp_path):
+    """Results caches, GLUE's tokenised-data cache and resume guards key on files.value_digest; the keys
+    must be the ones earlier versions wrote (else every cached score and resumable run is orphaned)."""
+    import hashlib
+
+    from neobert_embed.evaluation.recipe import EvaluationRecipe
+    from neobert_embed.files import value_digest
+    from neobert_embed.sources import fingerprint
+
+    settings = {"precision": "fp32", "max_seq_length": 256, "prompts": {"query": "q: "}}
+    assert value_digest(settings, 12) == hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    assert value_digest(dict(reversed(settings.items())), 12) == value_digest(settings, 12)
+    recipe = EvaluationRecipe()
+    expected = recipe.model_dump(exclude={"batch_size"})
+    assert recipe.fingerprint() == hashlib.sha256(json.dumps(expected, sort_keys=True).encode()).hexdigest()[:12]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "a"}\n', encoding="utf-8")
+    stat = corpus.stat()
+    old = "\n".join(["split:train", f"{corpus.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"])
+    assert fingerprint(str(corpus), "train") == hashlib.sha256(old.encode()).hexdigest()[:16]

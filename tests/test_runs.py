@@ -323,3 +323,32 @@ def test_a_file_a_library_writes_appears_whole_or_not_at_all(tmp_path):
         tmp.write_bytes(b"new")
         assert target.read_bytes() == b"old"  # readers still see the old file until the rename
     assert target.read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss"]
+
+
+def test_updated_directory_replaces_a_finished_output_whole_or_not_at_all(tmp_path):
+    from neobert_embed.runs import updated_directory
+
+    output = tmp_path / "out"
+    output.mkdir()
+    RUN.write(output, {"steps": 1})
+    (output / "kept.txt").write_text("old", encoding="utf-8")
+    with pytest.raises(RuntimeError), updated_directory(output, record=RUN, command="test") as work:
+        (work / "kept.txt").write_text("half-written", encoding="utf-8")
+        raise RuntimeError("stopped half way")
+    assert (output / "kept.txt").read_text(encoding="utf-8") == "old"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no staged copy left behind
+
+    with updated_directory(output, record=RUN, command="test") as work:
+        RUN.write(work, {"steps": 2})
+        with pytest.raises(UserInputError, match="is being written by"), updated_directory(output, record=RUN,
+                                                                               command="second", wait=False):
+            pass  # a second writer is refused while the first holds the directory
+    assert RUN.read(output) == {"steps": 2} and not (output / "kept.txt").exists()
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("a user's", encoding="utf-8")
+    with pytest.raises(UserInputError, match="did not write"), updated_directory(foreign, record=RUN,
+                                                                                 command="test"):
+        pass
+    assert (foreign / "notes.txt").read_text(encoding="utf-8") == "a user's"

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.protocol import check_protocol
@@ -39,6 +39,8 @@ from neobert_embed.outputs import check_output_directory, model_label
 
 if TYPE_CHECKING:
     from mteb import AbsTask
+
+    from neobert_embed.contrastive.recipe import ContrastiveRecipe
 
 logger = logging.getLogger(__name__)
 COMPARE_PROTOCOL = "uniform"
@@ -64,7 +66,7 @@ def _failed_report(model: str, name: str, tasks: list[AbsTask], error: str, prot
     return EvaluationReport(model, name, "untrained", "", "", outcomes, protocol=protocol)
 
 
-def compare_models(models: Sequence[str], *, output: str | Path, recipe: Any = None,
+def compare_models(models: Sequence[str], *, output: str | Path, recipe: str | Path | ContrastiveRecipe | None = None,
                    data: dict[str, str] | None = None, benchmark: str | None = None,
                    tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
                    task_dirs: Sequence[str | Path] | None = None,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mteb import SentenceTransformerEncoderWrapper
 from mteb.models import ModelMeta
@@ -33,6 +33,9 @@ from neobert_embed.evaluation.recipe import EvaluationRecipe
 from neobert_embed.files import directory_digest
 from neobert_embed.inference.runtime import PrecisionChoice
 from neobert_embed.runs import CHECKPOINTS_DIR
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def model_identity(name_or_path: str | Path, revision: str | None = None) -> Mod
 class UniformEncoder(SentenceTransformerEncoderWrapper):
     """mteb encoder applying the evaluation recipe (instruction per task, normalization) to a model."""
 
-    def __init__(self, model: Any, recipe: EvaluationRecipe, identity: ModelIdentity) -> None:
+    def __init__(self, model: SentenceTransformer, recipe: EvaluationRecipe, identity: ModelIdentity) -> None:
         super().__init__(model)
         self.model_prompts = None  # the recipe decides instructions, never the model's saved prompts
         self.recipe = recipe

@@ -24,13 +24,12 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from neobert_embed.files import value_digest
 from neobert_embed.recipes import load_spec
 
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ class EvaluationRecipe(BaseModel):
         settings = self.model_dump(exclude={"batch_size"})
         if self.precision != "fp32":
             settings["precision"] = f"{self.precision}-compute"
-        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:12]
+        return value_digest(settings, 12)
 
     def instruction(self, task_metadata: TaskMetadata, prompt_type: PromptType | None) -> str:
         """The text prefix for one side of one task ('' when the task defines no instruction).

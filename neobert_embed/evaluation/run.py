@@ -41,8 +41,10 @@ from neobert_embed.records import MTEB_PROTOCOL
 from neobert_embed.runs import Interrupted
 
 if TYPE_CHECKING:
-    from mteb import AbsTask, ResultCache
+    from mteb import AbsTask, EncoderProtocol, ResultCache
     from mteb.models import ModelMeta
+
+    from neobert_embed.evaluation.encoder import ModelIdentity
 
 logger = logging.getLogger(__name__)
 DEFAULT_BENCHMARK = "MTEB(eng, v2)"
@@ -144,12 +146,12 @@ def _offline_error(task: AbsTask) -> str:
 class _LazyEncoder:
     """Loads the model only when a task actually has to be evaluated (reruns may need none)."""
 
-    def __init__(self, identity: Any, protocol: str, recipe: EvaluationRecipe, device: str | None,
+    def __init__(self, identity: ModelIdentity, protocol: str, recipe: EvaluationRecipe, device: str | None,
                  overrides: dict[str, Any]) -> None:
         self.identity, self.protocol, self.recipe, self.device = identity, protocol, recipe, device
         self.overrides, self.encoder = overrides, None
 
-    def get(self, task: Any = None) -> Any:
+    def get(self, task: AbsTask | None = None) -> EncoderProtocol:
         """The encoder, loaded on first use; ``auto`` measures precisions on a few of ``task``'s texts."""
         if self.encoder is None:
             from neobert_embed.evaluation.protocol import sample_texts

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.console import progress_bar
 from neobert_embed.distributed import is_main_process
@@ -44,6 +44,9 @@ from neobert_embed.glue.tasks import TASKS
 from neobert_embed.outputs import check_output_directory, model_label
 from neobert_embed.records import GLUE_SCORES, RUN
 from neobert_embed.runs import Interrupted, claimed_directory
+
+if TYPE_CHECKING:
+    import multiprocessing
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ def _check_model(model: str) -> None:
                              "(HF_HUB_OFFLINE=1 allows only local and cached models)") from None
 
 
-def _init_worker(devices: Any, threads: int) -> None:
+def _init_worker(devices: multiprocessing.Queue[str], threads: int) -> None:
     """Pin this worker process to one device before torch starts (spawned workers only)."""
     device = devices.get()
     if device.startswith("cuda:"):

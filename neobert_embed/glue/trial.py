@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import shutil
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.distributed import is_main_process
+from neobert_embed.files import value_digest
 from neobert_embed.glue.data import GlueData
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from_logits
@@ -154,7 +154,7 @@ def tokenize_splits(data: GlueData, tokenizer: Any, max_length: int) -> dict[str
         drop = [c for c in dataset.column_names if c not in ("label", "idx")]
         # an explicit fingerprint: hashing the closure (and the tokenizer in it) costs seconds per split
         identity = f"{data.source}|{split}|{dataset.num_rows}|{tokenizer.name_or_path}|{max_length}"
-        fingerprint = hashlib.sha256(identity.encode()).hexdigest()[:32]
+        fingerprint = value_digest(identity, 32)
         encoded[split] = dataset.map(encode, batched=True, remove_columns=drop,
                                      new_fingerprint=fingerprint).rename_column("label", "labels")
     return encoded

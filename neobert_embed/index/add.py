@@ -28,7 +28,7 @@ import numpy as np
 from neobert_embed.console import document_progress
 from neobert_embed.distributed import encode_across_ranks, init_world, on_main
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_directory, remove_debris
+from neobert_embed.files import remove_debris
 from neobert_embed.index.documents import CorpusFields, read_corpus
 from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.index.factory import as_codes, write_faiss_index
@@ -43,9 +43,9 @@ from neobert_embed.index.manifest import (
 from neobert_embed.index.rerank import RERANK_NAME, append_rerank_vectors
 from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore
-from neobert_embed.locks import writer_lock
 from neobert_embed.model_files import check_model_files
 from neobert_embed.records import INDEX_MANIFEST
+from neobert_embed.runs import updated_directory
 from neobert_embed.sources import source_format
 
 ADD_CHUNK = 4096
@@ -87,10 +87,10 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
         check_model_files(model)
     with contextlib.ExitStack() as held:   # rank 0 holds the lock and the work copy; every rank encodes
         def locked_and_staged() -> _Staged:
-            held.enter_context(writer_lock(index_dir, command="neobert-embed index add", wait=wait,
-                                           on_stale=lambda holder: remove_debris(index_dir)))
-            return _stage(index_dir, held.enter_context(atomic_directory(index_dir, record=INDEX_MANIFEST.name, stamp=False)),
-                          corpus, fields, row_ids, on_duplicate)
+            work = held.enter_context(updated_directory(index_dir, record=INDEX_MANIFEST, wait=wait,
+                                                        command="neobert-embed index add",
+                                                        on_stale=lambda holder: remove_debris(index_dir)))
+            return _stage(index_dir, work, corpus, fields, row_ids, on_duplicate)
 
         staged = on_main(world, locked_and_staged)
         encoder = encoder_for(staged.manifest, index_dir, model, world.device(device), batch_size,

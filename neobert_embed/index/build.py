@@ -23,10 +23,10 @@ import logging
 import math
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -72,6 +72,9 @@ from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
 from neobert_embed.runs import Interrupted, check_resume, claimed_directory
 from neobert_embed.shards import ShardDirectory
 from neobert_embed.sources import fingerprint
+
+if TYPE_CHECKING:
+    from neobert_embed.index.factory import FaissIndex
 
 SAMPLE_SEED = 0
 # What the encoded chunks depend on. The index type, factory and stored precision are not part of
@@ -124,6 +127,9 @@ class ChunkDone:
     documents_encoded: int
     documents_total: int
 
+
+#: ``(first_row, vectors)``: one block of a corpus's vectors, as the vector store hands them out.
+Block = tuple[int, np.ndarray]
 
 def partial_directory(output: Path) -> Path:
     """Where an unfinished build of ``output`` lives."""
@@ -191,7 +197,7 @@ def _sample_rows(total: int, size: int, seed: int) -> np.ndarray:
 
 
 def _trained(spec: IndexSpec, dimension: int, sample: Callable[[np.ndarray], np.ndarray], total: int,
-             report: dict | None) -> Any:
+             report: dict | None) -> FaissIndex:
     """An empty ``spec`` index trained on a seeded sample; ``report`` gets the sample size and time."""
     index, seconds = train_index(spec, dimension, sample, _sample_rows(total, spec.train_size, SAMPLE_SEED))
     if report is not None:
@@ -214,16 +220,16 @@ def held_out_rows(spec: IndexSpec, total: int) -> int:
     return min(CALIBRATION_QUERIES, total // 4) if spec.tuned_parameter == "efSearch" else 0
 
 
-def _rows_below(blocks: Any, limit: int) -> Any:
+def _rows_below(blocks: Iterable[Block], limit: int) -> Iterator[Block]:
     """The ``(first_row, vectors)`` blocks cut to rows ``< limit``."""
     for first_row, block in blocks:
         if first_row < limit:
             yield first_row, block[:limit - first_row]
 
 
-def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
+def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Iterable[Block]],
                sample: Callable[[np.ndarray], np.ndarray], total: int, report: dict | None = None,
-               hold_out: int = 0) -> Any:
+               hold_out: int = 0) -> FaissIndex:
     """Create ``spec``, train it on a seeded sample of the vectors, and add every block.
 
     Shared with the benchmark so measured indexes are built exactly as ``index build`` builds them.
@@ -244,7 +250,7 @@ def fill_index(spec: IndexSpec, dimension: int, blocks: Callable[[], Any],
     return index
 
 
-def calibration_queries(blocks: Callable[[], Any], sample: Callable[[np.ndarray], np.ndarray],
+def calibration_queries(blocks: Callable[[], Iterable[Block]], sample: Callable[[np.ndarray], np.ndarray],
                         total: int, held_out: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Calibration queries and their exact top-10: a seeded sample of the indexed vectors (each
     excluding itself), or the last ``held_out`` rows against the rows before them.
@@ -262,10 +268,10 @@ def calibration_queries(blocks: Callable[[], Any], sample: Callable[[np.ndarray]
     return rows, queries, exact_neighbours(queries, blocks(), k=min(10, max(1, total - 1)), query_rows=rows)
 
 
-def calibrate_index(index: Any, spec: IndexSpec, blocks: Callable[[], Any],
+def calibrate_index(index: FaissIndex, spec: IndexSpec, blocks: Callable[[], Iterable[Block]],
                     sample: Callable[[np.ndarray], np.ndarray], total: int,
                     queries: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                    held_out: int = 0) -> tuple[dict[str, int], Any]:
+                    held_out: int = 0) -> tuple[dict[str, int], Calibration]:
     """Calibrate the search parameter on queries the index has not seen against brute-force search.
 
     Exact float indexes need no calibration (their recall is 1 by construction); every other index,

@@ -19,7 +19,7 @@ import dataclasses
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -27,7 +27,12 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_path
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     import faiss
+
+    #: A FAISS index as stored: float (``faiss.Index``) or sign-bit codes (``faiss.IndexBinary``).
+    FaissIndex: TypeAlias = "faiss.Index | faiss.IndexBinary"
 
 INDEX_TYPES = ("auto", "flat", "ivf", "hnsw", "ivfpq")
 PRECISIONS = ("float32", "float16", "int8", "binary")
@@ -265,7 +270,27 @@ def exclusion_selector(rows: np.ndarray | None) -> faiss.IDSelector | None:
     return faiss.IDSelectorNot(faiss.IDSelectorBatch(np.asarray(rows, dtype=np.int64)))
 
 
-def _search_parameters(index: Any, params: dict[str, int], selector: Any | None) -> Any:
+@runtime_checkable
+class SearchableIndex(Protocol):
+    """What searching needs of an index: a FAISS index, or a
+    :class:`~neobert_embed.index.rerank.RerankedIndex` around one (which re-scores its candidates).
+
+    Example:
+        >>> isinstance(faiss.IndexFlatIP(8), SearchableIndex)
+        True
+    """
+
+    ntotal: int
+    d: int
+
+    def search(self, x: np.ndarray, k: int, *, params: faiss.SearchParameters | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` (scores or distances, ids) per query row."""
+        ...
+
+
+def _search_parameters(index: SearchableIndex, params: dict[str, int],
+                       selector: faiss.IDSelector | None) -> faiss.SearchParameters:
     """Build the right ``SearchParameters`` subclass, skipping what ``selector`` excludes."""
     import faiss
 
@@ -284,9 +309,9 @@ def _search_parameters(index: Any, params: dict[str, int], selector: Any | None)
     return parameters
 
 
-def search_vectors(index: Any, spec: IndexSpec, queries: np.ndarray, k: int,
+def search_vectors(index: SearchableIndex, spec: IndexSpec, queries: np.ndarray, k: int,
                    params: dict[str, int] | None = None,
-                   excluded: Any | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   excluded: faiss.IDSelector | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` (scores, FAISS ids) for each query; ids are -1 where fewer than ``k`` exist;
     ``excluded`` is an :func:`exclusion_selector`.
 
@@ -304,7 +329,7 @@ def search_vectors(index: Any, spec: IndexSpec, queries: np.ndarray, k: int,
     return scores.astype(np.float32), ids
 
 
-def write_faiss_index(index: Any, path: Path) -> None:
+def write_faiss_index(index: FaissIndex, path: Path) -> None:
     """Write a float or binary FAISS index via a temporary file and a rename."""
     import faiss
 
@@ -313,7 +338,7 @@ def write_faiss_index(index: Any, path: Path) -> None:
         write(index, str(tmp))
 
 
-def read_faiss_index(path: str | Path, binary: bool) -> Any:
+def read_faiss_index(path: str | Path, binary: bool) -> FaissIndex:
     """Load an index written by :func:`write_faiss_index`."""
     import faiss
 

@@ -18,13 +18,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.factory import IndexSpec, as_codes, create_index, write_faiss_index
 from neobert_embed.index.manifest import INDEX_NAME
+
+if TYPE_CHECKING:
+    import faiss
+
+    from neobert_embed.index.factory import FaissIndex
 
 IVFDATA_NAME = "index.ivfdata"
 TRAINED_NAME = "trained.faiss"
@@ -44,7 +49,7 @@ def check_on_disk(spec: IndexSpec) -> None:
 
 
 def train_index(spec: IndexSpec, dimension: int, sample: Callable[[np.ndarray], np.ndarray],
-                rows: np.ndarray) -> tuple[Any, float]:
+                rows: np.ndarray) -> tuple[FaissIndex, float]:
     """Create and train an empty index on the sampled ``rows``; returns it and the seconds spent."""
     index = create_index(spec, dimension)
     start = time.perf_counter()
@@ -53,7 +58,8 @@ def train_index(spec: IndexSpec, dimension: int, sample: Callable[[np.ndarray], 
     return index, time.perf_counter() - start
 
 
-def build_on_disk(index: Any, spec: IndexSpec, blocks: Iterable[tuple[int, np.ndarray]], directory: Path) -> Any:
+def build_on_disk(index: faiss.Index, spec: IndexSpec, blocks: Iterable[tuple[int, np.ndarray]],
+                  directory: Path) -> faiss.Index:
     """Fill one copy of the trained ``index`` per block, merge them into ``directory/index.ivfdata``.
 
     ``index`` must be trained and empty; it is returned holding the merged on-disk lists, already
@@ -85,7 +91,7 @@ def build_on_disk(index: Any, spec: IndexSpec, blocks: Iterable[tuple[int, np.nd
     return read_on_disk(directory)
 
 
-def read_on_disk(directory: Path) -> Any:
+def read_on_disk(directory: Path) -> faiss.Index:
     """Open an on-disk index: the quantizer is loaded, ``index.ivfdata`` is memory-mapped read-only.
 
     The lists file is found next to ``index.faiss`` wherever the directory has moved.

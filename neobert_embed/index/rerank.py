@@ -20,9 +20,14 @@ import os
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import faiss
+
+    from neobert_embed.index.factory import FaissIndex
 
 RERANK_NAME = "vectors.f16.npy"
 RERANK_K_FACTOR = 8
@@ -126,7 +131,7 @@ class RerankedIndex:
     ``ntotal``, ``d``; ``reranked_base`` is the wrapped index (whose search parameters apply).
     """
 
-    def __init__(self, base: Any, vectors: np.ndarray | RerankVectors, k_factor: int = RERANK_K_FACTOR) -> None:
+    def __init__(self, base: FaissIndex, vectors: np.ndarray | RerankVectors, k_factor: int = RERANK_K_FACTOR) -> None:
         self.reranked_base = base
         self.vectors = vectors
         self.k_factor = int(k_factor)
@@ -141,7 +146,8 @@ class RerankedIndex:
         """Dimension of the wrapped index."""
         return int(self.reranked_base.d)
 
-    def search(self, queries: np.ndarray, k: int, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, *, params: faiss.SearchParameters | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` (scores, ids) after exact re-scoring; -1 pads missing results like FAISS."""
         _, candidates = self.reranked_base.search(queries, k * self.k_factor, params=params)
         valid = candidates >= 0
@@ -157,7 +163,7 @@ class RerankedIndex:
         return np.where(np.isfinite(best_scores), best_scores, -np.inf).astype(np.float32), best_ids
 
 
-def with_rerank(index: Any, directory: Path, k_factor: int | None) -> Any:
+def with_rerank(index: FaissIndex, directory: Path, k_factor: int | None) -> FaissIndex | RerankedIndex:
     """Wrap ``index`` for re-ranking against ``directory``'s float16 vectors when the manifest asks
     for it (``k_factor`` set).
 

@@ -57,8 +57,12 @@ from neobert_embed.records import EXPORT
 if TYPE_CHECKING:
     import numpy as np
     import openvino
+    import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules.transformer import Transformer
+    from torch import nn
+
+    from neobert_embed.modeling import NeoBERTModel
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +322,7 @@ def _transformer_module(model: SentenceTransformer) -> Transformer:
     return first
 
 
-def _traceable_encoder(model: SentenceTransformer) -> tuple[Any, tuple[str, ...]]:
+def _traceable_encoder(model: SentenceTransformer) -> tuple[nn.Module, tuple[str, ...]]:
     """A module mapping the graph's inputs to ``last_hidden_state``, and the names of those inputs.
 
     ``token_type_ids`` is an input when the tokenizer produces it and the model's forward names it
@@ -340,7 +344,7 @@ def _traceable_encoder(model: SentenceTransformer) -> tuple[Any, tuple[str, ...]
     return _last_hidden_state(encoder, names), names
 
 
-def _last_hidden_state(encoder: Any, names: tuple[str, ...]) -> Any:
+def _last_hidden_state(encoder: nn.Module, names: tuple[str, ...]) -> nn.Module:
     """Wrap a Hugging Face encoder as positional inputs → ``last_hidden_state`` (what the exporter traces)."""
     from torch import nn
 
@@ -349,13 +353,13 @@ def _last_hidden_state(encoder: Any, names: tuple[str, ...]) -> Any:
             super().__init__()
             self.encoder = encoder
 
-        def forward(self, *inputs: Any) -> Any:
+        def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
             return self.encoder(**dict(zip(names, inputs, strict=True)), return_dict=True).last_hidden_state
 
     return LastHiddenState().eval()
 
 
-def _padded_neobert(encoder: Any) -> Any:
+def _padded_neobert(encoder: NeoBERTModel) -> nn.Module:
     """NeoBERT's padded reference forward in graph-friendly operations, over ``encoder``'s own layers.
 
     The same computation as ``attention_backend="padded"`` (masked SDPA over the padded batch),
@@ -409,7 +413,7 @@ def _padded_neobert(encoder: Any) -> Any:
     return PaddedNeoBERT().eval()
 
 
-def _export_onnx(graph: Any, model: Any, inputs: tuple[str, ...], file: Path, opset: int, output_name: str) -> None:
+def _export_onnx(graph: nn.Module, model: SentenceTransformer, inputs: tuple[str, ...], file: Path, opset: int, output_name: str) -> None:
     """Trace ``graph`` on a padded batch and write it with dynamic batch and sequence axes."""
     import torch
 

@@ -37,7 +37,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -119,6 +119,8 @@ class PrecisionChoice:
         reason: one phrase: the unit and the measured figures, or "asked for".
         machine: :meth:`Machine.summary` of where it runs.
         trials: what ``auto`` measured (empty when a precision was asked for).
+        layout: how the encoder's layers see a padded batch, when this toolkit changed it:
+            ``un-padded BertModel layers`` (:mod:`neobert_embed.inference.unpadded`), else None.
     """
 
     precision: str
@@ -126,16 +128,19 @@ class PrecisionChoice:
     reason: str
     machine: str
     trials: tuple[Trial, ...] = field(default=())
+    layout: str | None = None
 
     @property
     def description(self) -> str:
-        """``bf16 (avx512_bf16: 1.9× fp32, …)``: what the ``used:`` line and records show."""
-        return f"{self.precision} ({self.reason})"
+        """``bf16 (avx512_bf16: 1.9× fp32, …); un-padded BertModel layers``: what the ``used:`` line
+        and records show."""
+        return f"{self.precision} ({self.reason})" + (f"; {self.layout}" if self.layout else "")
 
     def to_json(self) -> dict[str, object]:
         """The record form stored in OUTPUT.json, index manifests and mteb metadata."""
         return {"precision": self.precision, "requested": self.requested, "reason": self.reason,
-                "machine": self.machine, "trials": [vars(trial) for trial in self.trials]}
+                "machine": self.machine, "trials": [vars(trial) for trial in self.trials],
+                "layout": self.layout or "as the model runs"}
 
 
 @dataclass
@@ -314,6 +319,7 @@ def load_inference_model(
     fingerprint: bool = False,
     backend: str = "torch",
     agree: Callable[[Callable[[], PrecisionChoice]], PrecisionChoice] | None = None,
+    unpadded: bool = True,
 ) -> InferenceModel:
     """Load ``source`` (anything :func:`~neobert_embed.sentence.load_sentence_model` takes) to compute
     at ``precision``; ``auto`` measures on ``sample_texts`` (else a built-in mixed-length sample).
@@ -325,7 +331,9 @@ def load_inference_model(
     ``auto``/``fp32`` there, or ``int8`` for the quantized file). ``agree`` makes several processes
     of one job take one choice: it runs the measurement on one of them and hands its result to all
     (``functools.partial(on_main, world)`` under torchrun), so every rank's vectors come from the
-    same arithmetic.
+    same arithmetic. ``unpadded`` runs BERT-family encoders on their real tokens only
+    (:mod:`neobert_embed.inference.unpadded`: the same vectors up to fp32 rounding, fewer FLOPs);
+    ``False`` keeps the library's padded forward (what the benchmarks compare against).
 
     Example:
         >>> loaded = load_inference_model("runs/my-embedder", "bf16")
@@ -344,11 +352,16 @@ def load_inference_model(
     model = load_sentence_model(str(source), max_seq_length, device=device, revision=revision)
     model.eval()
     digest = model_fingerprint(model) if fingerprint else None
+    from neobert_embed.inference.unpadded import unpad_encoders
+
+    encoders = unpad_encoders(model) if unpadded else []
+    layout = f"un-padded {', '.join(sorted(set(encoders)))} layers" if encoders else None
     if precision == "auto":
         measure = functools.partial(choose_precision, model, sample_texts or BUILTIN_SAMPLE, machine, batch_size)
         choice = agree(measure) if agree is not None else measure()
     else:
         choice = PrecisionChoice(precision, precision, "asked for", machine.summary())
+    choice = replace(choice, layout=layout)
     apply_precision(model, choice.precision, machine)
     logger.debug("compute precision: %s on %s", choice.description, machine.summary())
     return InferenceModel(model, choice, "torch", digest)

@@ -1,0 +1,109 @@
+"""Un-padded inference for BERT-family encoders (:mod:`neobert_embed.inference.unpadded`): the same
+hidden states as the library's padded forward, at every compute precision, through the commands'
+own loader; and the library's forward wherever the un-padded one does not apply."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
+
+from neobert_embed.inference.runtime import cosine_to, load_inference_model
+from neobert_embed.inference.unpadded import restore_padded, supports_unpadded, unpad_encoders
+
+SMALL = {"vocab_size": 120, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 64, "max_position_embeddings": 64}
+
+
+def _batch(lengths: list[int], pad_id: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids 5..100 padded with ``pad_id`` to the longest of ``lengths``, and their mask."""
+    generator = torch.Generator().manual_seed(0)
+    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids = torch.randint(5, 100, mask.shape, generator=generator).masked_fill(mask == 0, pad_id)
+    return ids, mask
+
+
+@pytest.mark.parametrize("encoder", [
+    BertModel(BertConfig(**SMALL)), RobertaModel(RobertaConfig(**SMALL, pad_token_id=1)),
+    XLMRobertaModel(XLMRobertaConfig(**SMALL, pad_token_id=1)),
+], ids=["bert", "roberta", "xlm-roberta"])
+def test_unpadded_layers_give_the_library_s_hidden_states_for_every_real_token(encoder):
+    torch.manual_seed(0)
+    encoder.eval()
+    ids, mask = _batch([3, 17, 9, 17, 1])
+    types = (torch.arange(ids.shape[1])[None, :] >= 2).long() * mask  # a second segment, as pairs have
+    with torch.inference_mode():
+        expected = encoder(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        assert unpad_encoders(encoder) == [type(encoder).__name__]
+        got = encoder(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+    real = mask.bool()
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got[real], expected[real], atol=2e-5, rtol=1e-4)
+    assert not got[~real].any()  # padding positions hold zeros; pooling masks them either way
+    restore_padded(encoder)
+    assert "forward" not in vars(encoder)
+
+
+def test_a_batch_without_padding_or_asking_for_every_layer_runs_the_library_forward():
+    torch.manual_seed(0)
+    encoder = BertModel(BertConfig(**SMALL)).eval()
+    unpad_encoders(encoder)
+    ids, mask = _batch([6, 6])
+    with torch.inference_mode():
+        plain = encoder(input_ids=ids, attention_mask=mask)
+        padded_ids, padded_mask = _batch([6, 2])
+        layers = encoder(input_ids=padded_ids, attention_mask=padded_mask, output_hidden_states=True)
+    assert plain.pooler_output is not None  # the library's own output: the un-padded one has no pooler
+    assert layers.hidden_states is not None and len(layers.hidden_states) == SMALL["num_hidden_layers"] + 1
+
+
+def test_only_encoders_with_bert_layers_are_changed():
+    from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
+
+    neobert = NeoBERTModel(NeoBERTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=64, vocab_size=64))
+    assert unpad_encoders(neobert) == []  # un-padded already, by its own design
+    assert not supports_unpadded(BertModel(BertConfig(**SMALL, output_hidden_states=True)))
+    assert not supports_unpadded(BertModel(BertConfig(**SMALL, is_decoder=True)))
+
+
+def test_a_deep_copy_runs_its_own_layers():
+    """``auto``'s int8 trial quantizes a deep copy: the copy's forward must use the copy's layers."""
+    encoder = BertModel(BertConfig(**SMALL)).eval()
+    unpad_encoders(encoder)
+    clone = copy.deepcopy(encoder)
+    assert clone.forward.__self__ is clone
+    ids, mask = _batch([4, 9])
+    with torch.no_grad():
+        clone.encoder.layer[0].output.dense.weight.zero_()
+        assert not torch.allclose(encoder(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                  clone(input_ids=ids, attention_mask=mask).last_hidden_state)
+
+
+@pytest.fixture(scope="module")
+def mixed_texts(shared_data) -> list[str]:
+    """64 STS-B sentences and 64 AG News articles: batches with real padding."""
+    rows = [json.loads(line) for line in (shared_data / "stsb" / "dev.jsonl").open(encoding="utf-8")]
+    news = [json.loads(line)["text"] for line in (shared_data / "ag_news" / "test.jsonl").open(encoding="utf-8")]
+    return [row["sentence1"] for row in rows[:64]] + news[:64]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_the_commands_loader_runs_minilm_unpadded_with_the_padded_vectors(minilm_path, mixed_texts, precision):
+    padded = load_inference_model(str(minilm_path), precision, unpadded=False)
+    loaded = load_inference_model(str(minilm_path), precision)
+    assert padded.choice.layout is None and padded.choice.description == f"{precision} (asked for)"
+    assert loaded.choice.description == f"{precision} (asked for); un-padded BertModel layers"
+    assert loaded.choice.to_json()["layout"] == "un-padded BertModel layers"
+    # bf16 products are rounded after blocks whose size follows the row count, so a bf16 vector moves
+    # within bf16's own rounding (CPUs without bf16 units emulate it slowly: 32 of the texts there)
+    texts, bar = (mixed_texts[::4], 0.9999) if precision == "bf16" else (mixed_texts, 0.999999)
+    cosine = cosine_to(padded.model.encode(texts, batch_size=32), loaded.model.encode(texts, batch_size=32))
+    assert cosine.min() > bar, cosine.min()
+    encoder = next(module for module in loaded.model.modules() if type(module).__name__ == "BertModel")
+    assert "forward" in vars(encoder)  # the un-padded forward really ran, not the library's
+    assert np.isfinite(cosine).all()
