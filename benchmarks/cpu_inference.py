@@ -19,7 +19,8 @@ News articles; ``../shared/data``) at 1 thread and at all threads:
     pooling and Normalize modules (:mod:`neobert_embed.inference.backends`), which is what those
     loaders do;
   - infinity-emb and fastembed where they load offline (they fetch models from a hub: reported as skipped).
-* for each: texts/s (best of ``--repeats`` passes after a warm-up), cosine mean / min of every text's
+* for each: texts/s (best of ``--repeats`` passes after a warm-up, the backends' passes interleaved
+  so that the machine's drift hits them alike), cosine mean / min of every text's
   vector to this toolkit's fp32, and STS-B dev Spearman (cosine, 1,500 pairs; the test split is not
   in ``../shared/data``);
 * NeoBERT 4 × 768 (random weights) un-padded in bf16 on a mixed batch (32 sequences, 16-512 tokens):
@@ -88,15 +89,24 @@ def spearman(encode: Encode, pairs: tuple[list[str], list[str], np.ndarray]) -> 
     return round(float(spearmanr(cosine, gold).statistic), 5)
 
 
-def throughput(encode: Encode, texts: list[str], repeats: int) -> tuple[np.ndarray, float]:
-    """Vectors and the best texts/s over ``repeats`` passes after a warm-up batch."""
-    encode(texts[:32])
-    best, vectors = 0.0, None
+def interleaved_throughput(encoders: dict[str, Encode], texts: list[str], repeats: int
+                           ) -> dict[str, tuple[np.ndarray, float]]:
+    """Each encoder's vectors and best texts/s over ``repeats`` passes, after a warm-up batch each.
+
+    Why interleaved: this machine's speed drifts by 10-20% over minutes (shared hosts), so timing
+    the backends one after another lets the drift decide their order. Pass ``r`` of every encoder
+    runs before pass ``r + 1`` of any, so each is timed across the same stretch of time.
+    """
+    for encode in encoders.values():
+        encode(texts[:32])
+    best = dict.fromkeys(encoders, 0.0)
+    vectors: dict[str, np.ndarray] = {}
     for _ in range(repeats):
-        start = time.perf_counter()
-        vectors = encode(texts)
-        best = max(best, len(texts) / (time.perf_counter() - start))
-    return np.asarray(vectors, dtype=np.float32), round(best, 1)
+        for name, encode in encoders.items():
+            start = time.perf_counter()
+            vectors[name] = np.asarray(encode(texts), dtype=np.float32)
+            best[name] = max(best[name], len(texts) / (time.perf_counter() - start))
+    return {name: (vectors[name], round(best[name], 1)) for name in encoders}
 
 
 def st_encoder(model, batch_size: int = 32) -> Encode:
@@ -213,19 +223,20 @@ def run(args: argparse.Namespace) -> dict:
             report["peaks_tflops"][threads] = {
                 name: round(measured_matmul_tflops(dtype, size=1024), 4)
                 for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("int8", torch.int8))}
-            rows, reference = {}, None
-            for name, load in candidates(model_dir, exported, texts, threads, skip=emulated).items():
-                encode = load()
-                vectors, speed = throughput(encode, texts, args.repeats)
-                if reference is None:
-                    reference = vectors  # "toolkit fp32" comes first
+            encoders = {name: load() for name, load in
+                        candidates(model_dir, exported, texts, threads, skip=emulated).items()}
+            measured = interleaved_throughput(encoders, texts, args.repeats)
+            reference = measured["toolkit fp32"][0]
+            rows = {}
+            for name, (vectors, speed) in measured.items():
                 cosine = cosine_to(reference, vectors)
                 row = {"texts_per_s": speed, "cosine_mean": round(float(cosine.mean()), 6),
                        "cosine_min": round(float(cosine.min()), 6)}
                 if pairs is not None and threads == 1:
-                    row["stsb_dev_spearman"] = spearman(encode, pairs)
+                    row["stsb_dev_spearman"] = spearman(encoders[name], pairs)
                 rows[name] = row
                 print(f"[{threads} thread(s)] {name}: {row}", file=sys.stderr, flush=True)
+            del encoders
             report["runs"][threads] = rows
         report["peers_not_measured"] = unavailable_peers()
     report["toolkit_precisions_not_measured"] = emulated
@@ -257,7 +268,8 @@ def run(args: argparse.Namespace) -> dict:
                   "cosine of every vector to the toolkit's fp32 ones; loading is not timed"),
         selection=("auto_over_best_equal_accuracy_peer: the fastest sentence-transformers backend whose mean cosine "
                    "to fp32 is >= 0.9999 on this same run; nothing else selected"),
-        timing=(f"best texts/s of {args.repeats} pass(es) over all texts after a 32-text warm-up; NeoBERT row: best "
+        timing=(f"best texts/s of {args.repeats} pass(es) over all texts after a 32-text warm-up, the backends' "
+                "passes interleaved (pass r of every backend before pass r+1 of any); NeoBERT row: best "
                 f"of {args.repeats} forward(s) after 1 warm-up"),
         threads=sorted(report["runs"]), model="all-MiniLM-L6-v2")
     return report
