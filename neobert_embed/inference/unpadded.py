@@ -2,8 +2,8 @@
 
 Why: a batch of texts is padded to its longest text, and a BERT layer spends ~80% of its CPU time
 in Linear layers that multiply every padded position as if it were a token. Length-sorted batching
-(what ``SentenceTransformer.encode`` does) still pads 11% of the tokens on 1,024 mixed STS-B/AG
-News texts and 48% on 256 of them. NeoBERT in this toolkit never pads (:mod:`neobert_embed.modeling`);
+(what ``SentenceTransformer.encode`` does) still adds 11% padded positions to the real tokens of
+1,024 mixed STS-B/AG News texts, and 48% to those of 256 of them. NeoBERT in this toolkit never pads (:mod:`neobert_embed.modeling`);
 this module gives Hugging Face's own BERT, RoBERTa and XLM-RoBERTa models the same treatment at
 inference, without a new model class: the embeddings run as the library computes them, then the
 hidden states of the real tokens are gathered into one ``(tokens, hidden)`` matrix; each layer runs
