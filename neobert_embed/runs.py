@@ -4,9 +4,10 @@ Why one module: training, index builds and corpus preparation are long jobs that
 had its own copy of these mechanisms, each behaving a little differently. Here they are once:
 claiming the output directory (:func:`claimed_directory`: checked before any work, then held by
 one writer for the whole job); updating a finished one in place (:func:`updated_directory`: the
-same lock, and a staged copy that replaces it whole or not at all); the run record (settings written atomically when a run starts); the resume check (a resume with other
-settings is refused before any work, in one error listing every changed key as ``key (old →
-new)``, except the operational keys each area declares); ``metrics.jsonl`` (trimmed on resume to
+same lock, and a staged copy that replaces it whole or not at all); the run record (settings
+written atomically when a run starts); the resume check (a resume with other settings is refused
+before any work, in one error listing every changed key as ``key (old → new)``, except the
+operational keys each area declares); ``metrics.jsonl`` (trimmed on resume to
 the restored step, so it reads as one uninterrupted run); promotion of the finished output; and
 :class:`Interrupted`, raised by library code after Ctrl-C once its state is saved, which only the
 CLI turns into the resume command and exit status 130.
