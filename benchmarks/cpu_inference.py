@@ -23,8 +23,10 @@ News articles; ``../shared/data``) at 1 thread and at all threads:
   so that the machine's drift hits them alike), cosine mean / min of every text's
   vector to this toolkit's fp32, and STS-B dev Spearman (cosine, 1,500 pairs; the test split is not
   in ``../shared/data``);
-* NeoBERT 4 × 768 (random weights) un-padded in bf16 on a mixed batch (32 sequences, 16-512 tokens):
-  useful TFLOP/s (:mod:`neobert_embed.modeling.flops`) as a fraction of the measured bf16 peak.
+* NeoBERT 4 × 768 (random weights) un-padded on a mixed batch (32 sequences, 16-512 tokens), in bf16
+  where the CPU has bf16 units, else fp32: useful TFLOP/s (:mod:`neobert_embed.modeling.flops`) as a
+  fraction of the measured peak of that precision. ``toolkit bf16`` is skipped on a CPU without bf16
+  units (emulated, minutes, never chosen by ``auto``).
 
 Prints one JSON document on stdout and a table on stderr; ``--chart PATH`` also draws texts/s per
 backend. Compare ratios within one run: the machine may be shared.
