@@ -66,6 +66,21 @@ def positive_float(high: float) -> Callable[[str], float]:
     return finite_float(0.0, high, low_open=True)
 
 
+def check_precision_option(value: str | None) -> str | None:
+    """``--precision``: an unknown compute precision is refused while the command line is read.
+
+    Example:
+        >>> check_precision_option("float16")
+        Traceback (most recent call last):
+        UserInputError: --precision 'float16' is not one of auto, fp32, bf16, fp16, int8: ...
+    """
+    if value is None:
+        return None
+    from neobert_embed.inference.runtime import check_compute_precision
+
+    return check_compute_precision(value)
+
+
 def check_device_option(value: str | None) -> str | None:
     """``--device``: refused at once, as a device error, when this machine has no such device.
 
@@ -93,7 +108,7 @@ OldMaxLength = Annotated[int | None, typer.Option("--max-seq-length", min=1, hid
 StorePrecision = Annotated[str | None, typer.Option("--store-precision", help="How vectors are stored: float32 "
                                                     "(default), float16, int8 or binary (packed bits).")]
 ComputePrecision = Annotated[str, typer.Option(
-    "--precision", help="Compute precision of the model's forward: auto (the fastest of fp32/bf16/int8 whose vectors "
+    "--precision", callback=check_precision_option, help="Compute precision of the model's forward: auto (the fastest of fp32/bf16/int8 whose vectors "
     "stay within cosine 0.9999 of fp32 on this machine, measured on a few of the inputs), fp32, bf16, fp16 or int8. "
     "Not the stored vector format (--store-precision).")]
 Backend = Annotated[str, typer.Option("--backend", help="torch (default), or onnx / openvino to run the files "

@@ -17,6 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from neobert_embed.cli import app
+from neobert_embed.errors import UserInputError
 from neobert_embed.inference.kernels import Int8Linear, quantize_linears_int8
 from neobert_embed.inference.machine import FEATURES_VARIABLE, Machine, describe_machine
 from neobert_embed.inference.runtime import AUTO_TOLERANCE, choose_precision, cosine_to, load_inference_model
@@ -153,6 +154,26 @@ def test_encode_defaults_to_auto_and_records_the_choice(minilm_path, tmp_path, m
     assert compute["requested"] == "auto" and compute["precision"] in ("fp32", "bf16", "int8")
     assert f"used: precision {compute['precision']} ({compute['reason']})" in " ".join(result.output.split())
     assert record["precision"] == "float32"  # the stored format is a separate choice
+
+
+@pytest.mark.parametrize("command", [
+    ("encode", "--model", "m", "--input", "in.txt", "--output", "out.npy"),
+    ("index", "build", "--model", "m", "--corpus", "c.jsonl", "--output", "idx"),
+    ("index", "add", "idx", "--corpus", "c.jsonl"),
+    ("index", "search", "idx", "a query"),
+    ("index", "eval", "idx", "--task-dir", "task"),
+    ("mine-negatives", "--model", "m", "--data", "pairs.jsonl", "--output", "out.jsonl"),
+    ("mteb", "--model", "m", "--output", "results"),
+    ("compare", "--models", "a,b", "--output", "cmp"),
+    ("serve", "--model", "m"),
+], ids=lambda command: " ".join(command[:2]) if command[0] == "index" else command[0])
+def test_every_command_refuses_an_unknown_precision_while_reading_its_command_line(command, tmp_path, monkeypatch):
+    """One check for the one option: no command gets as far as its inputs (which do not exist here)."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [*command, "--precision", "int4"])
+    assert isinstance(result.exception, UserInputError), result.output
+    assert str(result.exception).startswith("--precision 'int4' is not one of auto, fp32, bf16, fp16, int8")
+    assert not any(tmp_path.iterdir())
 
 
 def test_precision_refuses_a_stored_format_before_loading_a_model(tmp_path):

@@ -65,13 +65,14 @@ def _print_benchmarks() -> None:
 
 
 def _check_precision(precision: str | None, device: str | None) -> None:
-    """Refuse an unknown compute precision, or one the device cannot run, before any model is loaded."""
+    """Refuse a compute precision the device cannot run (int8 off the CPU) before any model is loaded;
+    an unknown name was refused while the command line was read (``--precision``'s callback)."""
     if precision is None:
         return
     from neobert_embed.inference.machine import describe_machine
-    from neobert_embed.inference.runtime import check_compute_precision, check_precision_fits
+    from neobert_embed.inference.runtime import check_precision_fits
 
-    check_precision_fits(check_compute_precision(precision), describe_machine(device))
+    check_precision_fits(precision, describe_machine(device))
 
 
 def _used_line(report) -> str:

@@ -32,9 +32,11 @@ Split = Annotated[str, typer.Option("--split", help="Split to read when the corp
 Devices = Annotated[str | None, typer.Option(
     "--devices", help="Encode with one worker per device, e.g. cuda:0,cuda:1 (or cpu,cpu); under torchrun "
     "every rank already takes its share.")]
+BuiltIndex = Annotated[Path, typer.Argument(help="Index directory made by `index build`.")]
 IndexPrecision = Annotated[str | None, typer.Option(
-    "--precision", help="Compute precision of the model's forward (auto, fp32, bf16, fp16, int8); default: the one "
-    "the index's documents were encoded at (its manifest's compute_precision).")]
+    "--precision", callback=opt.check_precision_option, help="Compute precision of the model's forward (auto, "
+    "fp32, bf16, fp16, int8); default: the one the index's documents were encoded at (its manifest's "
+    "compute_precision).")]
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
 
@@ -120,7 +122,7 @@ def build(
 
 @index_app.command("add")
 def add(
-    index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
+    index_dir: BuiltIndex,
     corpus: Corpus,
     text_field: TextField = "text",
     id_field: IdField = "_id",
@@ -142,7 +144,6 @@ def add(
     from neobert_embed.index.add import add_documents
     from neobert_embed.index.documents import CorpusFields
 
-    _check_precision(precision)
     if on_duplicate not in ("error", "replace"):
         raise UserInputError(f"--on-duplicate must be 'error' or 'replace', got {on_duplicate!r}")
     fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
@@ -153,17 +154,9 @@ def add(
     logger.info("%s now holds %d documents (%d replaced so far)", index_dir, manifest.documents, manifest.replaced)
 
 
-def _check_precision(precision: str | None) -> None:
-    """Refuse an unknown ``--precision`` before the index's model is loaded (None: the index's own)."""
-    if precision is not None:
-        from neobert_embed.inference.runtime import check_compute_precision
-
-        check_compute_precision(precision)
-
-
 @index_app.command("search")
 def search(
-    index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
+    index_dir: BuiltIndex,
     query: Annotated[str | None, typer.Argument(help="Query text.")] = None,
     k: Annotated[int, typer.Option("--k", min=1, max=100_000, help="Results per query.")] = 10,
     queries: Annotated[Path | None, typer.Option(
@@ -180,7 +173,6 @@ def search(
     from neobert_embed.errors import UserInputError
     from neobert_embed.index.search import open_index
 
-    _check_precision(precision)
     if (query is None) == (queries is None):
         raise UserInputError("give either a QUERY argument or --queries FILE (not both)")
     if query is not None and not query.strip():
@@ -219,7 +211,7 @@ def _print_tables(texts: list[str], results: list) -> None:
 
 @index_app.command("eval")
 def evaluate(
-    index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
+    index_dir: BuiltIndex,
     task_dir: Annotated[Path, typer.Option("--task-dir", help="BEIR task: queries.jsonl, qrels/<split>.tsv.")],
     k: Annotated[int, typer.Option("--k", min=1, max=100_000, help="Cut-off reported as the main metrics.")] = 10,
     split: Annotated[str, typer.Option("--split", help="Which qrels/<split>.tsv to use.")] = "test",
@@ -236,7 +228,6 @@ def evaluate(
     from neobert_embed.index.evaluate import evaluate_index
     from neobert_embed.index.manifest import read_manifest
 
-    _check_precision(precision)
     manifest = read_manifest(index_dir)
     with json_only_stdout(as_json), without_progress_bars():  # no log folder: loading bars would break the lines
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
@@ -257,7 +248,7 @@ def evaluate(
 
 @index_app.command("verify")
 def verify(
-    index_dir: Annotated[Path, typer.Argument(help="Index directory made by `index build`.")],
+    index_dir: BuiltIndex,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Check an index's files against the checksums in its manifest (exit 1 when any differs)."""
