@@ -50,9 +50,7 @@ def encode(
     from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.encoding import STORAGE_PRECISIONS, encode_file, report_json
     from neobert_embed.errors import UserInputError
-    from neobert_embed.inference.runtime import check_compute_precision
 
-    check_compute_precision(precision)
     store_precision = store_precision or "float32"
     if store_precision not in STORAGE_PRECISIONS:
         raise UserInputError(f"--store-precision {store_precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from neobert_embed.devices import default_device
 from neobert_embed.errors import UserInputError
@@ -164,7 +164,7 @@ def on_main(world: World, work: Callable[[], T]) -> T:
     """
     if not world.distributed:
         return work()
-    outcome: tuple[str, Any] = ("ok", None)
+    outcome: tuple[str, object] = ("ok", None)
     if world.is_main:
         try:
             outcome = ("ok", work())
@@ -177,7 +177,7 @@ def on_main(world: World, work: Callable[[], T]) -> T:
         raise UserInputError(payload)
     if kind == "error":
         raise RuntimeError(f"rank 0 failed: {payload}")
-    return payload
+    return cast("T", payload)  # the work's own result, through the broadcast
 
 
 def encode_across_ranks(world: World, n_texts: int, encode: Callable[[int, int], np.ndarray], scratch: Path,

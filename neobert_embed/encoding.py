@@ -68,7 +68,7 @@ def count_truncated(model: SentenceTransformer, texts: Sequence[str]) -> int:
     return sum(len(ids) > limit for ids in lengths)
 
 
-def quantize(embeddings: np.ndarray, precision: str, calibration: Any = None) -> np.ndarray:
+def quantize(embeddings: np.ndarray, precision: str, calibration: Calibration | None = None) -> np.ndarray:
     """Store float32 embeddings at ``precision`` (float16, int8 scalar-quantized, or packed binary).
 
     int8 and binary use :mod:`neobert_embed.quantization` (sentence-transformers' arithmetic) with
@@ -289,7 +289,8 @@ def encode_file(
         ...             calibration="docs.npy.json").texts_per_second
         412.7
     """
-    from neobert_embed.inference.runtime import check_compute_precision, load_inference_model
+    from neobert_embed.inference.machine import check_compute_precision
+    from neobert_embed.inference.runtime import load_inference_model
     from neobert_embed.model_files import check_length_flag, check_model_files
     from neobert_embed.outputs import check_output_file, sidecar_path
     from neobert_embed.quantization import load_calibration

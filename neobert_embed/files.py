@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from neobert_embed.errors import UserInputError, located
 
@@ -220,7 +220,13 @@ def directory_digest(directory: str | Path, skip: tuple[str, ...] = ()) -> str:
     return digest.hexdigest()[:12]
 
 
-def _feed(digest: Any, path: str | Path) -> None:
+class Digest(Protocol):
+    """What :func:`sha256_file` and :func:`directory_digest` feed file blocks to (any ``hashlib`` hash)."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+
+def _feed(digest: Digest, path: str | Path) -> None:
     with open(path, "rb") as handle:
         while block := handle.read(1 << 20):
             digest.update(block)

@@ -28,8 +28,7 @@ from neobert_embed.contrastive.data import load_examples
 from neobert_embed.contrastive.recipe import DataSource
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_text
-from neobert_embed.inference.machine import describe_machine
-from neobert_embed.inference.runtime import check_compute_precision, check_precision_fits
+from neobert_embed.inference.machine import check_compute_precision, check_precision_fits, describe_machine
 
 if TYPE_CHECKING:
     from datasets import Dataset

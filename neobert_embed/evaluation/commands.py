@@ -69,8 +69,7 @@ def _check_precision(precision: str | None, device: str | None) -> None:
     an unknown name was refused while the command line was read (``--precision``'s callback)."""
     if precision is None:
         return
-    from neobert_embed.inference.machine import describe_machine
-    from neobert_embed.inference.runtime import check_precision_fits
+    from neobert_embed.inference.machine import check_precision_fits, describe_machine
 
     check_precision_fits(precision, describe_machine(device))
 

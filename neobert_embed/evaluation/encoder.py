@@ -35,7 +35,11 @@ from neobert_embed.inference.runtime import PrecisionChoice
 from neobert_embed.runs import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
+    from mteb import TaskMetadata
+    from mteb.types import Array, BatchedInput, EncodeKwargs
     from sentence_transformers import SentenceTransformer
+    from torch.utils.data import DataLoader
+    from typing_extensions import Unpack
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,8 @@ class UniformEncoder(SentenceTransformerEncoderWrapper):
                                     if choice.requested != "auto" else choice)
         return encoder
 
-    def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str,
-               prompt_type: PromptType | None = None, **kwargs: Any) -> Any:
+    def encode(self, inputs: DataLoader[BatchedInput], *, task_metadata: TaskMetadata, hf_split: str,
+               hf_subset: str, prompt_type: PromptType | None = None, **kwargs: Unpack[EncodeKwargs]) -> Array:
         """Embed every text of ``inputs`` with the recipe's instruction for this task and side."""
         texts = [text for batch in inputs for text in batch["text"]]
         prompt = self.recipe.instruction(task_metadata, prompt_type)

@@ -34,7 +34,7 @@ from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, mode
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.report import EvaluationReport, TaskOutcome
 from neobert_embed.files import atomic_write_json, read_json
-from neobert_embed.inference.runtime import check_compute_precision
+from neobert_embed.inference.machine import check_compute_precision
 from neobert_embed.model_files import check_model_files
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import MTEB_PROTOCOL

@@ -64,7 +64,7 @@ from neobert_embed.index.rerank import (
 )
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
-from neobert_embed.inference.runtime import check_compute_precision
+from neobert_embed.inference.machine import check_compute_precision
 from neobert_embed.locks import LockHolder
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory

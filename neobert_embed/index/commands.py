@@ -94,9 +94,7 @@ def build(
     from neobert_embed.distributed import launch_on_devices, parse_devices
     from neobert_embed.index.build import build_index
     from neobert_embed.index.documents import CorpusFields
-    from neobert_embed.inference.runtime import check_compute_precision
 
-    check_compute_precision(precision)
     max_seq_length = opt.renamed("--max-length", max_length, "--max-seq-length", max_seq_length)
     fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
     options = dict(resume=resume, overwrite=overwrite, **dataclasses.asdict(fields), index_type=index_type,

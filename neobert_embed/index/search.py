@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
-from neobert_embed.index.factory import IndexSpec, exclusion_selector, search_vectors
+from neobert_embed.index.factory import IndexSpec, SearchableIndex, exclusion_selector, search_vectors
 from neobert_embed.index.integrity import open_faiss, open_store
 from neobert_embed.index.manifest import IndexManifest, read_manifest
 from neobert_embed.index.rerank import with_rerank
@@ -85,7 +84,7 @@ class SearchIndex:
         self.manifest = read_manifest(self.directory)
         self.spec = spec_of(self.manifest)
         index = open_faiss(self.directory, self.manifest)  # before the model: fail fast
-        self.faiss_index: Any = with_rerank(index, self.directory, self.manifest.rerank_k_factor)
+        self.faiss_index: SearchableIndex = with_rerank(index, self.directory, self.manifest.rerank_k_factor)
         self.store = open_store(self.directory, self.manifest)
         self.excluded = exclusion_selector(self.store.deleted_rows())  # once: its hash set is not free
         try:

@@ -42,7 +42,7 @@ from neobert_embed.files import read_json
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
-    from transformers import PreTrainedTokenizerBase
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class OnnxRunner:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         kind, _, index = (device or "cpu").partition(":")
         if kind == "cpu":
-            providers: list[Any] = ["CPUExecutionProvider"]
+            providers: list[str | tuple[str, dict[str, int]]] = ["CPUExecutionProvider"]
         elif kind == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers = [("CUDAExecutionProvider", {"device_id": int(index or 0)}), "CPUExecutionProvider"]
         else:
@@ -211,7 +211,7 @@ class BackendTransformer(nn.Module):
         """:meth:`preprocess` without a prompt (the older sentence-transformers entry point)."""
         return self.preprocess(texts)
 
-    def _tokenize(self, texts: list[str], pairs: list[str] | None) -> Any:
+    def _tokenize(self, texts: list[str], pairs: list[str] | None) -> BatchEncoding:
         if self.do_lower_case:
             texts = [text.lower() for text in texts]
             pairs = None if pairs is None else [text.lower() for text in pairs]

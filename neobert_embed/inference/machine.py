@@ -25,7 +25,11 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from neobert_embed.errors import UserInputError
+
 FEATURES_VARIABLE = "NEOBERT_EMBED_CPU_FEATURES"
+#: What ``--precision`` accepts (:mod:`neobert_embed.inference.runtime` applies them).
+COMPUTE_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # best first: the unit named in the `used:` line
 INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 
@@ -138,3 +142,32 @@ def _describe(device: str, _forced: str | None) -> Machine:
         flags, notes = forced, (f"flags set by {FEATURES_VARIABLE}",)
     wanted = tuple(flag for flag in (*BF16_FLAGS, *INT8_FLAGS) if flag in flags)
     return Machine("cpu", name, wanted, torch.backends.cpu.get_cpu_capability(), threads, notes=notes)
+
+
+def check_compute_precision(precision: str, flag: str = "--precision") -> str:
+    """``precision`` if it is one of :data:`COMPUTE_PRECISIONS`, else a one-line error naming ``flag``.
+
+    Example:
+        >>> check_compute_precision("int4")
+        Traceback (most recent call last):
+        UserInputError: --precision 'int4' is not one of auto, fp32, bf16, fp16, int8
+    """
+    if precision not in COMPUTE_PRECISIONS:
+        stored = " (the stored vector format is --store-precision)" if precision in ("float32", "float16",
+                                                                                    "binary") else ""
+        raise UserInputError(f"{flag} {precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}: it is the "
+                             f"precision the model computes in{stored}")
+    return precision
+
+
+def check_precision_fits(precision: str, machine: Machine, flag: str = "--precision") -> None:
+    """Refuse a precision the device cannot run, before any model is loaded.
+
+    Example:
+        >>> check_precision_fits("int8", describe_machine("cuda"))
+        Traceback (most recent call last):
+        UserInputError: --precision int8 runs on the CPU only (its kernels are CPU int8 kernels); …
+    """
+    if precision == "int8" and not machine.is_cpu:
+        raise UserInputError(f"{flag} int8 runs on the CPU only (its kernels are CPU int8 kernels); "
+                             f"drop --device {machine.device} or pick bf16/fp16")

@@ -44,14 +44,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.inference.machine import Machine, describe_machine
+from neobert_embed.inference.machine import (
+    Machine,
+    check_compute_precision,
+    check_precision_fits,
+    describe_machine,
+)
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 
-COMPUTE_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 BACKENDS = ("torch", "onnx", "openvino")
 AUTO_SAMPLE = 32  # texts auto encodes per candidate (twice: the faster pass counts)
 #: A precision other than fp32 must be at least this much faster than fp32 on the sample to be taken:
@@ -178,35 +182,6 @@ def model_fingerprint(model: SentenceTransformer) -> str:
         digest.update(f"{name}|{tuple(value.shape)}|{value.dtype}".encode())
         digest.update(value.reshape(-1).view(torch.uint8).numpy())  # hashed in place, not copied first
     return digest.hexdigest()
-
-
-def check_compute_precision(precision: str, flag: str = "--precision") -> str:
-    """``precision`` if it is one of :data:`COMPUTE_PRECISIONS`, else a one-line error naming ``flag``.
-
-    Example:
-        >>> check_compute_precision("int4")
-        Traceback (most recent call last):
-        UserInputError: --precision 'int4' is not one of auto, fp32, bf16, fp16, int8
-    """
-    if precision not in COMPUTE_PRECISIONS:
-        stored = " (the stored vector format is --store-precision)" if precision in ("float32", "float16",
-                                                                                    "binary") else ""
-        raise UserInputError(f"{flag} {precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}: it is the "
-                             f"precision the model computes in{stored}")
-    return precision
-
-
-def check_precision_fits(precision: str, machine: Machine, flag: str = "--precision") -> None:
-    """Refuse a precision the device cannot run, before any model is loaded.
-
-    Example:
-        >>> check_precision_fits("int8", describe_machine("cuda"))
-        Traceback (most recent call last):
-        UserInputError: --precision int8 runs on the CPU only (its kernels are CPU int8 kernels); …
-    """
-    if precision == "int8" and not machine.is_cpu:
-        raise UserInputError(f"{flag} int8 runs on the CPU only (its kernels are CPU int8 kernels); "
-                             f"drop --device {machine.device} or pick bf16/fp16")
 
 
 def apply_precision(model: SentenceTransformer, precision: str, machine: Machine) -> None:

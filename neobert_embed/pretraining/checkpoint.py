@@ -23,7 +23,7 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -36,6 +36,8 @@ from neobert_embed.runs import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+T = TypeVar("T")
 
 PREFIX = "step-"
 MODEL_FILES = "model"
@@ -150,7 +152,7 @@ def _load_one(engine: TrainingEngine, directory: Path) -> dict[str, Any]:
     return state
 
 
-def _first_usable(candidates: list[Path], use: Callable[[Path], Any], failure: str) -> tuple[Any, Path]:
+def _first_usable(candidates: list[Path], use: Callable[[Path], T], failure: str) -> tuple[T, Path]:
     """``use`` the newest candidate that is not corrupt (warn about the others), else fail."""
     problem = "there is none"
     for directory in candidates:

@@ -25,7 +25,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,9 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.pretraining.recipe import PretrainRecipe
 from neobert_embed.pretraining.schedule import build_scheduler
 from neobert_embed.training_precision import resolve_training_precision
+
+if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LambdaLR
 
 EXTENSIONS_CACHE = Path.home() / ".cache" / "neobert-embed" / "torch_extensions"
 
@@ -160,7 +163,7 @@ def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> tuple[torch.optim.AdamW, Any]:
+def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> tuple[torch.optim.AdamW, LambdaLR]:
     """AdamW with the recipe's settings (norms, biases and embeddings get no weight decay) and
     its learning-rate schedule."""
     decay, no_decay = [], []

@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch.optim.lr_scheduler import LambdaLR
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,8 @@ class WarmupCosineFactor:
         return self.final_ratio + (1.0 - self.final_ratio) * cosine
 
 
-def build_scheduler(optimizer, warmup_steps: int, total_steps: int, decay_fraction: float = 0.9,
-                    final_ratio: float = 0.1):
+def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int,
+                    decay_fraction: float = 0.9, final_ratio: float = 0.1) -> LambdaLR:
     """A ``torch.optim.lr_scheduler.LambdaLR`` following :class:`WarmupCosineFactor`.
 
     Example:

@@ -49,6 +49,8 @@ from neobert_embed.serve.settings import ServeSettings
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from neobert_embed.index import Hit
+
 INLINE_COUNT_CHARS = 4096  # requests up to this many characters are counted on the event loop
 PADDED_MIN_FILL = 0.5  # a padded model's batch never pads an input to more than twice its length
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (401, 413, 422, 503)}
@@ -232,7 +234,7 @@ async def _embed(state: ServerState, path: str, texts: list[str], prompt: str | 
     return vectors, sum(tokens)
 
 
-async def _search(state: ServerState, entry: OpenIndex, texts: list[str], k: int) -> list[list[Any]]:
+async def _search(state: ServerState, entry: OpenIndex, texts: list[str], k: int) -> list[list[Hit]]:
     if not entry.shared:  # the index's own model: encoded on the model thread, in turn with batches
         _check_texts(state, texts)
         state.metrics.observe_inputs("/search", len(texts), 0)
