@@ -21,10 +21,10 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -38,12 +38,13 @@ if TYPE_CHECKING:
     from neobert_embed.quantization import Calibration
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T", bound=Sized)  # an input encode_longest_first orders by len()
 SLICE_BATCHES = 16  # batches per slice of a long-first encoding: the progress bar moves once per slice
 
 STORAGE_PRECISIONS = ("float32", "float16", "int8", "binary")
 
 
-def check_texts(texts: Sequence[Any]) -> list[str]:
+def check_texts(texts: Sequence[object]) -> list[str]:
     """Return ``texts`` as a list of strings, or raise ``TypeError`` naming the first bad index.
 
     Example:
@@ -92,7 +93,7 @@ def quantize(embeddings: np.ndarray, precision: str, calibration: Calibration | 
 
 def encode_texts(
     model: SentenceTransformer,
-    texts: Sequence[Any],
+    texts: Sequence[object],
     *,
     batch_size: int = 32,
     prompt_name: str | None = None,
@@ -128,7 +129,7 @@ def encode_texts(
             lambda done: bar.advance(task, done))
 
 
-def encode_longest_first(encode: Callable[[list[Any]], np.ndarray], texts: Sequence[Any], dimension: int,
+def encode_longest_first(encode: Callable[[list[T]], np.ndarray], texts: Sequence[T], dimension: int,
                          step: int, advance: Callable[[int], None] | None = None) -> np.ndarray:
     """Encode ``texts`` longest-first in slices of ``step``, telling ``advance``; rows in input order (float32).
 

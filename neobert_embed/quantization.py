@@ -57,7 +57,7 @@ class Calibration:
                 "ranges": None if self.ranges is None else self.ranges.astype(float).tolist()}
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> Calibration:
+    def from_json(cls, data: object, where: str) -> Calibration:
         """Validate the JSON form; errors name ``where`` (the file) and the bad key."""
         if not isinstance(data, dict):
             raise UserInputError(f"{where}: expected a calibration object, got {type(data).__name__}")

@@ -108,7 +108,7 @@ def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:28]}…{text[-28:]}"
 

@@ -70,7 +70,7 @@ def resolve_columns(columns: Iterable[str], where: str) -> tuple[str, str, list[
     return query, positive, negatives, [c for c in columns if c not in used]
 
 
-def _text(value: Any, column: str, location: str) -> str:
+def _text(value: object, column: str, location: str) -> str:
     if not isinstance(value, str):
         got = "missing/null" if value is None else type(value).__name__
         raise UserInputError(f"{location}: column {column!r} must be text, got {got}")

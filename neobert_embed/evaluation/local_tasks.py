@@ -42,7 +42,9 @@ from neobert_embed.files import directory_digest
 from neobert_embed.recipes import TASK_FILE, load_spec
 
 if TYPE_CHECKING:
+    from datasets import Dataset
     from mteb import AbsTask
+    from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
 TASK_TYPES = ("STS", "PairClassification", "Classification", "Clustering", "Retrieval", "Reranking")
 DEFAULT_MAIN_SCORES = {"STS": "cosine_spearman", "PairClassification": "max_ap",
@@ -88,7 +90,7 @@ class LocalTask:
     """Mixin marking every task built here: its data come from a directory, never the hub."""
 
 
-def _read_split(task_type: str, directory: Path, split: str, columns: dict[str, str]) -> Any:
+def _read_split(task_type: str, directory: Path, split: str, columns: dict[str, str]) -> Dataset | RetrievalSplitData:
     """One split of ``task_type`` as the Dataset (or RetrievalSplitData) mteb evaluates."""
     from datasets import Dataset
 

@@ -31,6 +31,7 @@ from neobert_embed.files import iter_jsonl
 
 if TYPE_CHECKING:
     from mteb import AbsTask
+    from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
 
 TEXT = (str,)
 NUMBER = (int, float)
@@ -74,7 +75,7 @@ def read_binary_labels(path: Path) -> dict[str, list]:
     return columns
 
 
-def read_retrieval_split(directory: Path, split: str, *, reranking: bool) -> dict[str, Any]:
+def read_retrieval_split(directory: Path, split: str, *, reranking: bool) -> RetrievalSplitData:
     """A BEIR-layout split as mteb's ``RetrievalSplitData`` (with ``top_ranked`` for reranking)."""
     from datasets import Dataset
 

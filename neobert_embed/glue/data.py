@@ -49,7 +49,7 @@ class GlueData:
     test_splits: list[str] = field(default_factory=list)
 
 
-def _label(task: GlueTask, value: Any, path: Path, line: int, required: bool) -> float | int | None:
+def _label(task: GlueTask, value: object, path: Path, line: int, required: bool) -> float | int | None:
     if value is None or (value == -1 and not required):
         if required:
             raise located(path, line, f"field 'label' is missing; {task.title} rows need one")
