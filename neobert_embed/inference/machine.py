@@ -1,4 +1,5 @@
-"""What the machine's matrix units can do: bf16 and int8 on this CPU (or GPU), read once per process.
+"""What the machine's matrix units can do: bf16 and int8 on this CPU (or GPU), read once per process;
+and which compute precisions exist and which of them a device runs (checked before any model loads).
 
 Why: the fastest exact-enough precision depends on the machine. An Intel Xeon with AMX runs bf16
 matrix products ~7× faster than fp32 and int8 ~4×; an AMD EPYC with avx512_bf16 and VNNI but no

@@ -212,7 +212,7 @@ def _timed_encode(model: SentenceTransformer, texts: list[str], batch_size: int)
     """Vectors of ``texts`` and their texts/s: the faster of two passes over the same batches.
 
     Why two full passes: the first call of each batch shape pays one-time costs (CUDA loads each
-    kernel on first use; oneDNN compiles a kernel per shape on CPUs with AMX), and a warm-up of
+    kernel on first use; oneDNN may build kernels for each new shape), and a warm-up of
     a few short texts does not meet the shapes the timed batches have. Timed once after such a
     warm-up, bf16 on an H200 measured 0.02× fp32 and ``auto`` never took it.
     """
