@@ -133,6 +133,25 @@ def test_auto_times_each_precision_warm_so_one_time_costs_do_not_decide():
     assert speeds["bf16"] >= 1.5 * speeds["fp32"]
 
 
+@pytest.mark.parametrize(("bf16", "units"), [(True, "bf16, fp16"), (False, "fp16")])
+def test_a_gpu_s_record_names_the_half_precisions_it_runs(bf16, units):
+    """A GPU has no CPU flags; its record must not read "no bf16/int8 matrix units" (the H200's did)."""
+    gpu = Machine("cuda", "NVIDIA H200", (), "sm_90", 16, gpu_bf16=bf16)
+    assert gpu.summary() == f"cuda NVIDIA H200 (sm_90; {units}), 16 threads"
+    assert Machine("cpu", "AMD EPYC", (), "AVX2", 2).summary() == "cpu AMD EPYC (AVX2; no bf16/int8 matrix units), 2 threads"
+
+
+def test_no_device_means_the_device_models_go_to(monkeypatch):
+    """On a GPU machine, ``encode`` without ``--device`` runs its model on the GPU; ``auto`` must measure
+    and record that device, not the host CPU's units (an H200's host Xeon with AMX was described)."""
+    from neobert_embed import devices
+
+    monkeypatch.setattr(devices, "default_device", lambda: "cuda")
+    assert describe_machine().device == "cuda" and not describe_machine().is_cpu
+    monkeypatch.setattr(devices, "default_device", lambda: "cpu")
+    assert describe_machine().is_cpu
+
+
 def test_auto_falls_back_to_fp32_on_a_cpu_without_bf16_or_int8_units(minilm_path, monkeypatch):
     monkeypatch.setenv(FEATURES_VARIABLE, "none")
     machine = describe_machine()

@@ -185,6 +185,20 @@ def sentence_bert(tmp_path_factory):
     return directory
 
 
+@pytest.fixture(scope="module")
+def sentence_neobert(sentence_bert, tmp_path_factory):
+    """A NeoBERT (2 × 256, head size 64) with the same vocabulary, saved as an encoder directory."""
+    from transformers import AutoTokenizer
+
+    directory = tmp_path_factory.mktemp("models") / "neobert"
+    tokenizer = AutoTokenizer.from_pretrained(str(sentence_bert))
+    model = NeoBERTModel(NeoBERTConfig(hidden_size=HEADS * HEAD_DIM, num_hidden_layers=2, num_attention_heads=HEADS,
+                                       intermediate_size=512, vocab_size=len(tokenizer), max_length=256))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def sample_texts(count: int = 96) -> list[str]:
     rng = np.random.default_rng(0)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 200)))) for _ in range(count)]
@@ -228,3 +242,29 @@ def test_training_on_a_gpu_defaults_to_bf16_autocast():
 
     assert default_device() == "cuda"
     assert chosen_precision("auto", "cuda").label == f"bf16 autocast: {torch.cuda.get_device_name(0)}"
+
+
+@pytest.mark.parametrize("model_fixture", ["sentence_bert", "sentence_neobert"])
+def test_the_encode_command_on_a_gpu_runs_auto_and_records_it(model_fixture, request, tmp_path):
+    """The user's default command on a GPU machine: ``encode`` (the GPU by default, precision auto), end to end."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from neobert_embed.cli import app
+    from neobert_embed.inference.runtime import AUTO_TOLERANCE, cosine_to, load_inference_model
+
+    model_dir = request.getfixturevalue(model_fixture)
+    texts = sample_texts(48)
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["encode", "--model", str(model_dir), "--input", str(tmp_path / "in.txt"),
+                                      "--output", str(tmp_path / "v.npy")])
+    assert result.exit_code == 0, result.output
+    compute = json.loads((tmp_path / "v.npy.json").read_text(encoding="utf-8"))["compute"]
+    print(model_fixture, compute["precision"], "|", compute["reason"], "|", compute["machine"])
+    assert compute["requested"] == "auto" and compute["machine"].startswith("cuda")
+    assert "bf16, fp16" in compute["machine"]
+    assert [trial["precision"] for trial in compute["trials"]] == ["fp32", "bf16", "fp16"]
+    reference = load_inference_model(model_dir, "fp32", device="cpu").model.encode(texts, convert_to_numpy=True)
+    cosine = cosine_to(reference, np.load(tmp_path / "v.npy"))
+    assert AUTO_TOLERANCE.admits(float(cosine.mean()), float(cosine.min())), (cosine.mean(), cosine.min())

@@ -74,8 +74,12 @@ class Machine:
         return next((flag for flag in INT8_FLAGS if flag in self.flags), None) if self.is_cpu else None
 
     def summary(self) -> str:
-        """One line for logs and records, e.g. ``cpu AMD EPYC (AVX512; avx512_bf16, avx512_vnni), 2 threads``."""
-        units = ", ".join(self.flags) or "no bf16/int8 matrix units"
+        """One line for logs and records, e.g. ``cpu AMD EPYC (AVX512; avx512_bf16, avx512_vnni), 2 threads``
+        or ``cuda:0 NVIDIA H200 (sm_90; bf16, fp16), 16 threads``."""
+        if self.is_cpu:
+            units = ", ".join(self.flags) or "no bf16/int8 matrix units"
+        else:  # a GPU has no CPU flags: name the half precisions it runs
+            units = "bf16, fp16" if self.gpu_bf16 else "fp16"
         return f"{self.device} {self.name} ({self.torch_capability}; {units}), {self.threads} threads"
 
 
@@ -114,13 +118,21 @@ def forced_flags() -> set[str] | None:
 
 
 def describe_machine(device: str | None = None) -> Machine:
-    """The machine a model on ``device`` (default: the CPU) runs on; cached per process and device.
+    """The machine a model on ``device`` runs on; cached per process and device.
+
+    No ``device`` means where models go when none is given (:func:`~neobert_embed.devices.default_device`:
+    the GPU when torch sees one), so a command run without ``--device`` measures and records the device
+    its model really runs on.
 
     Example:
         >>> describe_machine().summary()
         'cpu AMD EPYC (AVX512; avx512_bf16, avx512_vnni), 2 threads'
     """
-    return _describe(device or "cpu", os.environ.get(FEATURES_VARIABLE))
+    if device is None:
+        from neobert_embed.devices import default_device
+
+        device = default_device()
+    return _describe(device, os.environ.get(FEATURES_VARIABLE))
 
 
 @functools.lru_cache(maxsize=8)
