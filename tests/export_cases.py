@@ -130,6 +130,18 @@ def test_neobert_onnx_matches_the_unpadded_torch_model(neobert_dir, neobert_onnx
         assert _cosines(vectors, reference).mean() >= 0.9999, kwargs
 
 
+def test_an_exported_graph_runs_and_is_recorded_on_the_cpu_where_models_default_to_a_gpu(neobert_onnx,
+                                                                                         monkeypatch):
+    """ONNX Runtime runs an export on its CPU device unless told otherwise, so on a GPU machine the
+    record (and the int8 check) must name the CPU, not the GPU the torch backend would use."""
+    from neobert_embed import devices
+    from neobert_embed.inference.runtime import load_inference_model
+
+    monkeypatch.setattr(devices, "default_device", lambda: "cuda")
+    loaded = load_inference_model(neobert_onnx, "auto", backend="onnx")
+    assert loaded.choice.machine.startswith("cpu "), loaded.choice.machine
+
+
 def test_neobert_openvino_replaces_an_earlier_export_only_with_overwrite(neobert_dir, neobert_onnx, tmp_path,
                                                                         real_texts):
     import shutil

@@ -325,7 +325,9 @@ def load_inference_model(
     check_compute_precision(precision)
     if backend not in BACKENDS:
         raise UserInputError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    machine = describe_machine(device)
+    # torch puts the model on the default device (a GPU when there is one); an exported graph runs on
+    # its runtime's CPU device unless a device is given
+    machine = describe_machine(device or (None if backend == "torch" else "cpu"))
     check_precision_fits(precision, machine)
     if backend != "torch":
         return _load_exported(source, precision, backend, machine)
