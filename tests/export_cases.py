@@ -140,6 +140,11 @@ def test_an_exported_graph_runs_and_is_recorded_on_the_cpu_where_models_default_
     monkeypatch.setattr(devices, "default_device", lambda: "cuda")
     loaded = load_inference_model(neobert_onnx, "auto", backend="onnx")
     assert loaded.choice.machine.startswith("cpu "), loaded.choice.machine
+    # a device given is the one the runtime is asked for, never described while the CPU runs it
+    from neobert_embed.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="this onnxruntime runs on"):
+        load_inference_model(neobert_onnx, "auto", backend="onnx", device="cuda")
 
 
 def test_neobert_openvino_replaces_an_earlier_export_only_with_overwrite(neobert_dir, neobert_onnx, tmp_path,

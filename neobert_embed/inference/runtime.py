@@ -330,7 +330,7 @@ def load_inference_model(
     machine = describe_machine(device or (None if backend == "torch" else "cpu"))
     check_precision_fits(precision, machine)
     if backend != "torch":
-        return _load_exported(source, precision, backend, machine)
+        return _load_exported(source, precision, backend, machine, device)
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(str(source), max_seq_length, device=device, revision=revision)
@@ -351,14 +351,16 @@ def load_inference_model(
     return InferenceModel(model, choice, "torch", digest)
 
 
-def _load_exported(source: str | Path, precision: str, backend: str, machine: Machine) -> InferenceModel:
-    """An ``export`` output run by ONNX Runtime or OpenVINO (fp32 graph, or its int8 file)."""
+def _load_exported(source: str | Path, precision: str, backend: str, machine: Machine,
+                   device: str | None) -> InferenceModel:
+    """An ``export`` output run by ONNX Runtime or OpenVINO (fp32 graph, or its int8 file) on ``device``
+    (their CPU device when None), the device ``machine`` describes."""
     from neobert_embed.inference.backends import load_backend_model
 
     if precision not in ("auto", "fp32", "int8"):
         raise UserInputError(f"--backend {backend} runs the exported graph as saved; --precision {precision} is "
                              "for the torch backend (use auto, fp32, or int8 for the quantized export)")
-    model = load_backend_model(str(source), backend, quantized=precision == "int8")
+    model = load_backend_model(str(source), backend, device=device, quantized=precision == "int8")
     runtime = "ONNX Runtime" if backend == "onnx" else "OpenVINO (its default inference precision)"
     choice = PrecisionChoice("int8" if precision == "int8" else "fp32", precision, f"{runtime}, exported graph",
                              machine.summary())
