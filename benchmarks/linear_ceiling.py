@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -162,8 +161,8 @@ def measure(args: argparse.Namespace) -> dict:
     layers = layer_weights(model)
     report = {"texts": len(texts), "real_tokens": sum(real), "padded_tokens": sum(padded), "ceiling_texts_per_s": {}}
     config = model[0].auto_model.config
-    scratch = Path(tempfile.mkdtemp(prefix="linear_ceiling_"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="linear_ceiling_") as scratch_name:
+        scratch = Path(scratch_name)
         for threads in args.threads:
             torch.set_num_threads(threads)
             linear_real = linear_seconds(layers, real, args.repeats)
@@ -186,8 +185,6 @@ def measure(args: argparse.Namespace) -> dict:
                     row["floor_over_onnx"] = round(row["floor"] / onnx, 3)
             report["ceiling_texts_per_s"][threads] = row
             print(f"[{threads} thread(s)] {row}", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     report["conditions"] = conditions(
         data=f"the {len(texts)} texts of benchmarks/cpu_inference.py (STS-B dev + AG News test, ../shared/data)",
         protocol=("all-MiniLM-L6-v2's tokenizer (max_seq_length 256); batches of 32 in descending length order, "
