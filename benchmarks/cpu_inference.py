@@ -181,29 +181,48 @@ def unavailable_peers() -> dict[str, str]:
     return notes
 
 
-def neobert_fraction_of_peak(precision: str, peak_tflops: float, repeats: int) -> dict[str, float | str]:
+def neobert_fraction_of_peak(precision: str, repeats: int) -> dict[str, object]:
     """NeoBERT 4 × 768 un-padded at ``precision`` (bf16: this toolkit's autocast) on 32 sequences of
-    16-512 tokens, against the matmul peak of that precision."""
+    16-512 tokens, against the matmul peak of that precision measured around each pass.
+
+    Why around each pass: on a shared host the peak itself moves (2× between two runs on the GPU
+    machine's AMX host), so a peak timed minutes earlier decides the fraction. Each round times the
+    peak (the best of 1024² and 2048² products, before and after) and two forward passes (the
+    faster counts); the median round is reported, every round is kept.
+    """
     from neobert_embed.inference.kernels import autocast_context
     from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
 
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     torch.manual_seed(0)
     model = NeoBERTModel(NeoBERTConfig(hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
                                        intermediate_size=3072)).eval()
     lengths = [16 + round(i * (512 - 16) / 31) for i in range(32)]
     mask = (torch.arange(512)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = torch.randint(1000, 30000, (32, 512)).masked_fill(mask == 0, 0)
-    best = float("inf")
+    flops = forward_flops(model, lengths)
+
+    def peak() -> float:
+        return max(measured_matmul_tflops(dtype, size=size, repeats=3) for size in (1024, 2048))
+
+    rounds = []
     with torch.inference_mode(), autocast_context("cpu", precision):
         model(ids, mask)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(ids, mask)
-            best = min(best, time.perf_counter() - start)
-    tflops = forward_flops(model, lengths) / best / 1e12
-    return {"precision": precision, "real_tokens_per_s": round(sum(lengths) / best, 1),
-            "useful_tflops": round(tflops, 4), "peak_tflops": round(peak_tflops, 4),
-            "fraction_of_peak": round(tflops / peak_tflops, 3)}
+        for _ in range(max(1, repeats)):
+            before = peak()
+            seconds = float("inf")
+            for _ in range(2):
+                start = time.perf_counter()
+                model(ids, mask)
+                seconds = min(seconds, time.perf_counter() - start)
+            best_peak = max(before, peak())
+            rounds.append({"seconds": round(seconds, 4), "useful_tflops": round(flops / seconds / 1e12, 4),
+                           "peak_tflops": round(best_peak, 4),
+                           "fraction_of_peak": round(flops / seconds / 1e12 / best_peak, 3)})
+    median = sorted(rounds, key=lambda row: row["fraction_of_peak"])[len(rounds) // 2]
+    return {"precision": precision, "real_tokens_per_s": round(sum(lengths) / median["seconds"], 1),
+            "useful_tflops": median["useful_tflops"], "peak_tflops": median["peak_tflops"],
+            "fraction_of_peak": median["fraction_of_peak"], "rounds": rounds}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -244,8 +263,7 @@ def run(args: argparse.Namespace) -> dict:
     report["toolkit_precisions_not_measured"] = emulated
     torch.set_num_threads(1)
     matrix_precision = "fp32" if "bf16" in emulated else "bf16"  # the precision this CPU multiplies fastest in
-    report["neobert_4x768_unpadded_1_thread"] = neobert_fraction_of_peak(
-        matrix_precision, report["peaks_tflops"][1][matrix_precision], args.repeats)
+    report["neobert_4x768_unpadded_1_thread"] = neobert_fraction_of_peak(matrix_precision, args.repeats)
     report["auto_over_best_equal_accuracy_peer"] = {
         threads: _auto_ratio(rows) for threads, rows in report["runs"].items()}
     half = len(texts) // 2
@@ -271,8 +289,9 @@ def run(args: argparse.Namespace) -> dict:
         selection=("auto_over_best_equal_accuracy_peer: the fastest sentence-transformers backend whose mean cosine "
                    "to fp32 is >= 0.9999 on this same run; nothing else selected"),
         timing=(f"best texts/s of {args.repeats} pass(es) over all texts after a 32-text warm-up, the backends' "
-                "passes interleaved (pass r of every backend before pass r+1 of any); NeoBERT row: best "
-                f"of {args.repeats} forward(s) after 1 warm-up"),
+                "passes interleaved (pass r of every backend before pass r+1 of any); NeoBERT row: median of "
+                f"{args.repeats} round(s), each the faster of 2 forwards against the best 1024²/2048² peak "
+                "timed just before and after it, after 1 warm-up forward"),
         threads=sorted(report["runs"]), model="all-MiniLM-L6-v2")
     return report
 

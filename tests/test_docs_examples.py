@@ -270,7 +270,8 @@ def check_used_line(ctx: Context) -> None:
     encode = ctx.groups["docs/performance.md: neobert-embed encode --model runs/my-embedder --input texts.txt "
                         "--output emb.npy --precision auto"][0]
     used = [line.strip() for line in encode.stderr.splitlines() if line.strip().startswith("used:")]
-    shape = re.compile(r"used: precision \S+ \(.+\)(; un-padded [\w, ]+ layers)?; max_seq_length \d+; "
+    shape = re.compile(r"used: precision \S+ \(.+\)(; un-padded [\w, ]+ layers)?(; batches side by side, one per "
+                       r"thread)?; max_seq_length \d+; "
                        r"(no (\w+ )?prompt|prompt .+)")
     example = ctx.block.text.strip()
     assert shape.fullmatch(example), "the documented line no longer has the shape this test checks"
@@ -423,7 +424,8 @@ COVERAGE: dict[str, Run | NotRun] = {
     "docs/performance.md: neobert-embed encode --model runs/my-embedder --input texts.txt --output emb.npy "
     "--precision auto": Run("performance", check=check_encode_auto),
     "docs/performance.md: used: precision bf16 (avx512_bf16: 2.14× fp32, cosine to fp32 ≥ 0.99998, mean 0.99999, "
-    "on 32 texts); un-padded BertModel layers; max_seq_length 256; no document prompt": Run(
+    "on 32 texts); un-padded BertModel layers; batches side by side, one per thread; max_seq_length 256; "
+    "no document prompt": Run(
         "performance", check=check_used_line),
     "docs/performance.md: neobert-embed export runs/my-embedder --format onnx --quantize int8 --output "
     "runs/my-embedder-onnx": Run("export", check=check_exports),

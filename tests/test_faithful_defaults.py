@@ -7,6 +7,7 @@ position embeddings allow 512, so a default that silently used the position limi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -80,8 +81,8 @@ def test_encode_uses_the_models_length_and_prompts_and_says_so(minilm_path, mini
     result = CliRunner().invoke(app, ["encode", "--model", str(minilm_path), "--input", str(texts),
                                       "--output", str(tmp_path / "out.npy"), "--json", "--precision", "fp32"])
     assert result.exit_code == 0, result.output
-    assert ("used: precision fp32 (asked for); un-padded BertModel layers; max_seq_length 256; no document prompt"
-            in result.stderr)
+    assert re.search(r"used: precision fp32 \(asked for\); un-padded BertModel layers(; batches side by side, one "
+                     r"per thread)?; max_seq_length 256; no document prompt", result.stderr), result.stderr
     report = json.loads(result.stdout)
     assert report["max_seq_length"] == 256 and report["prompt"] is None
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), minilm.encode(["a short text", LONG]), atol=1e-5)

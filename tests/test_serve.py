@@ -212,6 +212,7 @@ def test_neobert_prompts_batching_and_precisions(tiny_neobert):
         cosine = (vectors * expected).sum(axis=1)
         assert vectors.shape == expected.shape and cosine.min() >= floor, (precision, cosine)
         assert card["precision"]["precision"] == precision and card["precision"]["requested"] == precision
+        assert card["precision"]["layout"] == "as the model runs"  # requests are batched by the server, not spread
 
 
 def test_cli_help_and_bad_settings(tiny_neobert):

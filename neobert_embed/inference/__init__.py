@@ -10,6 +10,8 @@ Modules:
     machine: the CPU's (or GPU's) bf16 and int8 matrix units, read once per process.
     kernels: int8 Linear layers (per-channel weights, per-token activations) and bf16 autocast.
     runtime: loading a model at a compute precision, and ``auto``'s measured choice.
+    unpadded: BERT-family layers run on the real tokens only.
+    parallel: the batches of a long ``encode`` side by side on a multi-core CPU, one thread each.
     export: the ONNX / OpenVINO files of ``neobert-embed export`` (sentence-transformers' layout).
     backends: running those files through ONNX Runtime or OpenVINO behind the same ``encode``.
 """

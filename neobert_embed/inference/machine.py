@@ -118,7 +118,7 @@ def forced_flags() -> set[str] | None:
 
 
 def describe_machine(device: str | None = None) -> Machine:
-    """The machine a model on ``device`` runs on; cached per process and device.
+    """The machine a model on ``device`` runs on; cached per process, device and thread count.
 
     No ``device`` means where models go when none is given (:func:`~neobert_embed.devices.default_device`:
     the GPU when torch sees one), so a command run without ``--device`` measures and records the device
@@ -132,14 +132,17 @@ def describe_machine(device: str | None = None) -> Machine:
         from neobert_embed.devices import default_device
 
         device = default_device()
-    return _describe(device, os.environ.get(FEATURES_VARIABLE))
+    import torch
+
+    return _describe(device, os.environ.get(FEATURES_VARIABLE), torch.get_num_threads())
 
 
 @functools.lru_cache(maxsize=8)
-def _describe(device: str, _forced: str | None) -> Machine:
+def _describe(device: str, _forced: str | None, threads: int) -> Machine:
+    """The cached description; ``threads`` is part of the key, so a record names the thread count in
+    effect when the model was loaded, not the one of the first call in the process."""
     import torch
 
-    threads = torch.get_num_threads()
     if device != "cpu":
         kind = torch.device(device).type
         if kind == "cuda" and torch.cuda.is_available():

@@ -83,7 +83,7 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
         check_index_files(directory)
     if served is None:
         served = load_inference_model(settings.model, settings.precision, device=settings.device,
-                                      fingerprint=bool(settings.indexes), backend=settings.backend)
+                                      fingerprint=bool(settings.indexes), backend=settings.backend, spread=False)
     engine = Embedder(served, settings.name)
     limit = settings.max_input_tokens or engine.max_seq_length
     if limit > engine.max_seq_length:
