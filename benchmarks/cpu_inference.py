@@ -273,10 +273,12 @@ def run(args: argparse.Namespace) -> dict:
               + ("" if args.no_stsb else "; STS-B dev Spearman on every dev pair (the test split is not there), "
                                          "at 1 thread")
               + "; NeoBERT 4 x 768 row: 32 random-id sequences of 16-512 tokens"),
-        precision={**{f"toolkit {p}": f"{p}, un-padded BertModel layers" for p in ("fp32", "bf16", "int8")},
-                   "toolkit fp32 padded": "fp32, the library's padded BertModel forward (unpadded=False)",
+        precision={**{f"toolkit {p}": f"{p}, un-padded BertModel layers, batches side by side above 1 thread "
+                                      "(not int8 on int8 units)" for p in ("fp32", "bf16", "int8")},
+                   "toolkit fp32 padded": "fp32, the library's padded BertModel forward (unpadded=False), batches "
+                                          "side by side above 1 thread",
                    "toolkit auto": "auto: the toolkit's probe on these texts picks among the machine's units "
-                                   "(un-padded BertModel layers)",
+                                   "(un-padded BertModel layers, batches side by side above 1 thread)",
                    "sentence-transformers torch": "fp32", "sentence-transformers ONNX": "fp32 (ONNX Runtime)",
                    "sentence-transformers ONNX int8": "int8 dynamic, per-tensor QInt8 weights (ONNX Runtime)",
                    "sentence-transformers OpenVINO": "OpenVINO's default inference precision (bf16 where the CPU "
