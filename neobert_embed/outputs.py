@@ -14,7 +14,7 @@ second, not after an hour of encoding):
 
 Example:
     >>> check_output_file("out/docs.npy", inputs=["docs.txt"], overwrite=False)
-    >>> check_output_directory("runs/x", record="run.json", overwrite=True)
+    >>> check_output_directory("runs/x", record="run.json", replace="--overwrite")
     <DirectoryState.OWNED: 'owned'>
 """
 
@@ -37,17 +37,6 @@ if TYPE_CHECKING:
 
 RecordNames: TypeAlias = "str | RecordFile | tuple[str | RecordFile, ...]"
 """What marks a directory as a command's own: a record (any of its names), a file name, or several."""
-
-
-def record_names(record: RecordNames) -> tuple[str, ...]:
-    """Every file name that marks ownership, in order: ``(RUN, "checkpoints")`` → ``("run.json", "checkpoints")``.
-
-    Example:
-        >>> record_names((CORPUS_MANIFEST, PREPARE_STATE))
-        ('corpus.json', 'manifest.json', 'prepare.json')
-    """
-    parts = record if isinstance(record, tuple) else (record,)
-    return tuple(name for part in parts for name in ((part,) if isinstance(part, str) else part.names))
 
 
 class DirectoryState(str, enum.Enum):
@@ -207,7 +196,7 @@ def directory_state(path: str | Path, record: RecordNames) -> DirectoryState:
     path = Path(path)
     if not path.exists():
         return DirectoryState.ABSENT
-    if any((path / name).exists() for name in record_names(record)):
+    if _record_present(path, record) is not None:
         return DirectoryState.OWNED
     return DirectoryState.FOREIGN if any(path.iterdir()) else DirectoryState.EMPTY
 
@@ -229,13 +218,17 @@ def check_directory_path(path: str | Path, flag: str = "--output", what: str = "
 
 def check_output_directory(path: str | Path, *, record: RecordNames, inputs: Iterable[str | Path | None] = (),
                            flag: str = "--output", what: str = "output", replace: str | None = None,
-                           owned: Iterable[str] = ()) -> DirectoryState:
+                           owned: Iterable[str] = (), writer: str | None = None) -> DirectoryState:
     """Check a directory output before any work; refuse a file, an input, an unwritable place and
     a non-empty directory that lacks ``record`` (foreign content is never deleted).
 
     With ``replace`` (the flag that replaces it: ``--overwrite``, ``--fresh``), an owned directory must hold nothing but
     what its record claims (:func:`check_replaceable`; ``owned``: name patterns the command always
     writes there).
+
+    With ``writer``, an owned directory whose record names another ``writer`` is foreign too: two
+    commands write ``export.json`` (``export`` and ``pretrain export``), and neither replaces the
+    other's output.
 
     Returns the directory's state so the caller can decide what ``--overwrite``/``--resume`` mean
     for its own output.
@@ -248,15 +241,39 @@ def check_output_directory(path: str | Path, *, record: RecordNames, inputs: Ite
     check_not_input(path, inputs, flag)
     check_directory_path(path, flag, what)
     state = directory_state(path, record)
-    names = record_names(record)
+    names = tuple(part if isinstance(part, str) else part.name
+                  for part in (record if isinstance(record, tuple) else (record,)))  # current names, for messages
     if state is DirectoryState.FOREIGN:
         raise UserInputError(f"{flag} {path} holds {_some_entries(path)} but no {' or '.join(names)}, so it is not a {what} "
                              "written by neobert-embed; nothing was deleted: choose another path or an "
                              "empty directory")
+    if writer is not None and state is DirectoryState.OWNED:
+        _check_writer(path, record, writer, flag)
     if replace and state is DirectoryState.OWNED:
-        present = next((name for name in names if (path / name).is_file()), names[0])  # the record file there
-        check_replaceable(path, present, owned=owned, flag=flag, verb=replace)
+        check_replaceable(path, _record_present(path, record) or names[0], owned=owned, flag=flag, verb=replace)
     return state
+
+
+def _check_writer(path: Path, record: RecordNames, writer: str, flag: str) -> None:
+    """Refuse an output whose record says another command wrote it (a record without ``writer`` is
+    from before the field: it passes)."""
+    for part in record if isinstance(record, tuple) else (record,):
+        data = None if isinstance(part, str) else part.read(path)
+        if isinstance(data, dict) and data.get("writer", writer) != writer:
+            raise UserInputError(f"{flag} {path} holds a {part.holds} written by {data['writer']!r}, not by {writer}; "
+                                 "nothing was deleted: choose another path")
+
+
+def _record_present(path: Path, record: RecordNames) -> str | None:
+    """The name of the file in ``path`` that marks it as the command's own, or None: a plain name that
+    exists, or a record under its name or a legacy name that holds it (:meth:`RecordFile.path`)."""
+    for part in record if isinstance(record, tuple) else (record,):
+        if isinstance(part, str):
+            if (path / part).exists():
+                return part
+        elif part.exists(path):
+            return part.path(path).name
+    return None
 
 
 def claimed_entries(directory: str | Path, record: str, owned: Iterable[str] = ()) -> set[str]:

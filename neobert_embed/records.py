@@ -43,8 +43,11 @@ class RecordFile:
     """One kind of record: its file name, what it holds (for messages) and how to repair it.
 
     ``legacy`` lists names the same record had in earlier versions; reading falls back to them
-    and an output carrying one is still recognised as this command's own. ``shape`` is the JSON
-    type of the top level (``dict`` for all but the demo's journal, a list of stages).
+    and an output carrying one is still recognised as this command's own. A legacy name can be
+    another record's current one (``manifest.json`` is an index's manifest now): ``legacy_key`` is
+    a key such a file must hold to count as this record, so an index folder is never taken for a
+    prepared corpus (and replaced by one). ``shape`` is the JSON type of the top level (``dict`` for
+    all but the demo's journal, a list of stages).
 
     Example:
         >>> TRAINER_STATE.path("runs/x/checkpoints/step-10")
@@ -56,6 +59,7 @@ class RecordFile:
     fix: str = RESTORE
     legacy: tuple[str, ...] = ()
     shape: type = dict
+    legacy_key: str | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -63,13 +67,28 @@ class RecordFile:
         return (self.name, *self.legacy)
 
     def path(self, directory: str | Path) -> Path:
-        """Where the record of ``directory`` is: the current name, or a legacy one that exists."""
+        """Where the record of ``directory`` is: the current name, or a legacy one that is this record's."""
         directory = Path(directory)
-        return next((directory / name for name in self.names if (directory / name).is_file()), directory / self.name)
+        if (directory / self.name).is_file():
+            return directory / self.name
+        return next((directory / name for name in self.legacy if self._is_mine(directory / name)), directory / self.name)
 
     def exists(self, directory: str | Path) -> bool:
-        """Whether ``directory`` carries this record (under any of its names)."""
+        """Whether ``directory`` carries this record (under its name, or a legacy name holding it)."""
         return self.path(directory).is_file()
+
+    def _is_mine(self, legacy_file: Path) -> bool:
+        """A file under a legacy name is this record unless ``legacy_key`` says otherwise (a file that
+        cannot be read is not taken for this record: it may be another command's)."""
+        if not legacy_file.is_file():
+            return False
+        if self.legacy_key is None:
+            return True
+        try:
+            data = read_json(legacy_file, self.holds, self.fix)
+        except UserInputError:
+            return False
+        return isinstance(data, dict) and self.legacy_key in data
 
     def read(self, directory: str | Path) -> Any:
         """The record in ``directory`` (None when there is none); a damaged one is a located error."""
@@ -119,7 +138,8 @@ INDEX_BUILD_STATE = RecordFile("build_state.json", "index build state",
 # Finished outputs: what they hold and how they were made.
 INDEX_MANIFEST = RecordFile("manifest.json", "index manifest", "rebuild the index with `neobert-embed index build`")
 CORPUS_MANIFEST = RecordFile("corpus.json", "prepared-corpus manifest",
-                             "prepare the corpus again with `neobert-embed pretrain prepare`", legacy=("manifest.json",))
+                             "prepare the corpus again with `neobert-embed pretrain prepare`", legacy=("manifest.json",),
+                             legacy_key="shards")
 CHECKPOINT_MANIFEST = RecordFile("checkpoint.json", "checkpoint manifest", "resume from an earlier checkpoint",
                                  legacy=("manifest.json",))
 # Step, stream position and engine of a pretraining checkpoint; transformers' Trainer writes one of the same

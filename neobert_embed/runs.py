@@ -36,13 +36,13 @@ CHECKPOINTS_DIR = "checkpoints"  # resumable training states, one folder each
 @contextlib.contextmanager
 def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
                       inputs: Collection[str | Path | None] = (), what: str = "output", wait: bool = True,
-                      replace: str | None = None, owned: Collection[str] = (),
+                      replace: str | None = None, owned: Collection[str] = (), writer: str | None = None,
                       on_stale: Callable[[LockHolder], None] | None = None) -> Iterator[DirectoryState]:
     """Own the directory ``output`` for the block: the one way a command starts writing one.
 
     Before any work the path is checked (:func:`~neobert_embed.outputs.check_output_directory`: not
     a file, not an input, writable, absent, empty or carrying ``record``; with ``replace``, holding
-    nothing but what its record claims), then this process takes the directory's writer lock
+    nothing but what its record claims; with ``writer``, a record naming no other writer), then this process takes the directory's writer lock
     (:func:`~neobert_embed.locks.writer_lock`; ``wait=False`` fails at once when another writer
     holds it) and checks again, since the other writer may have changed it meanwhile. Under
     torchrun only rank 0 checks and locks, for the whole job. Yields the directory's state
@@ -56,7 +56,7 @@ def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
     if not is_main_process():
         yield DirectoryState.OWNED
         return
-    check = dict(record=record, inputs=list(inputs), what=what, replace=replace, owned=owned)
+    check = dict(record=record, inputs=list(inputs), what=what, replace=replace, owned=owned, writer=writer)
     check_output_directory(output, **check)
     with writer_lock(output, command=command, wait=wait, on_stale=on_stale):
         yield check_output_directory(output, **check)

@@ -15,12 +15,13 @@ import pytest
 from pydantic import BaseModel
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.outputs import DirectoryState, check_output_directory, record_names
+from neobert_embed.outputs import DirectoryState, check_output_directory
 from neobert_embed.records import (
     CHECKPOINT_MANIFEST,
     CORPUS_MANIFEST,
     DEMO_JOURNAL,
     INDEX_MANIFEST,
+    PREPARE_STATE,
     RECORDS,
     RUN,
 )
@@ -86,7 +87,18 @@ def test_records_written_under_an_older_name_are_still_read_and_owned(tmp_path, 
     assert check_output_directory(tmp_path, record=record) is DirectoryState.OWNED
     record.write(tmp_path, {"shards": ["b.arrow"]})  # a new write uses the current name, which wins
     assert record.path(tmp_path).name == record.name and record.read(tmp_path) == {"shards": ["b.arrow"]}
-    assert record_names((record, "checkpoints")) == (record.name, "manifest.json", "checkpoints")
+
+
+def test_an_index_manifest_is_not_taken_for_an_older_corpus_manifest(tmp_path):
+    """``manifest.json`` was the prepared corpus's record and is an index's now: an index folder
+    must be foreign to ``pretrain prepare``, never its own output to replace."""
+    (tmp_path / "manifest.json").write_text('{"factory": "Flat", "documents": 3}', encoding="utf-8")
+    (tmp_path / "index.faiss").write_bytes(b"x")
+    assert not CORPUS_MANIFEST.exists(tmp_path) and CORPUS_MANIFEST.read(tmp_path) is None
+    with pytest.raises(UserInputError, match="no corpus.json or prepare.json, so it is not a prepared corpus"):
+        check_output_directory(tmp_path, record=(CORPUS_MANIFEST, PREPARE_STATE), what="prepared corpus")
+    (tmp_path / "manifest.json").write_text("{not json", encoding="utf-8")  # unreadable: not taken for ours either
+    assert not CORPUS_MANIFEST.exists(tmp_path)
 
 
 class _Settings(BaseModel):
@@ -129,3 +141,44 @@ def test_one_settings_digest_keeps_every_key_older_versions_wrote(tmp_path):
     stat = corpus.stat()
     old = "\n".join(["split:train", f"{corpus.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"])
     assert fingerprint(str(corpus), "train") == hashlib.sha256(old.encode()).hexdigest()[:16]
+
+
+def test_a_checkpoint_manifest_of_another_shape_is_a_corrupt_checkpoint_not_a_traceback(tmp_path):
+    from neobert_embed.pretraining.checkpoint import CorruptCheckpoint, verify_checkpoint
+
+    (tmp_path / "manifest.json").write_text('{"factory": "Flat"}', encoding="utf-8")  # an index's, say
+    with pytest.raises(CorruptCheckpoint, match="entry 'factory' is not"):
+        verify_checkpoint(tmp_path)
+
+
+def test_pretrain_prepare_refuses_an_index_folder_and_leaves_it_whole(tmp_path):
+    from typer.testing import CliRunner
+
+    from neobert_embed.cli import app
+
+    index = tmp_path / "idx"
+    index.mkdir()
+    (index / "manifest.json").write_text('{"factory": "Flat", "documents": 3}', encoding="utf-8")
+    (index / "index.faiss").write_bytes(b"vectors")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world\nsecond document\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["pretrain", "prepare", "--corpus", str(corpus), "--output", str(index),
+                                      "--tokenizer", "train", "--vocab-size", "100"])
+    message = result.output + str(result.exception)
+    assert result.exit_code != 0 and "not a prepared corpus written by neobert-embed" in message, message
+    assert sorted(p.name for p in index.iterdir()) == ["index.faiss", "manifest.json"]
+    assert (index / "index.faiss").read_bytes() == b"vectors"
+
+
+def test_one_command_never_replaces_another_command_s_export(tmp_path):
+    """``export`` and ``pretrain export`` both record ``export.json``; the writer in it decides."""
+    from neobert_embed.pretraining.export import export_checkpoint
+
+    onnx_export = tmp_path / "model-onnx"
+    (onnx_export / "onnx").mkdir(parents=True)
+    (onnx_export / "onnx" / "model.onnx").write_bytes(b"graph")
+    (onnx_export / "export.json").write_text(json.dumps({"writer": "neobert-embed export", "written": ["onnx"]}),
+                                              encoding="utf-8")
+    with pytest.raises(UserInputError, match="written by 'neobert-embed export', not by neobert-embed pretrain export"):
+        export_checkpoint(tmp_path / "no-such-run", onnx_export)
+    assert (onnx_export / "onnx" / "model.onnx").read_bytes() == b"graph"

@@ -58,6 +58,7 @@ def train_contrastive_command(
     from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
     from neobert_embed.model_files import check_length_flag, check_model_files
+    from neobert_embed.runs import METRICS_FILE
 
     if model is not None:
         check_model_files(model)
@@ -81,7 +82,7 @@ def train_contrastive_command(
         precision = f" ({summary['precision']})" if summary.get("precision") else ""
         typer.echo(f"saved {out} (SentenceTransformer, prompts 'query'/'document'); "
                    f"{summary['steps']} steps{precision}, final loss {summary['final_loss']:.4f}; "
-                   f"metrics in {out / 'metrics.jsonl'}, summary in {TRAINING_SUMMARY.path(out)}")
+                   f"metrics in {out / METRICS_FILE}, summary in {TRAINING_SUMMARY.path(out)}")
 
 
 def mine_negatives_command(

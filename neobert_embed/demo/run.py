@@ -40,6 +40,7 @@ from neobert_embed.demo.records import (
 )
 from neobert_embed.demo.report import read_losses, write_demo_outputs
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_directory
 from neobert_embed.paths import recipe_path
 from neobert_embed.records import DEMO_JOURNAL, DEMO_SUMMARY
 from neobert_embed.runs import CHECKPOINTS_DIR
@@ -149,8 +150,10 @@ def _untrained_copy(mlm_dir: str, output: Path) -> tuple[str, list[str], dict[st
     torch.manual_seed(0)
     target = output / "models" / "untrained"
     model = AutoModel.from_config(AutoConfig.from_pretrained(mlm_dir))
-    model.save_pretrained(target)
-    AutoTokenizer.from_pretrained(mlm_dir).save_pretrained(target)
+    tokenizer = AutoTokenizer.from_pretrained(mlm_dir)
+    with atomic_directory(target) as staged:  # a stage cut short leaves no half-written model behind
+        model.save_pretrained(staged)
+        tokenizer.save_pretrained(staged)
     parameters = sum(p.numel() for p in model.parameters())
     return f"{parameters / 1e6:.1f}M parameters, random init", [str(target)], {"model": str(target)}
 

@@ -165,10 +165,6 @@ def check_export_output(output: str | Path, source: str | Path, overwrite: bool)
     state = check_output_directory(output, **_claim(output, source, overwrite))
     if state is not DirectoryState.OWNED:
         return
-    record = EXPORT.read(output) or {}
-    if record.get("writer") != WRITER:
-        raise UserInputError(f"--output {output} holds an {EXPORT.name} written by {record.get('writer')!r}, not by "
-                             f"{WRITER}; nothing was deleted: choose another path")
     if not overwrite:
         raise UserInputError(f"--output {output} already holds an export; pass --overwrite to replace it or choose "
                              "another path")
@@ -177,7 +173,7 @@ def check_export_output(output: str | Path, source: str | Path, overwrite: bool)
 def _claim(output: Path, source: str | Path, overwrite: bool) -> dict[str, Any]:
     """What makes ``output`` this command's to write (see :func:`~neobert_embed.runs.claimed_directory`)."""
     return dict(record=EXPORT, inputs=[source] if Path(source).exists() else [], what="model export",
-                replace="--overwrite" if overwrite else None)
+                replace="--overwrite" if overwrite else None, writer=WRITER)
 
 
 def export_model(

@@ -183,7 +183,7 @@ def convert_checkpoint(
 
     output = Path(output)
     with claimed_directory(output, record=CONVERT, command=WRITER, inputs=[source], what="converted model",
-                           replace="--overwrite" if overwrite else None) as state:
+                           replace="--overwrite" if overwrite else None, writer=WRITER) as state:
         if state is not DirectoryState.ABSENT and not overwrite:
             raise UserInputError(f"{output} already exists; pass --overwrite (overwrite=True) to replace it "
                                  "or choose another output")

@@ -87,6 +87,10 @@ def verify_checkpoint(directory: Path) -> None:
         raise CorruptCheckpoint(f"{CHECKPOINT_MANIFEST.path(directory)}: missing")
     for name, expected in manifest.items():
         path = directory / name
+        if not isinstance(expected, dict) or not isinstance(expected.get("bytes"), int) \
+                or not isinstance(expected.get("sha256"), str):
+            raise CorruptCheckpoint(f"{CHECKPOINT_MANIFEST.path(directory)}: damaged {CHECKPOINT_MANIFEST.holds} "
+                                    f"(entry {name!r} is not {{'bytes': …, 'sha256': …}})")
         if not path.is_file():
             raise CorruptCheckpoint(f"{path}: missing")
         if path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:

@@ -41,7 +41,7 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
     """
     output = Path(output)
     with claimed_directory(output, record=EXPORT, command=WRITER, inputs=[source], what="exported model",
-                           replace="exporting again"):
+                           replace="exporting again", writer=WRITER):
         checkpoint = find_checkpoint(Path(source))
         _export(checkpoint, output)
     if progress:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_path, replace_directory
+from neobert_embed.files import atomic_directory, atomic_path, replace_directory
 from neobert_embed.pretraining.documents import iter_documents
 from neobert_embed.pretraining.prepared import PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
@@ -89,8 +89,10 @@ def prepare_corpus(
             if tokenizer == "train":
                 logger.info("learning a %d-piece WordPiece vocabulary on %s", vocab_size, corpus)
                 train_wordpiece(documents(), vocab_size, tokenizer_dir)
-            else:
-                load_tokenizer(tokenizer).save_pretrained(str(tokenizer_dir))
+            else:  # whole or absent: a resume takes an existing tokenizer folder as done
+                loaded = load_tokenizer(tokenizer)
+                with atomic_directory(tokenizer_dir) as staged:
+                    loaded.save_pretrained(str(staged))
         try:
             shards = _tokenize_shards(documents(), output, shard_documents, num_proc, progress)
         except KeyboardInterrupt:

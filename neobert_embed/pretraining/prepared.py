@@ -23,7 +23,8 @@ from neobert_embed.records import CORPUS_MANIFEST
 
 
 def is_prepared(path: str | Path) -> bool:
-    """True when ``path`` is a completely prepared corpus directory."""
+    """True when ``path`` is a completely prepared corpus directory (its ``corpus.json``, or a
+    ``manifest.json`` from before that name that lists shards: an index's manifest does not)."""
     return CORPUS_MANIFEST.exists(path)
 
 
@@ -71,9 +72,12 @@ def load_prepared(path: str | Path) -> PreparedCorpus:
     if not is_prepared(path):
         raise UserInputError(f"{path}: not a prepared corpus (no {CORPUS_MANIFEST.name}); run "
                              "`neobert-embed pretrain prepare` on it, or finish the interrupted run")
-    manifest = CORPUS_MANIFEST.read(path)
+    names = CORPUS_MANIFEST.read(path).get("shards")
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise UserInputError(f"{CORPUS_MANIFEST.path(path)}: damaged {CORPUS_MANIFEST.holds} ('shards' must list "
+                             f"the shard files); {CORPUS_MANIFEST.fix}")
     flats, shard_ids, starts, lengths = [], [], [], []
-    for shard_index, name in enumerate(manifest["shards"]):
+    for shard_index, name in enumerate(names):
         shard = path / "shards" / name
         try:
             with pa.memory_map(str(shard)) as source:

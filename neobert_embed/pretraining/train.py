@@ -314,7 +314,7 @@ class _Loop:
             raise UserInputError(
                 f"the loss was NaN/inf for {state.bad_in_row} steps in a row (step {state.step}; "
                 f"{state.skipped_steps} skipped in all); lower optimizer.lr, check the data, or use "
-                f"precision fp32; the last good checkpoint is in {self.output / 'checkpoints'}")
+                f"precision fp32; the last good checkpoint is in {self.output / CHECKPOINTS_DIR}")
         if state.step % self.recipe.checkpoint.every_steps == 0:
             self._checkpoint()
 
