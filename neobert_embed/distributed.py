@@ -211,16 +211,19 @@ def encode_across_ranks(world: World, n_texts: int, encode: Callable[[int, int],
 
 
 def parse_devices(devices: str) -> list[str]:
-    """Split ``--devices cuda:0,cuda:1`` (or ``cpu,cpu``) into a list, refusing empty entries.
+    """Split ``--devices cuda:0,cuda:1`` (or ``cpu,cpu``) into a list, refusing empty entries and
+    devices this machine does not have (:func:`~neobert_embed.devices.check_device`), before any work.
 
     Example:
         >>> parse_devices("cuda:0, cuda:1")
         ['cuda:0', 'cuda:1']
     """
+    from neobert_embed.devices import check_device
+
     names = [name.strip() for name in devices.split(",")]
     if not all(names):
         raise UserInputError(f"--devices {devices!r}: give a comma-separated list such as cuda:0,cuda:1 or cpu,cpu")
-    return names
+    return [check_device(name, "--devices") for name in names]
 
 
 def free_port() -> int:

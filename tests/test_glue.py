@@ -340,3 +340,17 @@ def test_best_configuration_is_the_best_median_and_nan_never_wins():
     choice = select_best(results, "pearson")
     assert (choice.config_key, choice.scores["pearson"], choice.seeds, choice.configs) == ("b", 0.5, 3, 3)
     assert choice.spread["pearson"]["min"] == 0.4 and choice.spread["pearson"]["max"] == 0.6
+
+
+@pytest.mark.parametrize("devices", ["cuda:99", "cpu,,cpu", "tpu"])
+def test_devices_this_machine_lacks_are_refused_before_any_work(tmp_path, models, tasks, devices):
+    """``glue --devices`` and ``index build --devices`` share one parser that checks every entry."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["glue", "--model", str(models["bert"]), "--task-dir", str(tasks["stsb"]),
+                                 "--output", str(out), "--devices", devices])
+    message = result.output + str(result.exception)
+    assert result.exit_code != 0 and "--devices" in message and devices.split(",")[0] in message, message
+    assert not out.exists()  # not even the run's log
+    with pytest.raises(UserInputError, match="--devices"):
+        run_glue([str(models["bert"])], out, task_dirs=[tasks["stsb"]], devices=devices.split(","), progress=False)
+    assert not out.exists()

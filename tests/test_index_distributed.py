@@ -86,6 +86,14 @@ def test_chunk_assignment_is_round_robin_over_unfinished_chunks():
     assert parse_devices("cpu, cpu") == ["cpu", "cpu"]
 
 
+def test_index_build_refuses_a_device_this_machine_lacks_before_loading_anything(tiny_bert, corpus, tmp_path):
+    result = CliRunner().invoke(app, ["index", "build", "--model", str(tiny_bert), "--corpus", str(corpus),
+                                      "--output", str(tmp_path / "index"), "--devices", "cpu,cuda:99"])
+    message = result.output + str(result.exception)
+    assert result.exit_code != 0 and "--devices 'cuda:99'" in message, message
+    assert not (tmp_path / "index").exists()
+
+
 def test_torchrun_two_process_build_equals_one_process_build(tiny_bert, corpus, reference, tmp_path):
     output = tmp_path / "index"
     result = subprocess.run(_torchrun("-m", "neobert_embed.cli", "index", "build", "--model", str(tiny_bert),

@@ -45,6 +45,7 @@ def glue_command(
     single-configuration preset (quick) selects nothing, and its summary says so.
     """
     from neobert_embed.console import json_only_stdout, third_party_log
+    from neobert_embed.distributed import parse_devices
     from neobert_embed.glue.presets import load_glue_preset
     from neobert_embed.glue.run import run_glue
 
@@ -53,10 +54,11 @@ def glue_command(
     loaded = load_glue_preset(preset, seeds=None if seeds is None else list(range(seeds)), epochs=epochs,
                               max_length=max_length, batch_size=None if batch_size is None else [batch_size],
                               learning_rate=None if learning_rate is None else [learning_rate])
+    device_list = parse_devices(devices) if devices else None
     show_progress = not as_json or sys.stderr.isatty()
     with third_party_log(output, verbose), json_only_stdout(as_json):
         result = run_glue(model, output, tasks=opt.comma_list(tasks), task_dirs=task_dir or [], preset=loaded,
-                          devices=opt.comma_list(devices), predict_test=predict_test, progress=show_progress,
+                          devices=device_list, predict_test=predict_test, progress=show_progress,
                           preset_name=Path(preset).stem, wait=not no_wait)
     first = next(iter(result.scores.values()), {})
     if as_json:

@@ -316,10 +316,11 @@ def _run_claimed(output: Path, labels: dict[str, str], preset: GluePreset, sourc
 
         devices = [default_device()]
     devices = list(devices)
+    from neobert_embed.devices import check_device
     from neobert_embed.training_precision import chosen_precision
 
-    for device in devices:  # fp16 on the CPU is refused here, before the run directory is written
-        chosen_precision(preset.precision, device)
+    for device in devices:  # a missing device, or fp16 on the CPU, is refused here, before the run directory is written
+        chosen_precision(preset.precision, check_device(device, "--devices"))
     in_process = len(devices) == 1 and not devices[0].startswith("cuda:")
 
     plans = {}
