@@ -241,8 +241,7 @@ def check_output_directory(path: str | Path, *, record: RecordNames, inputs: Ite
     check_not_input(path, inputs, flag)
     check_directory_path(path, flag, what)
     state = directory_state(path, record)
-    names = tuple(part if isinstance(part, str) else part.name
-                  for part in (record if isinstance(record, tuple) else (record,)))  # current names, for messages
+    names = tuple(part if isinstance(part, str) else part.name for part in _parts(record))  # for messages
     if state is DirectoryState.FOREIGN:
         raise UserInputError(f"{flag} {path} holds {_some_entries(path)} but no {' or '.join(names)}, so it is not a {what} "
                              "written by neobert-embed; nothing was deleted: choose another path or an "
@@ -254,10 +253,15 @@ def check_output_directory(path: str | Path, *, record: RecordNames, inputs: Ite
     return state
 
 
+def _parts(record: RecordNames) -> tuple[str | RecordFile, ...]:
+    """The file names and records that ``record`` names, as a tuple."""
+    return record if isinstance(record, tuple) else (record,)
+
+
 def _check_writer(path: Path, record: RecordNames, writer: str, flag: str) -> None:
     """Refuse an output whose record says another command wrote it (a record without ``writer`` is
     from before the field: it passes)."""
-    for part in record if isinstance(record, tuple) else (record,):
+    for part in _parts(record):
         data = None if isinstance(part, str) else part.read(path)
         if isinstance(data, dict) and data.get("writer", writer) != writer:
             raise UserInputError(f"{flag} {path} holds a {part.holds} written by {data['writer']!r}, not by {writer}; "
@@ -267,7 +271,7 @@ def _check_writer(path: Path, record: RecordNames, writer: str, flag: str) -> No
 def _record_present(path: Path, record: RecordNames) -> str | None:
     """The name of the file in ``path`` that marks it as the command's own, or None: a plain name that
     exists, or a record under its name or a legacy name that holds it (:meth:`RecordFile.path`)."""
-    for part in record if isinstance(record, tuple) else (record,):
+    for part in _parts(record):
         if isinstance(part, str):
             if (path / part).exists():
                 return part

@@ -68,15 +68,19 @@ def spread_batches(model: SentenceTransformer) -> None:
 def gather_batches(model: SentenceTransformer) -> None:
     """Undo :func:`spread_batches`: ``model`` encodes one batch after another again."""
     for name, function in (("encode", _spread_encode), ("preprocess", _locked_preprocess)):
-        bound = vars(model).get(name)
-        if isinstance(bound, types.MethodType) and bound.__func__ is function:
+        if _bound_to(model, name, function):
             delattr(model, name)
 
 
 def spreads_batches(model: SentenceTransformer) -> bool:
     """True when :func:`spread_batches` was applied to ``model``."""
-    bound = vars(model).get("encode")
-    return isinstance(bound, types.MethodType) and bound.__func__ is _spread_encode
+    return _bound_to(model, "encode", _spread_encode)
+
+
+def _bound_to(model: SentenceTransformer, name: str, function: object) -> bool:
+    """True when ``model``'s own attribute ``name`` is ``function`` bound to it."""
+    bound = vars(model).get(name)
+    return isinstance(bound, types.MethodType) and bound.__func__ is function
 
 
 def _locked_preprocess(self: SentenceTransformer, *args: object, **kwargs: object) -> dict[str, object]:
