@@ -9,7 +9,7 @@ different subsets of these under different names (``machine``, ``cpus``, ``torch
 returns are :data:`KEYS`; a script adds its own facts (model, device, library versions) as
 keyword arguments.
 
-The machine comes from :func:`neobert_embed.inference.machine.describe_machine` (CPU model,
+The machine comes from :func:`neobert_embed.machine.describe_machine` (CPU model,
 PyTorch's dispatch level, the bf16/int8 matrix units ``auto`` would use) when this process has
 imported torch or ``probe_torch=True`` says the measured child processes use it; otherwise from
 ``/proc/cpuinfo`` alone, so a benchmark that never touches torch does not pay seconds to import it
@@ -104,7 +104,7 @@ def conditions(*, data: str, precision: str | Mapping[str, Any], protocol: str, 
 def _machine(device: str, describe_with_torch: bool) -> dict[str, Any]:
     """The machine as :data:`MACHINE_KEYS`; an error is recorded, never raised (the run is done by now)."""
     try:
-        from neobert_embed.inference import machine as machines
+        from neobert_embed import machine as machines
 
         if describe_with_torch:
             found = machines.describe_machine(device)

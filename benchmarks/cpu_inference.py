@@ -57,8 +57,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # also when imported by path
 
 from conditions import conditions  # noqa: E402
 
-from neobert_embed.inference.machine import Machine, describe_machine  # noqa: E402
 from neobert_embed.inference.runtime import cosine_to, load_inference_model  # noqa: E402
+from neobert_embed.machine import Machine, describe_machine  # noqa: E402
 from neobert_embed.modeling.flops import forward_flops, measured_matmul_tflops  # noqa: E402
 
 Encode = Callable[[list[str]], np.ndarray]

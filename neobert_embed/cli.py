@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import os
 import shlex
 import sys
 
@@ -20,7 +19,7 @@ from typer.core import TyperGroup
 from neobert_embed import commands as general_commands
 from neobert_embed.console import user_console
 from neobert_embed.contrastive import commands as contrastive_commands
-from neobert_embed.distributed import is_main_process
+from neobert_embed.distributed import current_world, is_main_process
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import commands as evaluation_commands
 from neobert_embed.glue import commands as glue_commands
@@ -53,7 +52,7 @@ class _Root(TyperGroup):
 def _launcher() -> list[str]:
     """How this process was started: several processes resume under torchrun as they ran (add your
     launcher's node options for several machines), one process as the console script."""
-    processes = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    processes = current_world().local_size
     if processes > 1:
         return ["torchrun", f"--nproc-per-node={processes}", "-m", "neobert_embed.cli"]
     return ["neobert-embed"]

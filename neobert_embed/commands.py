@@ -149,6 +149,7 @@ def export(
                                        "(not for .txt).")] = "text",
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="Replace an existing output written by export (nothing else is ever replaced).")] = False,
+    no_wait: opt.NoWait = False,
     as_json: opt.AsJson = False,
     verbose: opt.Verbose = False,
 ) -> None:
@@ -180,7 +181,8 @@ def export(
 
         texts = [text for text in read_texts(calibration, field=field, keep_blank=False) if text.strip()]
     with third_party_log(output, verbose), json_only_stdout(as_json):
-        report = export_model(model, output, export_format, quantize, overwrite, calibration=texts)
+        report = export_model(model, output, export_format, quantize, overwrite, calibration=texts,
+                              wait=not no_wait)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:

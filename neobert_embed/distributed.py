@@ -51,11 +51,13 @@ class World:
         rank: global rank (``RANK``), 0 when not distributed.
         size: number of processes (``WORLD_SIZE``), 1 when not distributed.
         local_rank: rank on this machine (``LOCAL_RANK``), picks the GPU.
+        local_size: processes on this machine (``LOCAL_WORLD_SIZE``; ``size`` when unset).
     """
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    local_size: int = 1
 
     @property
     def distributed(self) -> bool:
@@ -101,9 +103,10 @@ def current_world() -> World:
         size = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", str(rank)))
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
     except ValueError as exc:
-        raise UserInputError(f"RANK/WORLD_SIZE/LOCAL_RANK must be integers: {exc}") from None
-    return World(rank=rank, size=size, local_rank=local)
+        raise UserInputError(f"RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE must be integers: {exc}") from None
+    return World(rank=rank, size=size, local_rank=local, local_size=local_size)
 
 
 def is_main_process() -> bool:

@@ -30,6 +30,7 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import atomic_write_bytes
+from neobert_embed.sentence import DOCUMENT_PROMPT
 from neobert_embed.sources import iter_records, source_format
 
 if TYPE_CHECKING:
@@ -258,7 +259,7 @@ def encode_file(
     precision: str = "float32",
     batch_size: int = 32,
     max_seq_length: int | None = None,
-    prompt_name: str | None = "document",
+    prompt_name: str | None = DOCUMENT_PROMPT,
     show_progress: bool = True,
     calibration: str | Path | None = None,
     overwrite: bool = False,
@@ -290,8 +291,8 @@ def encode_file(
         ...             calibration="docs.npy.json").texts_per_second
         412.7
     """
-    from neobert_embed.inference.machine import check_compute_precision
     from neobert_embed.inference.runtime import load_inference_model
+    from neobert_embed.machine import check_compute_precision
     from neobert_embed.model_files import check_length_flag, check_model_files
     from neobert_embed.outputs import check_output_file, sidecar_path
     from neobert_embed.quantization import load_calibration
@@ -325,7 +326,7 @@ def encode_file(
                                   agree=functools.partial(on_main, world))
     model, compute = loaded.model, loaded.choice
     prompt_name = prompt_name or ""  # None, like '', is no prompt here
-    prompt = resolve_prompt(model, prompt_name, required=None if prompt_name == "document" else "--prompt-name")
+    prompt = resolve_prompt(model, prompt_name, required=None if prompt_name == DOCUMENT_PROMPT else "--prompt-name")
     start = time.perf_counter()
     embeddings = encode_across_ranks(
         world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,

@@ -62,6 +62,17 @@ def lock_path(target: str | Path) -> Path:
     return target.parent / f".{target.name}.lock"
 
 
+def is_lock_file(name: str) -> bool:
+    """Whether ``name`` is a writer lock or its note (what a directory holding only these holds
+    nothing of anyone's: ``mteb`` locks one model's results with a lock file inside the root).
+
+    Example:
+        >>> is_lock_file(".results--bert--abc.lock"), is_lock_file(".bert.lock.json"), is_lock_file("bert.lock")
+        (True, True, False)
+    """
+    return name.startswith(".") and name.endswith((".lock", ".lock.json"))
+
+
 def _note_path(target: Path) -> Path:
     return target.parent / f".{target.name}.lock.json"
 

@@ -76,7 +76,7 @@ def check_precision_option(value: str | None) -> str | None:
     """
     if value is None:
         return None
-    from neobert_embed.inference.machine import check_compute_precision
+    from neobert_embed.machine import check_compute_precision
 
     return check_compute_precision(value)
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import WRITTEN_KEY, atomic_write_json
+from neobert_embed.locks import is_lock_file
 
 if TYPE_CHECKING:
     from neobert_embed.records import RecordFile
@@ -198,7 +199,8 @@ def directory_state(path: str | Path, record: RecordNames) -> DirectoryState:
         return DirectoryState.ABSENT
     if _record_present(path, record) is not None:
         return DirectoryState.OWNED
-    return DirectoryState.FOREIGN if any(path.iterdir()) else DirectoryState.EMPTY
+    held = [entry for entry in path.iterdir() if not is_lock_file(entry.name)]  # a lock file is no one's content
+    return DirectoryState.FOREIGN if held else DirectoryState.EMPTY
 
 
 def check_directory_path(path: str | Path, flag: str = "--output", what: str = "output") -> None:

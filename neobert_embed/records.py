@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json, read_json
@@ -35,11 +35,13 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 M = TypeVar("M", bound="BaseModel")
+J = TypeVar("J", dict[str, Any], list[Any])  # the JSON type at a record's top level
+Object = dict[str, Any]
 RESTORE = "restore it from a copy, or remove it to start that part over"
 
 
 @dataclass(frozen=True)
-class RecordFile:
+class RecordFile(Generic[J]):
     """One kind of record: its file name, what it holds (for messages) and how to repair it.
 
     ``legacy`` lists names the same record had in earlier versions; reading falls back to them
@@ -58,7 +60,7 @@ class RecordFile:
     holds: str
     fix: str = RESTORE
     legacy: tuple[str, ...] = ()
-    shape: type = dict
+    shape: type[J] = dict  # type: ignore[assignment]  (a record is an object unless it says otherwise)
     legacy_key: str | None = None
 
     @property
@@ -90,7 +92,7 @@ class RecordFile:
             return False
         return isinstance(data, dict) and self.legacy_key in data
 
-    def read(self, directory: str | Path) -> Any:
+    def read(self, directory: str | Path) -> J | None:
         """The record in ``directory`` (None when there is none); a damaged one is a located error."""
         path = self.path(directory)
         if not path.is_file():
@@ -128,34 +130,40 @@ def _json_type(kind: type) -> str:
 
 
 # Run directories (see neobert_embed.runs): settings, checked by every resume.
-RUN = RecordFile("run.json", "run record", "resume with a copy of it, or start a new --output")
-TRIAL_MODEL = RecordFile("model.json", "trial folder's model record",
-                         "remove that trials/<model> folder to run its trials again")
+RUN: RecordFile[Object] = RecordFile("run.json", "run record", "resume with a copy of it, or start a new --output")
+TRIAL_MODEL: RecordFile[Object] = RecordFile("model.json", "trial folder's model record",
+                                             "remove that trials/<model> folder to run its trials again")
 # Work in progress, in a hidden sibling of the output until the job finishes.
-PREPARE_STATE = RecordFile("prepare.json", "corpus-preparation state", "remove it to prepare the corpus over")
-INDEX_BUILD_STATE = RecordFile("build_state.json", "index build state",
-                               "rerun with --overwrite to build the index over")
+PREPARE_STATE: RecordFile[Object] = RecordFile("prepare.json", "corpus-preparation state",
+                                               "remove it to prepare the corpus over")
+INDEX_BUILD_STATE: RecordFile[Object] = RecordFile("build_state.json", "index build state",
+                                                   "rerun with --overwrite to build the index over")
 # Finished outputs: what they hold and how they were made.
-INDEX_MANIFEST = RecordFile("manifest.json", "index manifest", "rebuild the index with `neobert-embed index build`")
-CORPUS_MANIFEST = RecordFile("corpus.json", "prepared-corpus manifest",
-                             "prepare the corpus again with `neobert-embed pretrain prepare`", legacy=("manifest.json",),
-                             legacy_key="shards")
-CHECKPOINT_MANIFEST = RecordFile("checkpoint.json", "checkpoint manifest", "resume from an earlier checkpoint",
-                                 legacy=("manifest.json",))
+INDEX_MANIFEST: RecordFile[Object] = RecordFile("manifest.json", "index manifest",
+                                                "rebuild the index with `neobert-embed index build`")
+CORPUS_MANIFEST: RecordFile[Object] = RecordFile(
+    "corpus.json", "prepared-corpus manifest", "prepare the corpus again with `neobert-embed pretrain prepare`",
+    legacy=("manifest.json",), legacy_key="shards")
+CHECKPOINT_MANIFEST: RecordFile[Object] = RecordFile("checkpoint.json", "checkpoint manifest",
+                                                     "resume from an earlier checkpoint", legacy=("manifest.json",))
 # Step, stream position and engine of a pretraining checkpoint; transformers' Trainer writes one of the same
 # name in its checkpoints (train-contrastive), last, so its presence marks a complete one.
-TRAINER_STATE = RecordFile("trainer_state.json", "trainer state", "resume from an earlier checkpoint")
-EXPORT = RecordFile("export.json", "export record", "export the model again with --overwrite")
-CONVERT = RecordFile("convert.json", "conversion record", "convert the checkpoint again with --overwrite")
-DEMO_JOURNAL = RecordFile("stages.json", "demo journal", "remove it to run every stage again", shape=list)
-BEST_TRIAL = RecordFile("best.json", "best-trial record", "remove that models/<model>/<task> folder to select again")
-TRAINING_SUMMARY = RecordFile("summary.json", "training summary", "train again with --overwrite")
+TRAINER_STATE: RecordFile[Object] = RecordFile("trainer_state.json", "trainer state",
+                                               "resume from an earlier checkpoint")
+EXPORT: RecordFile[Object] = RecordFile("export.json", "export record", "export the model again with --overwrite")
+CONVERT: RecordFile[Object] = RecordFile("convert.json", "conversion record",
+                                         "convert the checkpoint again with --overwrite")
+DEMO_JOURNAL: RecordFile[list[Any]] = RecordFile("stages.json", "demo journal", "remove it to run every stage again",
+                                                 shape=list)
+BEST_TRIAL: RecordFile[Object] = RecordFile("best.json", "best-trial record",
+                                            "remove that models/<model>/<task> folder to select again")
+TRAINING_SUMMARY: RecordFile[Object] = RecordFile("summary.json", "training summary", "train again with --overwrite")
 # Written for people and scripts, never read back by the toolkit.
-GLUE_SCORES = RecordFile("scores.json", "GLUE scores")
-MTEB_PROTOCOL = RecordFile("protocol.json", "evaluation protocol")
-DEMO_SUMMARY = RecordFile("summary.json", "demo summary", "rerun `neobert-embed demo`")
+GLUE_SCORES: RecordFile[Object] = RecordFile("scores.json", "GLUE scores")
+MTEB_PROTOCOL: RecordFile[Object] = RecordFile("protocol.json", "evaluation protocol")
+DEMO_SUMMARY: RecordFile[Object] = RecordFile("summary.json", "demo summary", "rerun `neobert-embed demo`")
 
-RECORDS: tuple[RecordFile, ...] = (RUN, TRIAL_MODEL, PREPARE_STATE, INDEX_BUILD_STATE, INDEX_MANIFEST,
-                                   CORPUS_MANIFEST, CHECKPOINT_MANIFEST, TRAINER_STATE, EXPORT, CONVERT,
-                                   DEMO_JOURNAL, BEST_TRIAL, TRAINING_SUMMARY, GLUE_SCORES, MTEB_PROTOCOL,
-                                   DEMO_SUMMARY)
+RECORDS: tuple[RecordFile[Any], ...] = (RUN, TRIAL_MODEL, PREPARE_STATE, INDEX_BUILD_STATE, INDEX_MANIFEST,
+                                        CORPUS_MANIFEST, CHECKPOINT_MANIFEST, TRAINER_STATE, EXPORT, CONVERT,
+                                        DEMO_JOURNAL, BEST_TRIAL, TRAINING_SUMMARY, GLUE_SCORES, MTEB_PROTOCOL,
+                                        DEMO_SUMMARY)

@@ -3,8 +3,9 @@
 Why one module: training, index builds and corpus preparation are long jobs that resume, and each
 had its own copy of these mechanisms, each behaving a little differently. Here they are once:
 claiming the output directory (:func:`claimed_directory`: checked before any work, then held by
-one writer for the whole job); updating a finished one in place (:func:`updated_directory`: the
-same lock, and a staged copy that replaces it whole or not at all); the run record (settings
+one writer for the whole job); where an unfinished output is built (:func:`partial_directory`);
+updating a finished one in place (:func:`updated_directory`: the same lock, and a staged copy
+that replaces it whole or not at all); the run record (settings
 written atomically when a run starts); the resume check (a resume with other settings is refused
 before any work, in one error listing every changed key as ``key (old → new)``, except the
 operational keys each area declares); ``metrics.jsonl`` (trimmed on resume to
@@ -37,6 +38,7 @@ CHECKPOINTS_DIR = "checkpoints"  # resumable training states, one folder each
 def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
                       inputs: Collection[str | Path | None] = (), what: str = "output", wait: bool = True,
                       replace: str | None = None, owned: Collection[str] = (), writer: str | None = None,
+                      part: str | Path | None = None,
                       on_stale: Callable[[LockHolder], None] | None = None) -> Iterator[DirectoryState]:
     """Own the directory ``output`` for the block: the one way a command starts writing one.
 
@@ -49,6 +51,12 @@ def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
     (``absent``, ``empty`` or ``owned``), from which the command decides what resume and
     overwrite mean for it.
 
+    With ``part`` (a path relative to ``output``) only that part of a shared output is locked:
+    ``mteb`` locks one model's results in a results root, so evaluations of other models into
+    the same root run side by side while a second evaluation of the same model waits. Its lock
+    file lies at the top of ``output`` (``.results--<model>--<revision>.lock``), never inside a tree
+    another library reads.
+
     Example:
         >>> with claimed_directory("runs/x", record=RUN, command="neobert-embed train-contrastive") as state:
         ...     train_into("runs/x", fresh=state is not DirectoryState.OWNED)
@@ -58,7 +66,8 @@ def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
         return
     check = dict(record=record, inputs=list(inputs), what=what, replace=replace, owned=owned, writer=writer)
     check_output_directory(output, **check)
-    with writer_lock(output, command=command, wait=wait, on_stale=on_stale):
+    locked = Path(output) if part is None else Path(output) / "--".join(Path(part).parts)
+    with writer_lock(locked, command=command, wait=wait, on_stale=on_stale):
         yield check_output_directory(output, **check)
 
 
@@ -81,6 +90,20 @@ def updated_directory(directory: str | Path, *, record: RecordFile, command: str
     with writer_lock(directory, command=command, wait=wait, on_stale=on_stale), \
             atomic_directory(directory, record=record.name, stamp=False) as work:
         yield work
+
+
+def partial_directory(output: str | Path) -> Path:
+    """Where a long job builds ``output`` until it is complete: the hidden sibling ``.NAME.partial``,
+    renamed into place in one step at the end, so ``output`` is never a half-written thing. It
+    lies beside ``output`` (not inside it) and is hidden, so no overwrite check counts it as the
+    user's, and the writer lock of ``output`` covers it.
+
+    Example:
+        >>> partial_directory("runs/news-index")
+        PosixPath('runs/.news-index.partial')
+    """
+    output = Path(output)
+    return output.with_name(f".{output.name}.partial")
 
 
 class Interrupted(KeyboardInterrupt):

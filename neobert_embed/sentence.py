@@ -39,6 +39,10 @@ class Prompted(Protocol):
     default_prompt_name: str | None
 
 
+QUERY_PROMPT = "query"  # the saved prompt every command applies to queries (and training to anchors)
+DOCUMENT_PROMPT = "document"  # ... to documents (and training to positives and negatives)
+
+
 def resolve_prompt(model: Prompted, name: str | None, *, required: str | None = None) -> str:
     """The text put before texts encoded as ``name``: the one rule of every command and the server.
 

@@ -9,7 +9,7 @@ losses within 0.005 and 0.054 of fp32's over the same steps. On a CPU without su
 emulated and slower than fp32, so ``auto`` keeps fp32 there. fp16 autocast needs a loss scaler and fp16 matrix units, which CPUs do not have: it is
 refused on the CPU with one line instead of failing inside the trainer.
 
-The hardware comes from :func:`neobert_embed.inference.machine.describe_machine` (so
+The hardware comes from :func:`neobert_embed.machine.describe_machine` (so
 ``NEOBERT_EMBED_CPU_FEATURES=none`` makes ``auto`` pick fp32, as for inference). MPS keeps fp32
 under ``auto``, as before.
 
@@ -76,7 +76,7 @@ def resolve_training_precision(precision: str, device: str) -> TrainingPrecision
         >>> resolve_training_precision("fp32", "cuda").label
         'fp32: asked for'
     """
-    from neobert_embed.inference.machine import describe_machine
+    from neobert_embed.machine import describe_machine
 
     kind = device_kind(device)
     if precision not in PRECISIONS:

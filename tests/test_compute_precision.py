@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
 from neobert_embed.inference.kernels import Int8Linear, quantize_linears_int8
-from neobert_embed.inference.machine import FEATURES_VARIABLE, Machine, describe_machine
 from neobert_embed.inference.runtime import AUTO_TOLERANCE, choose_precision, cosine_to, load_inference_model
+from neobert_embed.machine import FEATURES_VARIABLE, Machine, describe_machine
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 Why: on CPU, ``tests/test_attention_dispatch.py`` checks the CUDA path by handing the model a
 reference kernel in place of PyTorch's ``varlen_attn``, and the precision tests pretend a GPU
-through a fake :class:`~neobert_embed.inference.machine.Machine`. Those checks cannot catch a
+through a fake :class:`~neobert_embed.machine.Machine`. Those checks cannot catch a
 kernel that disagrees with its reference, a dtype or layout the real kernel refuses, or a GPU
 ``auto`` that picks a precision its own tolerance rejects. This module runs them on a GPU and is
 skipped everywhere else (CI has none); run it where one is lent::
@@ -205,8 +205,8 @@ def sample_texts(count: int = 96) -> list[str]:
 
 
 def test_auto_precision_on_a_gpu_keeps_its_own_tolerance_and_says_what_it_chose(sentence_bert):
-    from neobert_embed.inference.machine import describe_machine
     from neobert_embed.inference.runtime import AUTO_TOLERANCE, cosine_to, load_inference_model
+    from neobert_embed.machine import describe_machine
 
     machine = describe_machine("cuda")
     assert machine.bf16_units == torch.cuda.get_device_name(0)  # every GPU this toolkit targets has bf16

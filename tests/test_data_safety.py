@@ -8,6 +8,7 @@ of overlapping texts encoded in two files; ``index add --row-ids`` twice.
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -336,3 +337,52 @@ def test_run_directories_take_the_writer_lock(model, tmp_path, capsys):
             code, _, err = run_main([*args, "--no-wait"], capsys)
         assert code == 2 and "being written by" in err and "another writer" in err, err
         assert not target.exists()
+
+
+def _sts_task(root: Path) -> Path:
+    """A local mteb STS task of 12 pairs."""
+    task = root / "sts"
+    task.mkdir(parents=True)
+    (task / "task.json").write_text(json.dumps({"name": "LocalSTS", "type": "STS", "min_score": 0, "max_score": 5}))
+    rows = [{"sentence1": _texts(1, i)[0], "sentence2": _texts(1, i + j)[0], "score": float(5 - j)}
+            for i in range(6) for j in (0, 3)]
+    write_jsonl(task / "test.jsonl", rows)
+    return task
+
+
+def test_every_directory_writer_fails_at_once_with_no_wait_while_another_writes(model, tmp_path, capsys):
+    """The commands the first lock round left out: export, convert, pretrain export and compare."""
+    commands = {
+        tmp_path / "onnx": ["export", model, "--format", "onnx", "--output", tmp_path / "onnx"],
+        tmp_path / "converted": ["convert", tmp_path / "official", "--output", tmp_path / "converted"],
+        tmp_path / "exported": ["pretrain", "export", tmp_path / "run", "--output", tmp_path / "exported"],
+        tmp_path / "compare": ["compare", "--models", model, "--task-dir", _sts_task(tmp_path), "--output",
+                               tmp_path / "compare"],
+    }
+    for target, args in commands.items():
+        with writer_lock(target, command="another writer"):
+            code, _, err = run_main([*args, "--no-wait"], capsys)
+        assert code == 2 and "being written by" in err and "another writer" in err, (args[0], err)
+        assert not target.exists()
+
+
+def test_mteb_evaluations_of_one_model_take_turns_and_of_two_models_run_side_by_side(model, tmp_path, capsys):
+    from neobert_embed.evaluation.run import plan_evaluation
+
+    task, results = _sts_task(tmp_path), tmp_path / "mteb"
+    other = tmp_path / "other-bert"
+    shutil.copytree(model, other)
+    with plan_evaluation(model, output=results, task_dirs=[task]).claimed(command="another writer"):
+        code, _, err = run_main(["mteb", "--model", model, "--task-dir", task, "--output", results, "--no-wait"],
+                                capsys)
+        assert code == 2 and "being written by" in err and "another writer" in err, err
+        assert not (results / "results").exists()
+        code, out, err = run_main(["mteb", "--model", other, "--task-dir", task, "--output", results, "--no-wait"],
+                                  capsys)
+        assert code == 0, err
+    assert "LocalSTS" in out and "done" in out
+    assert [path.relative_to(results / "results").parts[0]
+            for path in (results / "results").glob("*/*/*/*/LocalSTS.json")] == ["other-bert"]
+    code, out, err = run_main(["mteb", "--model", model, "--task-dir", task, "--output", results, "--no-wait"],
+                              capsys)
+    assert code == 0 and "done" in out, err

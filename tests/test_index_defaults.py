@@ -29,8 +29,8 @@ from typer.testing import CliRunner
 from neobert_embed.beir import write_triplet_task
 from neobert_embed.cli import app
 from neobert_embed.index import build_index, open_index, read_manifest
-from neobert_embed.index.build import partial_directory
 from neobert_embed.index.evaluate import ranking_scores
+from neobert_embed.runs import partial_directory
 
 TRIPLETS = 1500          # below ~1,000 triplets HNSW's old default loses too little to show
 MAX_NDCG_LOSS = 0.005
@@ -38,7 +38,7 @@ MIN_QUERY_RECALL = 0.99
 
 
 class _Encoded(Exception):
-    """Stops the encoding build after its last chunk; its chunks stay in ``OUTPUT.partial``."""
+    """Stops the encoding build after its last chunk; its chunks stay in ``.OUTPUT.partial``."""
 
 
 def _top10(index, vectors) -> dict[str, dict[str, float]]:

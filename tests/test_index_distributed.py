@@ -102,7 +102,7 @@ def test_torchrun_two_process_build_equals_one_process_build(tiny_bert, corpus, 
                             env=_environment(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("index of 120 documents") == 1   # rank 0 alone reports
-    assert not output.with_name("index.partial").exists()
+    assert not output.with_name(".index.partial").exists()
     assert_same_index(output, reference)
 
 
@@ -117,7 +117,7 @@ def test_torchrun_build_with_the_lock_held_fails_on_every_rank_without_waiting(t
                                 env=_environment(), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert result.stderr.count("test holding the lock") >= 2, result.stderr[-3000:]  # both ranks say why
-    assert not output.with_name("index.partial").exists() and not (output / "manifest.json").exists()
+    assert not output.with_name(".index.partial").exists() and not (output / "manifest.json").exists()
 
 
 def test_devices_cpu_cpu_spawns_two_workers_with_the_same_result(tiny_bert, corpus, reference, tmp_path):
@@ -150,7 +150,7 @@ def test_rank_killed_mid_build_then_resume_with_one_process(tiny_bert, corpus, r
                             env=_environment(), capture_output=True, text=True, timeout=300)
     assert killed.returncode != 0
     assert f"Signal {int(signal.SIGKILL)}" in killed.stderr or "SIGKILL" in killed.stderr, killed.stderr[-3000:]
-    partial = output.with_name("index.partial")
+    partial = output.with_name(".index.partial")
     done = sorted(int(p.stem.split("-")[1]) for p in (partial / "shards").glob("chunk-*.npy"))
     assert 1 in done and len(done) < 8, done   # rank 1 wrote its first chunk, then died
     assert not output.exists()

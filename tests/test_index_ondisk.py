@@ -103,3 +103,15 @@ def test_add_to_a_reranked_index_keeps_checksums_and_float16_vectors(tiny_bert, 
 def test_on_disk_refuses_indexes_without_inverted_lists(tiny_bert, corpus, tmp_path):
     with pytest.raises(UserInputError, match="--on-disk needs an IVF index"):
         build_index(tiny_bert, corpus, tmp_path / "x", index_type="hnsw", on_disk=True, show_progress=False)
+
+
+def test_rerank_vectors_appear_whole_or_not_at_all(tmp_path):
+    from neobert_embed.index.rerank import write_rerank_vectors
+
+    path, vectors = tmp_path / "vectors.f16.npy", np.arange(24, dtype=np.float32).reshape(6, 4)
+    write_rerank_vectors(path, [(0, vectors[:4]), (4, vectors[4:])], 6, 4)
+    np.testing.assert_array_equal(np.load(path), vectors.astype(np.float16))
+    with pytest.raises(ValueError, match="wrote 4 vectors, expected 6"):  # a stream cut short
+        write_rerank_vectors(path, [(0, vectors[:4] + 1)], 6, 4)
+    np.testing.assert_array_equal(np.load(path), vectors.astype(np.float16))  # the complete earlier file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vectors.f16.npy"]  # no temporary file left

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from neobert_embed.inference.machine import FEATURES_VARIABLE, Machine
 from neobert_embed.inference.parallel import gather_batches, spread_batches, spreads_batches
 from neobert_embed.inference.runtime import SPREAD_LAYOUT, cosine_to, load_inference_model, spreads_on
+from neobert_embed.machine import FEATURES_VARIABLE, Machine
 
 TEXTS = [("word " * (1 + (i * 7) % 40)).strip() + f" {i}" for i in range(70)]  # 3 batches of 32 at most
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from neobert_embed.cli import app
 from neobert_embed.errors import UserInputError
 from neobert_embed.records import PREPARE_STATE, RUN
-from neobert_embed.runs import MetricsFile, check_resume, promoted, read_metrics
+from neobert_embed.runs import MetricsFile, check_resume, partial_directory, promoted, read_metrics
 
 runner = CliRunner()
 
@@ -220,7 +220,7 @@ def test_prepare_ctrl_c_says_to_rerun_and_a_changed_rerun_names_every_key(tmp_pa
     assert ("rerunning prepare must continue the same run, but shard_documents (30 → 20), vocab_size "
             "(300 → 400) changed" in str(changed.exception))
     assert not out.exists()  # the unfinished preparation waits in a hidden sibling, never in --output
-    first = (prepare_module.partial_path(out) / "shards" / "000000.arrow").stat().st_mtime_ns
+    first = (partial_directory(out) / "shards" / "000000.arrow").stat().st_mtime_ns
     assert runner.invoke(app, command).exit_code == 0
     assert json.loads((out / "corpus.json").read_text())["num_documents"] == 90
     assert (out / "shards" / "000000.arrow").stat().st_mtime_ns == first  # the finished shard was kept

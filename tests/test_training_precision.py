@@ -23,7 +23,7 @@ from neobert_embed.cli import app
 from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
 from neobert_embed.contrastive.trainer import device_flags
 from neobert_embed.errors import UserInputError
-from neobert_embed.inference.machine import FEATURES_VARIABLE, describe_machine
+from neobert_embed.machine import FEATURES_VARIABLE, describe_machine
 from neobert_embed.training_precision import TrainingPrecision, chosen_precision, resolve_training_precision
 
 _one_thread = pytest.fixture(autouse=True)(one_torch_thread)
@@ -100,7 +100,7 @@ def test_asked_precisions_are_kept_and_fp16_on_the_cpu_is_refused(plain_cpu):
 def test_gpu_behaviour_is_kept(monkeypatch, bf16_gpu, flags):
     """On a GPU ``auto`` is bf16 exactly when the GPU supports it, as before (a fake GPU: this suite runs
     on CPUs); MPS keeps fp32 under ``auto``."""
-    from neobert_embed.inference import machine
+    from neobert_embed import machine
 
     fake = machine.Machine("cuda", "NVIDIA H100", gpu_bf16=bf16_gpu)
     monkeypatch.setattr(machine, "describe_machine", lambda device=None: fake if device == "cuda" else

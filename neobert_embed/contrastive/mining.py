@@ -28,7 +28,8 @@ from neobert_embed.contrastive.data import load_examples
 from neobert_embed.contrastive.recipe import DataSource
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_text
-from neobert_embed.inference.machine import check_compute_precision, check_precision_fits, describe_machine
+from neobert_embed.machine import check_compute_precision, check_precision_fits, describe_machine
+from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT, resolve_prompt
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -83,7 +84,6 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
 
     from neobert_embed.encoding import used_line
     from neobert_embed.inference.runtime import load_inference_model
-    from neobert_embed.sentence import resolve_prompt
 
     pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
     if pairs.num_rows < 2:
@@ -91,9 +91,9 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     loaded = load_inference_model(model, precision, device=device, max_seq_length=max_seq_length,
                                   sample_texts=_sample_texts(pairs), batch_size=batch_size)
     sentence_model = loaded.model
-    prompts = {"query_prompt": resolve_prompt(sentence_model, "query"),
-               "corpus_prompt": resolve_prompt(sentence_model, "document")}
-    logger.info(used_line(sentence_model, ["query", "document"], field="anchor/positive",
+    prompts = {"query_prompt": resolve_prompt(sentence_model, QUERY_PROMPT),
+               "corpus_prompt": resolve_prompt(sentence_model, DOCUMENT_PROMPT)}
+    logger.info(used_line(sentence_model, [QUERY_PROMPT, DOCUMENT_PROMPT], field="anchor/positive",
                           compute=loaded.choice.description))
     mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",
                                 positive_column_name="positive", range_min=range_min, range_max=range_max,

@@ -47,6 +47,7 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import Spec
 from neobert_embed.records import RUN, TRAINER_STATE, TRAINING_SUMMARY
+from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT
 from neobert_embed.training_precision import TrainingPrecision
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ def _instruction(recipe: ContrastiveRecipe, source: DataSource, side: str) -> st
 
 def _training_prompts(sources: dict[str, DataSource], recipe: ContrastiveRecipe, sets: dict[str, Any]):
     """Per-dataset, per-column instructions for the collator (None when there are none)."""
-    prompts = {name: {column: _instruction(recipe, source, "query" if column == "anchor" else "document")
+    prompts = {name: {column: _instruction(recipe, source, QUERY_PROMPT if column == "anchor" else DOCUMENT_PROMPT)
                       for column in sets[name].column_names} for name, source in sources.items()}
     return prompts if any(p for cols in prompts.values() for p in cols.values()) else None
 
@@ -151,7 +152,7 @@ def trained_prompts(sources: dict[str, DataSource], recipe: ContrastiveRecipe) -
         {'query': 'q: ', 'document': ''}
     """
     prompts = {}
-    for side in ("query", "document"):
+    for side in (QUERY_PROMPT, DOCUMENT_PROMPT):
         key = f"{side}_instruction"
         used = {name: _instruction(recipe, source, side) for name, source in sources.items()}
         values = set(used.values())
@@ -182,8 +183,8 @@ def _reload_difference(model, directory: Path, texts: list[str]) -> float:
     from neobert_embed.sentence import load_sentence_model
 
     reloaded = load_sentence_model(str(directory), device=str(model.device))
-    before = model.encode(texts, prompt_name="query", convert_to_numpy=True)
-    after = reloaded.encode(texts, prompt_name="query", convert_to_numpy=True)
+    before = model.encode(texts, prompt_name=QUERY_PROMPT, convert_to_numpy=True)
+    after = reloaded.encode(texts, prompt_name=QUERY_PROMPT, convert_to_numpy=True)
     return float(np.abs(before - after).max())
 
 

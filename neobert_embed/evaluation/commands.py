@@ -69,7 +69,7 @@ def _check_precision(precision: str | None, device: str | None) -> None:
     an unknown name was refused while the command line was read (``--precision``'s callback)."""
     if precision is None:
         return
-    from neobert_embed.inference.machine import check_precision_fits, describe_machine
+    from neobert_embed.machine import check_precision_fits, describe_machine
 
     check_precision_fits(precision, describe_machine(device))
 
@@ -125,6 +125,7 @@ def mteb_command(
                                          "recipe's task instructions."),
     revision: str = typer.Option(None, "--revision", help="Hub revision (default: the cached commit)."),
     device: opt.Device = None,
+    no_wait: opt.NoWait = False,
     as_json: opt.AsJson = False,
     verbose: opt.Verbose = False,
 ) -> None:
@@ -151,7 +152,7 @@ def mteb_command(
         report = run_mteb(model, output=output, protocol=protocol, benchmark=benchmark,
                           tasks=opt.comma_list(tasks), task_types=opt.comma_list(task_types),
                           task_dirs=task_dir or None, recipe=loaded,
-                          revision=revision, device=device, **overrides)
+                          revision=revision, device=device, wait=not no_wait, **overrides)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:
@@ -182,6 +183,7 @@ def compare_command(
     max_length: opt.MaxLength = None,
     precision: opt.ComputePrecision = None,  # None: the evaluation recipe's (fp32)
     device: opt.Device = None,
+    no_wait: opt.NoWait = False,
     as_json: opt.AsJson = False,
     verbose: opt.Verbose = False,
 ) -> None:
@@ -202,7 +204,7 @@ def compare_command(
                                 data=opt.parse_data_option(data or []) or None, benchmark=benchmark,
                                 tasks=opt.comma_list(tasks), task_types=opt.comma_list(task_types),
                                 task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol,
-                                precision=precision)
+                                precision=precision, wait=not no_wait)
     if as_json:
         typer.echo(json.dumps({"summary_md": str(result.summary_md), "summary_csv": str(result.summary_csv),
                                "plots": [str(p) for p in result.plots],

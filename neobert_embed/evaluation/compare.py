@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,8 +34,9 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.protocol import check_protocol
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.report import EvaluationReport, TaskOutcome
-from neobert_embed.evaluation.run import RESULTS_MARKS, run_mteb, select_tasks
+from neobert_embed.evaluation.run import RESULTS_MARKS, plan_evaluation, select_tasks
 from neobert_embed.outputs import check_output_directory, model_label
+from neobert_embed.runs import claimed_directory
 
 if TYPE_CHECKING:
     from mteb import AbsTask
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 COMPARE_PROTOCOL = "uniform"
 COMPARE_BENCHMARK = "MTEB(eng, v1)"
+COMPARE_COMMAND = "neobert-embed compare"
 
 
 @dataclass
@@ -71,7 +73,7 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: str | P
                    tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
                    task_dirs: Sequence[str | Path] | None = None,
                    evaluation: EvaluationRecipe | None = None, device: str | None = None,
-                   protocol: str = COMPARE_PROTOCOL, precision: str | None = None) -> CompareResult:
+                   protocol: str = COMPARE_PROTOCOL, precision: str | None = None, wait: bool = True) -> CompareResult:
     """Fine-tune each model with one contrastive recipe, evaluate each the same way, tabulate and plot.
 
     Args:
@@ -84,13 +86,12 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: str | P
         protocol: ``uniform`` (default, the paper's) or ``model`` (each model's own prompts/length).
         precision: compute precision of every model's forward under ``model`` (default fp32); under
             ``uniform`` it is ``evaluation.precision``. Each model's is in the summary.
+        wait: when another command writes ``output``, wait for it (default); False fails at once.
 
     Returns:
         A :class:`CompareResult`; a model whose training fails is reported and shown as missing.
     """
-    from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
-    from neobert_embed.evaluation.plots import plot_categories
-    from neobert_embed.evaluation.summary import summarize, write_summary
+    from neobert_embed.contrastive import load_contrastive_recipe
 
     if not models:
         raise UserInputError("--models: give at least one model, e.g. bert,roberta,nomicbert,modernbert,neobert")
@@ -107,8 +108,35 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: str | P
     selected = select_tasks(benchmark, tasks, task_types, task_dirs,  # bad task dirs fail before training
                             default_benchmark=COMPARE_BENCHMARK)
 
+    def evaluate(trained: Path) -> EvaluationReport:
+        """One fine-tuned model's evaluation, into the comparison's results (its claim is held)."""
+        plan = plan_evaluation(trained, output=output, benchmark=benchmark, tasks=tasks, task_types=task_types,
+                               task_dirs=task_dirs, recipe=evaluation, device=device, protocol=protocol,
+                               default_benchmark=COMPARE_BENCHMARK, precision=precision if protocol == "model" else None)
+        with plan.claimed(command=COMPARE_COMMAND, wait=wait):  # an `mteb` run of the same model waits, or us
+            return plan.run(summary=False)
+
+    with claimed_directory(output, record=RESULTS_MARKS, command=COMPARE_COMMAND, inputs=[*models, *(task_dirs or [])],
+                           what="comparison directory", wait=wait):
+        return _compare_into(output, list(zip(models, names, strict=True)), selected, contrastive=contrastive,
+                             data=data, evaluate=evaluate, protocol=protocol, recipe_name=_recipe_name(recipe))
+
+
+def _recipe_name(recipe: str | Path | ContrastiveRecipe | None) -> str:
+    return ("the bundled contrastive.yaml" if recipe is None
+            else str(recipe) if isinstance(recipe, str | Path) else "a ContrastiveRecipe given in Python")
+
+
+def _compare_into(output: Path, models: list[tuple[str, str]], selected: list[AbsTask], *,
+                  contrastive: ContrastiveRecipe | None, data: dict[str, str] | None,
+                  evaluate: Callable[[Path], EvaluationReport], protocol: str, recipe_name: str) -> CompareResult:
+    """Train and evaluate each ``(model, name)`` into the claimed ``output``, then tabulate and plot."""
+    from neobert_embed.contrastive import train_contrastive
+    from neobert_embed.evaluation.plots import plot_categories
+    from neobert_embed.evaluation.summary import summarize, write_summary
+
     reports, trained, failures = [], {}, {}
-    for model, name in zip(models, names, strict=True):
+    for model, name in models:
         logger.info("compare: fine-tuning %s into %s", model, output / "models" / name)
         try:
             trained[name] = Path(train_contrastive(model=model, data=data, output=output / "models" / name,
@@ -118,14 +146,10 @@ def compare_models(models: Sequence[str], *, output: str | Path, recipe: str | P
             reports.append(_failed_report(model, name, selected, f"training failed: {exc}", protocol))
             failures[name] = {"training": str(exc)}
             continue
-        report = run_mteb(trained[name], output=output, benchmark=benchmark, tasks=tasks, task_types=task_types,
-                          task_dirs=task_dirs, recipe=evaluation, device=device, summary=False, protocol=protocol,
-                          default_benchmark=COMPARE_BENCHMARK, precision=precision if protocol == "model" else None)
+        report = evaluate(trained[name])
         reports.append(report)
         if report.failures:
             failures[name] = report.failures
-    recipe_name = ("the bundled contrastive.yaml" if recipe is None
-                   else str(recipe) if isinstance(recipe, str | Path) else "a ContrastiveRecipe given in Python")
     note = (f"Models: each backbone fine-tuned with the same contrastive recipe ({recipe_name}); the model "
             "saved at the end of training is evaluated (no checkpoint is selected on these scores).")
     summary_md, summary_csv = write_summary(reports, output, tasks=selected, models_note=note)

@@ -154,18 +154,18 @@ def _registered_task(spec: TaskSpec, directory: Path) -> AbsTask:
     try:
         official = mteb.get_task(spec.mteb_task)
     except KeyError:
-        raise UserInputError(f"{directory / 'task.json'}: 'mteb_task' {spec.mteb_task!r} is not a task "
+        raise UserInputError(f"{directory / TASK_FILE}: 'mteb_task' {spec.mteb_task!r} is not a task "
                              f"registered in mteb {mteb.__version__}; check the spelling or define a new task "
                              "with 'name' and 'type'") from None
     task_type = official.metadata.type
     if task_type not in TASK_TYPES:
-        raise UserInputError(f"{directory / 'task.json'}: {spec.mteb_task} is a {task_type} task; local "
+        raise UserInputError(f"{directory / TASK_FILE}: {spec.mteb_task} is a {task_type} task; local "
                              f"copies support {', '.join(TASK_TYPES)}")
     subsets = list(official.hf_subsets)
     english = list(official.filter_languages(["eng"], exclusive_language_filter=True).hf_subsets)
     subset = spec.hf_subset or (subsets[0] if len(subsets) == 1 else english[0] if len(english) == 1 else None)
     if subset not in subsets:
-        raise UserInputError(f"{directory / 'task.json'}: {spec.mteb_task} has subsets {subsets}; set "
+        raise UserInputError(f"{directory / TASK_FILE}: {spec.mteb_task} has subsets {subsets}; set "
                              "'hf_subset' to the one these files hold")
     # as MTEB(eng) runs it: the test split where the task has one (MSMARCO: dev), the English subset
     default_splits = ["test"] if "test" in official.eval_splits else list(official.eval_splits)
@@ -271,7 +271,7 @@ def load_task_dirs(paths: Iterable[str | Path]) -> list[AbsTask]:
         task = load_task_dir(directory)
         name = task.metadata.name
         if name in seen:
-            raise UserInputError(f"{directory / 'task.json'}: task name {name!r} is also used by {seen[name]}; "
+            raise UserInputError(f"{directory / TASK_FILE}: task name {name!r} is also used by {seen[name]}; "
                                  "task names must be unique")
         seen[name] = directory
         tasks.append(task)

@@ -136,7 +136,7 @@ def default_choice(choice: PrecisionChoice) -> PrecisionChoice:
 
 def _loader_choice(encoder: EncoderProtocol, device: str | None) -> PrecisionChoice:
     """What mteb's own loader set: the dtype of the model's weights (it applies no autocast)."""
-    from neobert_embed.inference.machine import describe_machine
+    from neobert_embed.machine import describe_machine
 
     inner = getattr(encoder, "model", None)
     parameters = getattr(inner, "parameters", None)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,20 +36,22 @@ from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, mode
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.report import EvaluationReport, TaskOutcome
 from neobert_embed.files import atomic_write_json, read_json
-from neobert_embed.inference.machine import check_compute_precision
+from neobert_embed.machine import check_compute_precision
 from neobert_embed.model_files import check_model_files
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import MTEB_PROTOCOL
-from neobert_embed.runs import Interrupted
+from neobert_embed.runs import Interrupted, claimed_directory
 
 if TYPE_CHECKING:
     from mteb import AbsTask, EncoderProtocol, ResultCache
     from mteb.models import ModelMeta
 
     from neobert_embed.evaluation.encoder import ModelIdentity
+    from neobert_embed.outputs import DirectoryState
 
 logger = logging.getLogger(__name__)
 DEFAULT_BENCHMARK = "MTEB(eng, v2)"
+MTEB_COMMAND = "neobert-embed mteb"
 METADATA_KEY = "neobert_embed"
 TASK_TYPE_NAMES = ("Classification", "Clustering", "PairClassification", "Reranking", "Retrieval", "STS",
                    "Summarization")
@@ -236,14 +240,129 @@ def _evaluate_one(task: AbsTask, lazy: _LazyEncoder, cache: ResultCache, meta: M
     return outcome
 
 
+@dataclass
+class PlannedEvaluation:
+    """One model's evaluation with every input checked (:func:`plan_evaluation`), ready to run into
+    ``output``: the caller holds the output's claim (``run_mteb`` its own, ``compare`` the comparison's)."""
+
+    model: str | Path
+    output: Path
+    protocol: str
+    recipe: EvaluationRecipe
+    selected: list[AbsTask]
+    identity: ModelIdentity
+    overrides: dict[str, Any]
+    device: str | None
+    task_dirs: list[str | Path]
+
+    @property
+    def meta(self) -> ModelMeta:
+        """mteb's model metadata, which names the results folder (model, revision, protocol)."""
+        uniform = self.protocol == "uniform"
+        return self.identity.meta(self.protocol, recipe=self.recipe if uniform else None, overrides=self.overrides)
+
+    @property
+    def results_dir(self) -> Path:
+        """Where this model's results go, inside ``output``."""
+        from mteb import ResultCache
+
+        return ResultCache(self.output).get_task_result_path(self.selected[0].metadata.name, self.meta).parent
+
+    def claimed(self, *, command: str = MTEB_COMMAND, wait: bool = True) -> AbstractContextManager[DirectoryState]:
+        """Hold this model's results for the block (:func:`~neobert_embed.runs.claimed_directory` with
+        a ``part``): a second evaluation of the same model into ``output`` waits (``wait=False``:
+        fails at once), evaluations of other models into it run side by side.
+
+        Example:
+            >>> with plan.claimed():
+            ...     plan.run()
+        """
+        return claimed_directory(self.output, record=RESULTS_MARKS, command=command, inputs=self.task_dirs,
+                                 what="results directory", part=self.results_dir.relative_to(self.output),
+                                 wait=wait)
+
+    def run(self, *, summary: bool = True, show_progress: bool = True) -> EvaluationReport:
+        """Evaluate every selected task (finished ones are reused), write the summary (``summary``).
+        The caller holds :meth:`claimed`."""
+        from mteb import ResultCache
+
+        from neobert_embed.evaluation.notices import collect_mteb_notices
+        from neobert_embed.evaluation.summary import write_summary
+
+        uniform = self.protocol == "uniform"
+        meta, cache, results_dir = self.meta, ResultCache(self.output), self.results_dir
+        report = EvaluationReport(str(self.model), self.identity.name, self.identity.revision,
+                                  self.recipe.fingerprint() if uniform else "", str(results_dir), protocol=self.protocol)
+        MTEB_PROTOCOL.write(report.results_dir,
+                            {"protocol": self.protocol, "description": DESCRIPTIONS[self.protocol],
+                             "recipe": self.recipe.model_dump() if uniform else None, "overrides": self.overrides})
+        logger.info("results of %s (protocol %s) go to %s", self.identity.name, self.protocol, report.results_dir)
+        lazy = _LazyEncoder(self.identity, self.protocol, self.recipe, self.device, self.overrides)
+        try:
+            with progress_bar(show=show_progress, transient=True) as progress, \
+                    collect_mteb_notices() as report.notices:
+                bar = progress.add_task(f"MTEB {self.identity.name}", total=len(self.selected))
+                for task in self.selected:
+                    progress.update(bar, description=f"{self.identity.name}: {task.metadata.name}")
+                    outcome = _evaluate_one(task, lazy, cache, meta)
+                    report.outcomes.append(outcome)
+                    logger.info("%s %s: %s", self.identity.name, outcome.task, outcome.status)
+                    progress.advance(bar)
+        except KeyboardInterrupt:
+            raise Interrupted(f"{len(report.outcomes)} of {len(self.selected)} tasks are finished and kept in "
+                              f"{report.results_dir}; rerunning skips them", resume_args=()) from None
+        finally:
+            report.settings = _settings(lazy, report.outcomes)
+            for notice in report.notices:
+                logger.info("mteb notice: %s", notice)
+            if summary and report.outcomes:
+                write_summary([report], self.output, tasks=self.selected)
+        return report
+
+
+def plan_evaluation(model: str | Path, *, output: str | Path, protocol: str = "model", benchmark: str | None = None,
+                    tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
+                    task_dirs: Sequence[str | Path] | None = None, recipe: EvaluationRecipe | None = None,
+                    max_length: int | None = None, precision: str | None = None, revision: str | None = None,
+                    device: str | None = None, default_benchmark: str = DEFAULT_BENCHMARK) -> PlannedEvaluation:
+    """Check everything :func:`run_mteb` is given (output, model files, protocol, precision, tasks)
+    before any model is loaded or any file written; the arguments are :func:`run_mteb`'s.
+
+    Example:
+        >>> plan_evaluation("runs/model", output="runs/mteb", task_dirs=["tasks/"]).run().scores
+        {'STSBenchmarkDev': 0.8671...}
+    """
+    from neobert_embed.evaluation.encoder import model_identity
+
+    if Path(str(model)).exists() and Path(output).resolve().is_relative_to(Path(str(model)).resolve()):
+        raise UserInputError(f"--output {output} lies in the model directory {model}, an input of this command; "
+                             "choose an output outside it")
+    check_output_directory(output, record=RESULTS_MARKS, inputs=list(task_dirs or []), what="results directory")
+    check_model_files(model)  # a damaged local model is refused before any result folder is made
+    check_protocol(protocol)
+    if precision is not None:
+        check_compute_precision(precision)
+    overrides = model_overrides(max_length, precision)
+    if protocol == "uniform" and overrides:
+        raise UserInputError("max_length/compute_precision overrides are for --protocol model; under uniform "
+                             "they come from the evaluation recipe")
+    selected = select_tasks(benchmark, tasks, task_types, task_dirs, default_benchmark=default_benchmark)
+    return PlannedEvaluation(model, Path(output), protocol, recipe or load_evaluation_recipe(), selected,
+                             model_identity(model, revision), overrides, device, list(task_dirs or []))
+
+
 def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", benchmark: str | None = None,
              tasks: Sequence[str] | None = None, task_types: Sequence[str] | None = None,
              task_dirs: Sequence[str | Path] | None = None, recipe: EvaluationRecipe | None = None,
              max_length: int | None = None, precision: str | None = None,
              revision: str | None = None, device: str | None = None, summary: bool = True,
-             show_progress: bool = True, default_benchmark: str = DEFAULT_BENCHMARK) -> EvaluationReport:
+             show_progress: bool = True, default_benchmark: str = DEFAULT_BENCHMARK,
+             wait: bool = True) -> EvaluationReport:
     """Evaluate ``model`` on the selected tasks under ``protocol`` (``model`` or ``uniform``).
 
+    The model's results in ``output`` are held by this process for the run
+    (:meth:`PlannedEvaluation.claimed`): a second evaluation of the same model into the same root
+    waits for it, instead of writing the same files at once; other models' run side by side.
     A task that fails (bad data, hub unreachable, offline) is reported in the returned report
     while the others run; a model that cannot be loaded raises :class:`UserInputError`.
 
@@ -265,6 +384,7 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
             named in the results folder when given). Under ``uniform`` it is the recipe's ``precision``.
             The precision actually used is in ``report.settings["compute_precision"]``.
         revision: hub revision; for local directories the default is a hash of their files.
+        wait: when another command writes ``output``, wait for it (default); False fails at once.
 
     Returns:
         An :class:`EvaluationReport`; ``report.failures`` lists the tasks that failed.
@@ -272,55 +392,9 @@ def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", 
     Example:
         >>> report = run_mteb("bert", tasks=["STSBenchmark"], output="runs/mteb", protocol="uniform")
     """
-    from mteb import ResultCache
-
-    from neobert_embed.evaluation.encoder import model_identity
-    from neobert_embed.evaluation.notices import collect_mteb_notices
-    from neobert_embed.evaluation.summary import write_summary
-
-    if Path(str(model)).exists() and Path(output).resolve().is_relative_to(Path(str(model)).resolve()):
-        raise UserInputError(f"--output {output} lies in the model directory {model}, an input of this command; "
-                             "choose an output outside it")
-    check_output_directory(output, record=RESULTS_MARKS, inputs=list(task_dirs or []), what="results directory")
-    check_model_files(model)  # a damaged local model is refused before any result folder is made
-    check_protocol(protocol)
-    if precision is not None:
-        check_compute_precision(precision)
-    overrides = model_overrides(max_length, precision)
-    if protocol == "uniform" and overrides:
-        raise UserInputError("max_length/compute_precision overrides are for --protocol model; under uniform "
-                             "they come from the evaluation recipe")
-    recipe = recipe or load_evaluation_recipe()
-    selected = select_tasks(benchmark, tasks, task_types, task_dirs, default_benchmark=default_benchmark)
-    identity = model_identity(model, revision)
-    uniform = protocol == "uniform"
-    meta = identity.meta(protocol, recipe=recipe if uniform else None, overrides=overrides)
-    cache = ResultCache(Path(output))
-    results_dir = cache.get_task_result_path(selected[0].metadata.name, meta).parent
-    report = EvaluationReport(str(model), identity.name, identity.revision, recipe.fingerprint() if uniform else "",
-                              str(results_dir), protocol=protocol)
-    MTEB_PROTOCOL.write(report.results_dir,
-                        {"protocol": protocol, "description": DESCRIPTIONS[protocol],
-                       "recipe": recipe.model_dump() if uniform else None, "overrides": overrides})
-    logger.info("results of %s (protocol %s) go to %s", identity.name, protocol, report.results_dir)
-    lazy = _LazyEncoder(identity, protocol, recipe, device, overrides)
-    try:
-        with progress_bar(show=show_progress, transient=True) as progress, \
-                collect_mteb_notices() as report.notices:
-            bar = progress.add_task(f"MTEB {identity.name}", total=len(selected))
-            for task in selected:
-                progress.update(bar, description=f"{identity.name}: {task.metadata.name}")
-                outcome = _evaluate_one(task, lazy, cache, meta)
-                report.outcomes.append(outcome)
-                logger.info("%s %s: %s", identity.name, outcome.task, outcome.status)
-                progress.advance(bar)
-    except KeyboardInterrupt:
-        raise Interrupted(f"{len(report.outcomes)} of {len(selected)} tasks are finished and kept in "
-                          f"{report.results_dir}; rerunning skips them", resume_args=()) from None
-    finally:
-        report.settings = _settings(lazy, report.outcomes)
-        for notice in report.notices:
-            logger.info("mteb notice: %s", notice)
-        if summary and report.outcomes:
-            write_summary([report], Path(output), tasks=selected)
-    return report
+    evaluation = plan_evaluation(model, output=output, protocol=protocol, benchmark=benchmark, tasks=tasks,
+                                 task_types=task_types, task_dirs=task_dirs, recipe=recipe, max_length=max_length,
+                                 precision=precision, revision=revision, device=device,
+                                 default_benchmark=default_benchmark)
+    with evaluation.claimed(wait=wait):
+        return evaluation.run(summary=summary, show_progress=show_progress)

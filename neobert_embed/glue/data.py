@@ -118,7 +118,7 @@ def load_task_dir(directory: str | Path) -> GlueData:
     directory = Path(directory)
     if not directory.is_dir():
         raise UserInputError(f"{directory}: task directory not found")
-    spec = read_spec(directory / TASK_FILE, "GLUE task", 'a GLUE task directory needs task.json, e.g. {"glue_task": "stsb"}').data
+    spec = read_spec(directory / TASK_FILE, "GLUE task", f'a GLUE task directory needs {TASK_FILE}, e.g. {{"glue_task": "stsb"}}').data
     if "glue_task" not in spec:
         raise UserInputError(f"{directory / TASK_FILE}: key 'glue_task' is missing, e.g. {{\"glue_task\": \"stsb\"}}")
     try:

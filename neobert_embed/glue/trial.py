@@ -285,15 +285,15 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
 
 
 def _keep_if_best(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, result: dict[str, Any]) -> None:
-    """Save this trial's model as ``directory`` if it beats the one there (file lock: parallel trials)."""
-    from filelock import FileLock
-
+    """Save this trial's model as ``directory`` if it beats the one there. Trials run in parallel: the
+    folder's writer lock (the one every output has) makes compare-and-replace one step, so a better
+    model is never replaced by a worse one that finished later."""
     from neobert_embed.files import atomic_directory
     from neobert_embed.glue.tasks import TASKS
+    from neobert_embed.locks import writer_lock
 
     selection = TASKS[result["task"]].selection_metric
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(directory) + ".lock"):
+    with writer_lock(directory, command=f"neobert-embed glue (keeping the best {result['task']} model)"):
         previous = BEST_TRIAL.read(directory)
         if previous is not None and previous["scores"][selection] >= result["scores"][selection]:
             return

@@ -46,6 +46,7 @@ from neobert_embed.index.store import DocumentStore
 from neobert_embed.model_files import check_model_files
 from neobert_embed.records import INDEX_MANIFEST
 from neobert_embed.runs import updated_directory
+from neobert_embed.sentence import DOCUMENT_PROMPT
 from neobert_embed.sources import source_format
 
 ADD_CHUNK = 4096
@@ -143,7 +144,7 @@ def _encode_rows(staged: _Staged, encoder: IndexEncoder, start: int, stop: int,
     with DocumentStore(staged.work / STORE_NAME, read_only=True) as store:
         for first in range(staged.first_row + start, staged.first_row + stop, ADD_CHUNK):
             documents = store.documents_between(first, min(staged.first_row + stop, first + ADD_CHUNK))
-            parts.append(encoder.encode_in_length_order([d.encoded_text for d in documents], "document",
+            parts.append(encoder.encode_in_length_order([d.encoded_text for d in documents], DOCUMENT_PROMPT,
                                                         advance=advance))
     return np.concatenate(parts)
 

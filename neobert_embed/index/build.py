@@ -1,7 +1,7 @@
 """``index build``: encode a corpus into a FAISS index, chunk by chunk, resumably.
 
 Why: encoding a large corpus takes hours and machines get interrupted. The build works in
-``OUTPUT.partial``: the corpus is first imported into the SQLite store (validating ids and fields
+``.OUTPUT.partial`` beside it: the corpus is first imported into the SQLite store (validating ids and fields
 with file and line), then encoded in chunks, each persisted as a shard and marked finished in the
 store. ``--resume`` continues after the last finished chunk. Only when every vector is encoded is
 the index trained on a sample, filled, calibrated against exact search, and moved to ``OUTPUT`` in
@@ -21,6 +21,7 @@ import functools
 import itertools
 import logging
 import math
+import os
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -64,12 +65,13 @@ from neobert_embed.index.rerank import (
 )
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
-from neobert_embed.inference.machine import check_compute_precision
 from neobert_embed.locks import LockHolder
+from neobert_embed.machine import check_compute_precision
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
-from neobert_embed.runs import Interrupted, check_resume, claimed_directory
+from neobert_embed.runs import Interrupted, check_resume, claimed_directory, partial_directory
+from neobert_embed.sentence import DOCUMENT_PROMPT
 from neobert_embed.shards import ShardDirectory
 from neobert_embed.sources import fingerprint
 
@@ -131,9 +133,12 @@ class ChunkDone:
 #: ``(first_row, vectors)``: one block of a corpus's vectors, as the vector store hands them out.
 Block = tuple[int, np.ndarray]
 
-def partial_directory(output: Path) -> Path:
-    """Where an unfinished build of ``output`` lives."""
-    return output.with_name(output.name + ".partial")
+def _adopt_legacy_partial(output: Path) -> None:
+    """Move a build interrupted under the earlier, visible name ``OUTPUT.partial`` to where builds
+    resume from now (:func:`~neobert_embed.runs.partial_directory`), so its encoded chunks are kept."""
+    legacy, partial = output.with_name(output.name + ".partial"), partial_directory(output)
+    if INDEX_BUILD_STATE.exists(legacy) and not partial.exists():
+        os.replace(legacy, partial)
 
 
 def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrite: bool) -> Path:
@@ -182,7 +187,7 @@ def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexE
         for chunk in todo:
             first = chunk * options.chunk_size
             documents = store.documents_between(first, first + options.chunk_size)
-            vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], "document",
+            vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], DOCUMENT_PROMPT,
                                                      advance=lambda n: progress.advance(task, n * world.size))
             shards.write(chunk, vectors)
             if on_chunk is not None:
@@ -409,6 +414,7 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
             held.enter_context(claimed_directory(output, command="neobert-embed index build", wait=wait,
                                                  on_stale=lambda holder: _report_stale(holder, output),
                                                  **_claim(opts, overwrite)))
+            _adopt_legacy_partial(output)
 
         on_main(world, checked_and_locked)
         return _build_locked(opts, output, resume, overwrite, show_progress, on_chunk, world)

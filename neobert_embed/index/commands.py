@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from neobert_embed import options as opt
+from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT
 
 index_app = typer.Typer(help="Encode corpora into FAISS indexes, search them, and evaluate them.",
                         no_args_is_help=True)
@@ -40,7 +41,7 @@ IndexPrecision = Annotated[str | None, typer.Option(
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
 
-def _used_line(manifest, fields=None, kind: str = "document", compute: str | None = None) -> str:
+def _used_line(manifest, fields=None, kind: str = DOCUMENT_PROMPT, compute: str | None = None) -> str:
     """One line: the compute precision, length, prompt and fields the index's model encodes with."""
     prompt = manifest.prompts.get(kind)
     recorded = (manifest.compute or {}).get("reason")
@@ -179,7 +180,7 @@ def search(
     with json_only_stdout(as_json), without_progress_bars(), \
             open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision) as index:
         choice = index.encoder.choice
-        logger.info(_used_line(index.manifest, kind="query", compute=choice.description if choice else None))
+        logger.info(_used_line(index.manifest, kind=QUERY_PROMPT, compute=choice.description if choice else None))
         results = index.search(texts, k=k)
     if as_json:
         for text, hits in zip(texts, results, strict=True):
@@ -230,7 +231,7 @@ def evaluate(
     with json_only_stdout(as_json), without_progress_bars():  # no log folder: loading bars would break the lines
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
                                 device=device, precision=precision)
-    logger.info(_used_line(manifest, kind="query", compute=str(scores["compute_precision"])))
+    logger.info(_used_line(manifest, kind=QUERY_PROMPT, compute=str(scores["compute_precision"])))
     searched = ", ".join(f"{key} {value}" for key, value in scores["search_params"].items()) or "exact"
     table = Table(title=f"{index_dir} ({scores['index_type']} {scores['factory']}, {searched}, vectors stored "
                         f"{scores['store_precision']}) on {task_dir}, split {split}: {scores['queries']} judged "

@@ -24,14 +24,14 @@ from neobert_embed.encoding import SLICE_BATCHES, encode_longest_first
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.manifest import IndexManifest
 from neobert_embed.inference.runtime import model_fingerprint
-from neobert_embed.sentence import resolve_prompt
+from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT, resolve_prompt
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
     from neobert_embed.inference.runtime import PrecisionChoice
 
-PROMPT_KINDS = ("query", "document")
+PROMPT_KINDS = (QUERY_PROMPT, DOCUMENT_PROMPT)
 SUPPORTED_SIMILARITIES = ("cosine", "dot")
 
 

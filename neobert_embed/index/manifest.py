@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.records import INDEX_MANIFEST
+from neobert_embed.runs import partial_directory
 
 INDEX_NAME = "index.faiss"
 STORE_NAME = "documents.sqlite"
@@ -109,7 +110,7 @@ def read_manifest(directory: str | Path) -> IndexManifest:
     """
     directory = Path(directory)
     if not INDEX_MANIFEST.exists(directory):
-        partial = directory.with_name(directory.name + ".partial")
+        partial = partial_directory(directory)
         hint = (f"; an interrupted build is in {partial}: rerun `neobert-embed index build` with "
                 "--resume" if partial.is_dir() else "; build one with `neobert-embed index build`")
         raise UserInputError(f"{directory}: not an index (no {INDEX_MANIFEST.name}){hint}")

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from neobert_embed.files import atomic_path
+
 if TYPE_CHECKING:
     import faiss
 
@@ -50,22 +52,21 @@ def write_rerank_vectors(path: Path, blocks: Iterable[tuple[int, np.ndarray]], t
     Example:
         >>> write_rerank_vectors(Path("vectors.f16.npy"), [(0, x)], len(x), x.shape[1])
     """
-    tmp = path.with_name(path.name + ".tmp")
-    written = 0
-    with open(tmp, "wb") as handle:   # plain writes: a writable memmap would keep every page in RSS
-        np.lib.format.write_array_header_1_0(handle, {"descr": np.dtype(np.float16).str, "fortran_order": False,
-                                                      "shape": (total, dimension)})
-        for first, block in blocks:
-            if first != written:
-                raise ValueError(f"blocks must be contiguous: expected row {written}, got {first}")
-            for start in range(0, len(block), WRITE_ROWS):   # slices: a whole memmapped block would be copied at once
-                handle.write(np.ascontiguousarray(block[start:start + WRITE_ROWS], dtype=np.float16).tobytes())
-            written += len(block)
-        handle.flush()
-        os.fsync(handle.fileno())
-    if written != total:
-        raise ValueError(f"wrote {written} vectors, expected {total}")
-    tmp.replace(path)
+    with atomic_path(path) as tmp:  # a crash or a short stream leaves the old file (or none), never a torn one
+        written = 0
+        with open(tmp, "wb") as handle:   # plain writes: a writable memmap would keep every page in RSS
+            np.lib.format.write_array_header_1_0(handle, {"descr": np.dtype(np.float16).str, "fortran_order": False,
+                                                          "shape": (total, dimension)})
+            for first, block in blocks:
+                if first != written:
+                    raise ValueError(f"blocks must be contiguous: expected row {written}, got {first}")
+                for start in range(0, len(block), WRITE_ROWS):   # slices: a whole memmapped block would be copied at once
+                    handle.write(np.ascontiguousarray(block[start:start + WRITE_ROWS], dtype=np.float16).tobytes())
+                written += len(block)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if written != total:
+            raise ValueError(f"wrote {written} vectors, expected {total}")
 
 
 def append_rerank_vectors(source: Path, new: list[np.ndarray], target: Path) -> None:

@@ -23,6 +23,7 @@ from neobert_embed.index.factory import IndexSpec, SearchableIndex, exclusion_se
 from neobert_embed.index.integrity import open_faiss, open_store
 from neobert_embed.index.manifest import IndexManifest, read_manifest
 from neobert_embed.index.rerank import with_rerank
+from neobert_embed.sentence import QUERY_PROMPT
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class SearchIndex:
         """
         if k < 1:
             raise UserInputError(f"--k must be at least 1, got {k}")
-        return self.hits(self.encoder.encode(list(queries), "query"), k)
+        return self.hits(self.encoder.encode(list(queries), QUERY_PROMPT), k)
 
     def hits(self, vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
         """Top-``k`` documents for already-encoded query vectors (encoded as :meth:`search` does).

@@ -6,8 +6,10 @@ of a command. ``encode``, ``index``, ``mine-negatives``, ``mteb``, ``compare`` a
 load a model through :func:`neobert_embed.inference.runtime.load_inference_model`, which applies
 the same ``--precision auto|fp32|bf16|fp16|int8`` rule and says what it chose.
 
+What the machine's matrix units can do is read by :mod:`neobert_embed.machine`, beside the
+device checks, since training chooses its precision from it too.
+
 Modules:
-    machine: the CPU's (or GPU's) bf16 and int8 matrix units, read once per process.
     kernels: int8 Linear layers (per-channel weights, per-token activations) and bf16 autocast.
     runtime: loading a model at a compute precision, and ``auto``'s measured choice.
     unpadded: BERT-family layers run on the real tokens only.

@@ -186,6 +186,7 @@ def export_model(
     calibration: Sequence[str] | None = None,
     texts: Sequence[str] = CHECK_TEXTS,
     opset: int = OPSET,
+    wait: bool = True,
 ) -> ExportReport:
     """Export ``source`` to ``output_dir`` as a SentenceTransformer directory with an ONNX or OpenVINO graph.
 
@@ -199,6 +200,7 @@ def export_model(
             plenty); without them the weights alone are compressed to int8.
         texts: the texts each written file is checked on against the torch fp32 model.
         opset: ONNX opset of the graph.
+        wait: when another command writes ``output_dir``, wait for it (default); False fails at once.
 
     Returns:
         An :class:`ExportReport`; its figures are also in ``output_dir/export.json``.
@@ -229,44 +231,45 @@ def export_model(
     from neobert_embed.runs import claimed_directory
     from neobert_embed.sentence import load_sentence_model
 
-    model = load_sentence_model(source, device="cpu", precision="fp32")
-    graph, inputs = _traceable_encoder(model)
-    reference = model.encode(list(texts), batch_size=8, convert_to_numpy=True)
     fp32_name, int8_name = GRAPH_FILES[format]
     # One writer at a time; a writer killed earlier left a temporary sibling, removed here.
-    with claimed_directory(output, command=WRITER, on_stale=lambda _: remove_debris(output),
-                           **_claim(output, source, overwrite)), atomic_directory(output, record=EXPORT.name) as tmp:
+    with claimed_directory(output, command=WRITER, wait=wait, on_stale=lambda _: remove_debris(output),
+                           **_claim(output, source, overwrite)):
         check_export_output(output, source, overwrite)  # again, now that no one else writes it
-        model.save(str(tmp))
-        onnx_file = tmp / GRAPH_FILES["onnx"][0]
-        _export_onnx(graph, model, inputs, onnx_file, opset, OUTPUT_NAME)
-        if format == "openvino":
-            ov_model = _convert_openvino(onnx_file, tmp / fp32_name)
-            onnx_file.unlink()
-            onnx_file.parent.rmdir()
-        fp32 = _agreement(reference, _encode_file(tmp, format, False, texts))
-        if fp32.mean < FP32_MIN_MEAN_COSINE:
-            raise UserInputError(f"{source}: the exported {format} graph does not compute what the torch model does "
-                                 f"(mean cosine {fp32.mean:.6f} < {FP32_MIN_MEAN_COSINE} on {fp32.texts} texts); "
-                                 "nothing was written. Please report this model's architecture")
-        method, int8 = None, None
-        if quantize == "int8":
-            method = (_quantize_openvino(ov_model, tmp / int8_name, model, inputs, calibration)
-                      if format == "openvino" else _quantize_onnx(onnx_file, tmp / int8_name))
-            int8 = _agreement(reference, _encode_file(tmp, format, True, texts))
-        if int8 is not None and int8.mean < INT8_WARN_MEAN:
-            logger.warning("%s int8: cosine to fp32 mean %.4f (min %.4f) is below %.2f; check the model's "
-                           "quality on your task before using it", format, int8.mean, int8.minimum, INT8_WARN_MEAN)
-        files = {name: _size(tmp / name) for name in (fp32_name, int8_name) if (tmp / name).is_file()}
-        report = ExportReport(source=str(source), output=output, format=format, quantize=quantize,
-                              file=output / (int8_name if quantize else fp32_name),
-                              size_bytes=files[int8_name if quantize else fp32_name], fp32=fp32, int8=int8,
-                              files=files, inputs=inputs, method=method, versions=_versions(format))
-        report.seconds = time.perf_counter() - started
-        record = {**report.to_json(), "writer": WRITER, "opset": opset,
-                  "file": str(report.file.relative_to(output))}  # relative: the directory may move
-        del record["output"]
-        EXPORT.write(tmp, record)
+        model = load_sentence_model(source, device="cpu", precision="fp32")
+        graph, inputs = _traceable_encoder(model)
+        reference = model.encode(list(texts), batch_size=8, convert_to_numpy=True)
+        with atomic_directory(output, record=EXPORT.name) as tmp:
+            model.save(str(tmp))
+            onnx_file = tmp / GRAPH_FILES["onnx"][0]
+            _export_onnx(graph, model, inputs, onnx_file, opset, OUTPUT_NAME)
+            if format == "openvino":
+                ov_model = _convert_openvino(onnx_file, tmp / fp32_name)
+                onnx_file.unlink()
+                onnx_file.parent.rmdir()
+            fp32 = _agreement(reference, _encode_file(tmp, format, False, texts))
+            if fp32.mean < FP32_MIN_MEAN_COSINE:
+                raise UserInputError(f"{source}: the exported {format} graph does not compute what the torch model does "
+                                     f"(mean cosine {fp32.mean:.6f} < {FP32_MIN_MEAN_COSINE} on {fp32.texts} texts); "
+                                     "nothing was written. Please report this model's architecture")
+            method, int8 = None, None
+            if quantize == "int8":
+                method = (_quantize_openvino(ov_model, tmp / int8_name, model, inputs, calibration)
+                          if format == "openvino" else _quantize_onnx(onnx_file, tmp / int8_name))
+                int8 = _agreement(reference, _encode_file(tmp, format, True, texts))
+            if int8 is not None and int8.mean < INT8_WARN_MEAN:
+                logger.warning("%s int8: cosine to fp32 mean %.4f (min %.4f) is below %.2f; check the model's "
+                               "quality on your task before using it", format, int8.mean, int8.minimum, INT8_WARN_MEAN)
+            files = {name: _size(tmp / name) for name in (fp32_name, int8_name) if (tmp / name).is_file()}
+            report = ExportReport(source=str(source), output=output, format=format, quantize=quantize,
+                                  file=output / (int8_name if quantize else fp32_name),
+                                  size_bytes=files[int8_name if quantize else fp32_name], fp32=fp32, int8=int8,
+                                  files=files, inputs=inputs, method=method, versions=_versions(format))
+            report.seconds = time.perf_counter() - started
+            record = {**report.to_json(), "writer": WRITER, "opset": opset,
+                      "file": str(report.file.relative_to(output))}  # relative: the directory may move
+            del record["output"]
+            EXPORT.write(tmp, record)
     return report
 
 

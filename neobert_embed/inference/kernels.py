@@ -96,7 +96,7 @@ def int8_matmul(codes: torch.Tensor, weight_codes: torch.Tensor) -> torch.Tensor
 
 @functools.cache
 def _cpu_has_int8_units() -> bool:
-    from neobert_embed.inference.machine import describe_machine
+    from neobert_embed.machine import describe_machine
 
     return bool(describe_machine("cpu").int8_units)
 

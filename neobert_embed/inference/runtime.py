@@ -4,7 +4,7 @@ Why measured: which precision is fastest depends on the machine (bf16 wins on an
 on an AMD EPYC with VNNI, fp32 on a CPU with neither) and on the model (a small model on short
 texts spends more of its time outside the matrix products). Which precision is *safe* depends on
 the model's numbers. So ``auto`` encodes a few of the real inputs with fp32 and with every
-precision the hardware has units for (:mod:`neobert_embed.inference.machine`), and takes the
+precision the hardware has units for (:mod:`neobert_embed.machine`), and takes the
 fastest whose sentence vectors stay within :data:`AUTO_TOLERANCE` of fp32 (mean cosine ≥ 0.9999,
 minimum ≥ 0.999) and that is at least :data:`AUTO_MIN_SPEEDUP` × faster than fp32, else fp32. The choice and its reason are in :attr:`PrecisionChoice.description`,
 which every command prints on its ``used:`` line and stores in its output record.
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.inference.machine import (
+from neobert_embed.machine import (
     Machine,
     check_compute_precision,
     check_precision_fits,

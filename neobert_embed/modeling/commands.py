@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from neobert_embed import options as opt
+
 
 def convert(
     source: str = typer.Argument(..., help="Official NeoBERT checkpoint directory, or hub id (e.g. "
@@ -15,6 +17,7 @@ def convert(
                                   "has no tokenizer files."),
     revision: str = typer.Option(None, "--revision", help="Hub revision (branch, tag or commit)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUTPUT if it exists."),
+    no_wait: opt.NoWait = False,
 ) -> None:
     """Convert an official NeoBERT checkpoint into a directory that loads without remote code.
 
@@ -27,7 +30,7 @@ def convert(
     console = user_console(stderr=True)
     with console.status(f"converting {source} (strict key check, then re-load verification) …"):
         report = convert_checkpoint(source, output, tokenizer=tokenizer, revision=revision,
-                                    overwrite=overwrite)
+                                    overwrite=overwrite, wait=not no_wait)
     console.print(
         f"[green]converted[/] {report.source} → {report.output}: {report.architecture}, "
         f"{report.num_tensors} tensors, {report.num_parameters:,} parameters, "

@@ -168,12 +168,14 @@ def convert_checkpoint(
     tokenizer: str | None = None,
     revision: str | None = None,
     overwrite: bool = False,
+    wait: bool = True,
 ) -> ConversionReport:
     """Convert an official NeoBERT checkpoint (directory or hub id) into ``output``.
 
     The output holds ``config.json`` (``max_position_embeddings``, no remote-code fields),
     ``model.safetensors`` and the tokenizer (its ``model_max_length`` set to the model's context).
-    Nothing is written unless every key and shape matches; ``output`` appears atomically.
+    Nothing is written unless every key and shape matches; ``output`` appears atomically. With
+    ``wait=False`` an output another process is writing fails at once instead of waiting for it.
 
     Example:
         >>> convert_checkpoint("chandar-lab/NeoBERT", "models/neobert").num_parameters
@@ -183,7 +185,7 @@ def convert_checkpoint(
 
     output = Path(output)
     with claimed_directory(output, record=CONVERT, command=WRITER, inputs=[source], what="converted model",
-                           replace="--overwrite" if overwrite else None, writer=WRITER) as state:
+                           replace="--overwrite" if overwrite else None, writer=WRITER, wait=wait) as state:
         if state is not DirectoryState.ABSENT and not overwrite:
             raise UserInputError(f"{output} already exists; pass --overwrite (overwrite=True) to replace it "
                                  "or choose another output")

@@ -92,11 +92,12 @@ def prepare_command(
 def export_command(
     source: Path = typer.Argument(..., help="A pretraining output directory or one checkpoint directory."),
     output: Path = typer.Option(..., "--output", help="Hugging Face model directory to write."),
+    no_wait: opt.NoWait = False,
 ) -> None:
     """Export a checkpoint (ZeRO shards consolidated to fp32) as a Hugging Face MLM model."""
     from neobert_embed.pretraining.export import export_checkpoint
 
-    export_checkpoint(source, output)
+    export_checkpoint(source, output, wait=not no_wait)
 
 
 def register(app: typer.Typer) -> None:

@@ -353,15 +353,14 @@ def build_engine(recipe: PretrainRecipe, module: torch.nn.Module) -> TrainingEng
         >>> build_engine(recipe, objective).kind
         'deepspeed'
     """
-    wanted = recipe.training.engine
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    wanted, several = recipe.training.engine, current_world().distributed
     if wanted == "torch":
-        if world > 1:
+        if several:
             raise UserInputError("training.engine 'torch' runs one process; use 'deepspeed' with torchrun")
         return TorchEngine(recipe, module)
     if deepspeed_available():
         return DeepSpeedEngine(recipe, module)
-    if wanted == "deepspeed" or world > 1:
+    if wanted == "deepspeed" or several:
         raise UserInputError("deepspeed is not installed but training.engine 'deepspeed' or a multi-process "
                              "launch needs it; install it with `pip install neobert-embed[pretrain]`")
     ignored = f" (training.zero_stage {recipe.training.zero_stage} ignored)" if recipe.training.zero_stage else ""

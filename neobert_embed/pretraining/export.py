@@ -28,12 +28,13 @@ WRITER = "neobert-embed pretrain export"
 logger = logging.getLogger(__name__)
 
 
-def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool = True) -> Path:
+def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool = True, wait: bool = True) -> Path:
     """Export ``source`` (a run directory: its newest valid checkpoint; or one checkpoint directory)
     to ``output`` as a Hugging Face ``NeoBERTForMaskedLM`` with its tokenizer.
 
     ``output`` must be absent, empty or an earlier export (it holds ``export.json``); a directory
-    with other content is refused before anything is loaded, and never deleted.
+    with other content is refused before anything is loaded, and never deleted. With ``wait=False``
+    an export another process is writing fails at once instead of waiting for it.
 
     Example:
         >>> export_checkpoint("runs/stage1/checkpoints/step-00500000", "models/neobert-500k")
@@ -41,7 +42,7 @@ def export_checkpoint(source: str | Path, output: str | Path, *, progress: bool 
     """
     output = Path(output)
     with claimed_directory(output, record=EXPORT, command=WRITER, inputs=[source], what="exported model",
-                           replace="exporting again", writer=WRITER):
+                           replace="exporting again", writer=WRITER, wait=wait):
         checkpoint = find_checkpoint(Path(source))
         _export(checkpoint, output)
     if progress:

@@ -39,7 +39,7 @@ from neobert_embed.pretraining.documents import iter_documents
 from neobert_embed.pretraining.prepared import PreparedCorpus, is_prepared, load_prepared
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
 from neobert_embed.records import CORPUS_MANIFEST, PREPARE_STATE
-from neobert_embed.runs import Interrupted, check_resume, claimed_directory
+from neobert_embed.runs import Interrupted, check_resume, claimed_directory, partial_directory
 from neobert_embed.sources import fingerprint
 
 __all__ = ["prepare_corpus", "load_prepared", "is_prepared", "PreparedCorpus"]
@@ -111,17 +111,11 @@ def prepare_corpus(
         return load_prepared(final)
 
 
-def partial_path(output: Path) -> Path:
-    """Where an unfinished preparation of ``output`` lives: a hidden sibling, renamed into place
-    only when its last shard and manifest are written (``data/x`` → ``data/.x.partial``)."""
-    return output.with_name(f".{output.name}.partial")
-
-
 def _claim_partial(output: Path, plan: dict) -> Path:
     """The partial directory to work in. The same job's unfinished shards are resumed; a rerun
     with other options is refused (naming them); shards of a corpus that changed since (fixed
     after a bad line, say) are stale debris of this command, so they are deleted and it starts over."""
-    partial = partial_path(output)
+    partial = partial_directory(output)
     if PREPARE_STATE.exists(output):  # an unfinished preparation of an earlier version, kept in place
         os.replace(output, partial)
     saved = PREPARE_STATE.read(partial)

@@ -29,6 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.integrity import check_index_files
 from neobert_embed.inference.runtime import InferenceModel, load_inference_model
+from neobert_embed.sentence import QUERY_PROMPT
 from neobert_embed.serve.batcher import DynamicBatcher
 from neobert_embed.serve.engine import Embedder
 from neobert_embed.serve.errors import APIError, install_error_handlers
@@ -240,7 +241,7 @@ async def _search(state: ServerState, entry: OpenIndex, texts: list[str], k: int
         state.metrics.observe_inputs("/search", len(texts), 0)
         return await state.batcher.run_exclusive(lambda: entry.search(texts, k))  # type: ignore[return-value]
     manifest = entry.index.manifest  # queries get the index's prompt and normalization
-    vectors, _ = await _embed(state, "/search", texts, manifest.prompts.get("query") or None, truncate=True)
+    vectors, _ = await _embed(state, "/search", texts, manifest.prompts.get(QUERY_PROMPT) or None, truncate=True)
     if manifest.normalized:
         vectors = _normalized(vectors)
     return await run_in_threadpool(entry.hits, vectors, k)
