@@ -128,14 +128,37 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
     return selected
 
 
+def read_result(path: Path) -> dict[str, Any]:
+    """An mteb result file of an earlier run as JSON; a damaged one (cut short, not an object) is
+    one located error saying how to evaluate that task again, not a traceback.
+
+    Example:
+        >>> read_result(Path("runs/mteb/results/bert/abc/experiments/protocol_model/STS12.json"))["task_name"]
+        'STS12'
+    """
+    fix = f"delete it to evaluate {path.stem} again (rerunning keeps every other finished task)"
+    saved = read_json(path, "mteb result", fix)
+    if not isinstance(saved, dict):
+        raise UserInputError(f"{path}: damaged mteb result (a JSON object was expected); {fix}")
+    return saved
+
+
 def _cached_score(cache: ResultCache, task: AbsTask, meta: ModelMeta) -> float | None:
     """Main score of a finished earlier run of this exact task/model/recipe, else None."""
     from mteb import TaskResult
+    from pydantic import ValidationError
 
     path = cache.get_task_result_path(task.metadata.name, meta)
     if not path.is_file():
         return None
-    result = TaskResult.from_disk(path)
+    read_result(path)  # JSON and an object, or a located error
+    try:
+        result = TaskResult.from_disk(path)
+    except (ValidationError, KeyError, TypeError, ValueError) as exc:
+        first = (f"no key {exc.args[0]!r}" if isinstance(exc, KeyError) else
+                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        raise UserInputError(f"{path}: damaged mteb result ({first}); delete it to evaluate {task.metadata.name} "
+                             "again (rerunning keeps every other finished task)") from None
     if result.dataset_revision != task.metadata.revision or result.get_missing_evaluations(task):
         return None
     return float(result.get_score())
@@ -185,7 +208,7 @@ def _record_metadata(path: Path, task: AbsTask, lazy: _LazyEncoder) -> None:
     if lazy.overrides:
         metadata["overrides"] = lazy.overrides
     if path.is_file():
-        saved = read_json(path, "mteb result")
+        saved = read_result(path)
         saved[METADATA_KEY] = metadata
         atomic_write_json(path, saved)
 
@@ -199,7 +222,7 @@ def _settings(lazy: _LazyEncoder, outcomes: list[TaskOutcome]) -> dict[str, Any]
     for outcome in outcomes:
         path = Path(outcome.result_file or "")
         if outcome.status == "cached" and path.is_file():
-            saved = read_json(path, "mteb result").get(METADATA_KEY)
+            saved = read_result(path).get(METADATA_KEY)
             if saved:
                 return {key: value for key, value in saved.items() if key not in ("prompts", "description")}
     return {}
@@ -332,6 +355,8 @@ def plan_evaluation(model: str | Path, *, output: str | Path, protocol: str = "m
         >>> plan_evaluation("runs/model", output="runs/mteb", task_dirs=["tasks/"]).run().scores
         {'STSBenchmarkDev': 0.8671...}
     """
+    from mteb import ResultCache
+
     from neobert_embed.evaluation.encoder import model_identity
 
     if Path(str(model)).exists() and Path(output).resolve().is_relative_to(Path(str(model)).resolve()):
@@ -347,8 +372,12 @@ def plan_evaluation(model: str | Path, *, output: str | Path, protocol: str = "m
         raise UserInputError("max_length/compute_precision overrides are for --protocol model; under uniform "
                              "they come from the evaluation recipe")
     selected = select_tasks(benchmark, tasks, task_types, task_dirs, default_benchmark=default_benchmark)
-    return PlannedEvaluation(model, Path(output), protocol, recipe or load_evaluation_recipe(), selected,
-                             model_identity(model, revision), overrides, device, list(task_dirs or []))
+    planned = PlannedEvaluation(model, Path(output), protocol, recipe or load_evaluation_recipe(), selected,
+                                model_identity(model, revision), overrides, device, list(task_dirs or []))
+    cache, meta = ResultCache(planned.output), planned.meta
+    for task in selected:  # a damaged result of a finished task is refused before anything runs
+        _cached_score(cache, task, meta)
+    return planned
 
 
 def run_mteb(model: str | Path, *, output: str | Path, protocol: str = "model", benchmark: str | None = None,
