@@ -78,6 +78,7 @@ class Spec:
             known = ", ".join(_fields_at(model, item["loc"][:-1]))
             return f"{where}: unknown key {'.'.join(map(str, key))!r}" + (f" (known keys: {known})" if known else "")
         message = re.sub(r"^(Value error|Assertion failed), ", "", item["msg"])
+        message = re.sub(r"valid dictionary or instance of \w+", "JSON object", message)  # no class names
         return f"{where}: key {'.'.join(map(str, key))!r}: {message}" if key else f"{where}: {message}"
 
 

@@ -104,24 +104,58 @@ class RecordFile(Generic[J]):
         return data
 
     def validate(self, directory: str | Path, model: type[M]) -> M:
-        """The record parsed into the pydantic ``model``; a bad field is an error naming the file and key.
+        """The record parsed into the pydantic ``model`` (see :func:`validate_record`).
 
         Example:
             >>> INDEX_MANIFEST.validate("runs/news-index", IndexManifest).factory
             'IVF1024,Flat'
         """
-        from neobert_embed.recipes import read_spec
-
-        try:
-            return read_spec(self.path(directory), self.holds).validate(model)
-        except UserInputError as exc:
-            raise UserInputError(f"{exc}; {self.fix}") from None
+        return validate_record(self.path(directory), model, self.holds, self.fix)
 
     def write(self, directory: str | Path, data: Mapping[str, Any] | Sequence[Any]) -> Path:
         """Write the record into ``directory`` atomically, under its current name; returns its path."""
         path = Path(directory) / self.name
         atomic_write_json(path, dict(data) if isinstance(data, Mapping) else list(data))
         return path
+
+
+def validate_record(path: str | Path, model: type[M], holds: str, fix: str = RESTORE) -> M:
+    """The JSON record at ``path`` parsed into the pydantic ``model``. A missing or damaged file, a top
+    level that is not an object and a bad field are each one error naming the file (the line and the
+    key, for a field), then ``fix``. Every record whose fields a command uses is read through a model,
+    so an edited or half-written one is refused where it is read, not met as a ``KeyError`` later.
+
+    Example:
+        >>> validate_record("runs/glue/trials/bert/rte/bs16-lr2e-05-seed0.json", TrialResult, "trial result")
+        Traceback (most recent call last):
+        UserInputError: runs/glue/trials/bert/rte/bs16-lr2e-05-seed0.json:3: scores.accuracy: ...
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{path}: {holds} not found; {fix}")
+    data = read_json(path, holds, fix)
+    if not isinstance(data, dict):
+        raise UserInputError(f"{path}: damaged {holds} (a JSON object was expected, got "
+                             f"{_json_type(type(data))}); {fix}")
+    return check_fields(path, data, model, fix, text=path.read_text(encoding="utf-8"))
+
+
+def check_fields(source: str | Path, data: Mapping[str, Any], model: type[M], fix: str = RESTORE,
+                 text: str = "") -> M:
+    """``data`` (read from ``source``) parsed into ``model``; a bad field is one error naming
+    ``source`` (its line when ``text`` is given) and the key, then ``fix``.
+
+    Example:
+        >>> check_fields("out/STS12.json", {"neobert_embed": "x"}, ResultFile, "delete it")
+        Traceback (most recent call last):
+        UserInputError: out/STS12.json: neobert_embed: Input should be a valid dictionary ...; delete it
+    """
+    from neobert_embed.recipes import Spec
+
+    try:
+        return Spec(str(source), dict(data), text).validate(model)
+    except UserInputError as exc:
+        raise UserInputError(f"{exc}; {fix}") from None
 
 
 def _json_type(kind: type) -> str:
@@ -142,7 +176,8 @@ INDEX_BUILD_STATE: RecordFile[Object] = RecordFile("build_state.json", "index bu
 INDEX_MANIFEST: RecordFile[Object] = RecordFile("manifest.json", "index manifest",
                                                 "rebuild the index with `neobert-embed index build`")
 CORPUS_MANIFEST: RecordFile[Object] = RecordFile(
-    "corpus.json", "prepared-corpus manifest", "prepare the corpus again with `neobert-embed pretrain prepare`",
+    "corpus.json", "prepared-corpus manifest",
+    "delete that folder and prepare the corpus again with `neobert-embed pretrain prepare`",
     legacy=("manifest.json",), legacy_key="shards")
 CHECKPOINT_MANIFEST: RecordFile[Object] = RecordFile("checkpoint.json", "checkpoint manifest",
                                                      "resume from an earlier checkpoint", legacy=("manifest.json",))

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-HIDDEN, HEADS, LAYERS, INTERMEDIATE, VOCAB, MAX_LENGTH = 64, 2, 2, 100, 1000, 64
+HIDDEN, HEADS, LAYERS, INTERMEDIATE, VOCAB, MAX_LENGTH = 64, 2, 2, 100, 30522, 64  # bert-base-uncased's vocabulary
 
 
 def swiglu_width(intermediate_size: int) -> int:

@@ -65,6 +65,20 @@ def test_cli_trains_every_architecture(arch, tmp_path, data_dir):
                                checkpoint.encode(texts, prompt_name="query"), atol=1e-6)
 
 
+def test_a_run_that_logged_no_loss_reports_so(tmp_path, data_dir, tiny_bert):
+    """logging_steps above the steps run: summary.json's final_loss is null, and the CLI says why
+    instead of failing to format it (it raised a TypeError after the model was saved)."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(TINY_RECIPE.read_text(encoding="utf-8").replace("logging_steps: 1", "logging_steps: 50"),
+                      encoding="utf-8")
+    result = runner.invoke(app, ["train-contrastive", "--model", str(tiny_bert), "--recipe", str(recipe),
+                                 "--data", f"p={data_dir / 'pairs.jsonl'}", "--max-steps", "2",
+                                 "--output", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "2 steps" in result.stdout and "no loss logged" in result.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_loss"] is None
+
+
 class StopAt(TrainerCallback):
     """Press Ctrl-C (a real SIGINT) right after step ``step``."""
 

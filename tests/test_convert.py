@@ -81,3 +81,14 @@ def test_cli_exit_code_and_one_line_error(tmp_path):
     proc = subprocess.run([str(script), "convert", str(tmp_path / "nowhere"), "--output", str(tmp_path / "o")],
                           capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_tokenizer_with_ids_beyond_the_vocabulary_is_refused(tmp_path):
+    small = 1000  # the tokenizer (bert-base-uncased) has 30,522 tokens: ids past 1,000 have no embedding
+    weights = {name: tensor[:small] if name in ("model.encoder.weight", "decoder.weight", "decoder.bias") else tensor
+               for name, tensor in official_weights().items()}
+    source = write_official_checkpoint(tmp_path / "small", weights, official_config(vocab_size=small), tokenizer=True)
+    result = convert(source, "--output", tmp_path / "converted")
+    assert isinstance(result.exception, UserInputError), result.output
+    assert "30,522 tokens" in str(result.exception) and "vocab_size is 1,000" in str(result.exception)
+    assert not (tmp_path / "converted").exists()

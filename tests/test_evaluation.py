@@ -264,8 +264,9 @@ def test_interrupt_keeps_finished_tasks_and_rerun_resumes(tmp_path, tiny_bert, m
     assert [(o.task, o.status) for o in resumed.outcomes] == [("FirstSTS", "cached"), ("SecondSTS", "done")]
 
 
-@pytest.mark.parametrize("damage", ['{"task_name": "FirstSTS", "scores": {"te', "[]", '{"task_name": "FirstSTS"}'],
-                         ids=["cut short", "not an object", "missing keys"])
+@pytest.mark.parametrize("damage", ['{"task_name": "FirstSTS", "scores": {"te', "[]", '{"task_name": "FirstSTS"}',
+                                    "neobert_embed"], ids=["cut short", "not an object", "missing keys",
+                                                           "our key of the wrong shape"])
 def test_a_damaged_result_of_a_finished_task_is_a_located_error(tmp_path, tiny_bert, damage, capsys):
     from safety_helpers import run_main
 
@@ -273,11 +274,14 @@ def test_a_damaged_result_of_a_finished_task_is_a_located_error(tmp_path, tiny_b
     make_task(tasks, "a", {"name": "FirstSTS", "type": "STS"}, {"test.jsonl": sts_rows()[:12]})
     report = run_mteb(tiny_bert, task_dirs=[tasks], output=tmp_path / "out", show_progress=False)
     result = Path(report.outcomes[0].result_file)
+    if damage == "neobert_embed":  # mteb's part intact, the settings this toolkit adds are a string
+        damage = json.dumps({**json.loads(result.read_text(encoding="utf-8")), "neobert_embed": "fp32"})
     result.write_text(damage, encoding="utf-8")
     code, _, err = run_main(["mteb", "--model", tiny_bert, "--task-dir", tasks, "--output", tmp_path / "out"],
                             capsys)
     assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
-    assert str(result) in err and "damaged mteb result" in err and "delete it to evaluate FirstSTS again" in err
+    assert str(result) in err and "delete it to evaluate FirstSTS again" in err
+    assert ("key 'neobert_embed'" if "neobert_embed" in damage else "damaged mteb result") in err
     assert result.read_text(encoding="utf-8") == damage  # left for the user to look at
 
 

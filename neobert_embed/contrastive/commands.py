@@ -71,17 +71,20 @@ def train_contrastive_command(
     with third_party_log(output, verbose), json_only_stdout(as_json):
         out = train_contrastive(model=model, data=opt.parse_data_option(data or []) or None, output=output,
                                 recipe=loaded, resume=resume, overwrite=overwrite, wait=not no_wait)
+    from neobert_embed.contrastive.train import TrainingSummary
     from neobert_embed.records import TRAINING_SUMMARY
 
-    summary = TRAINING_SUMMARY.read(out)
-    if summary is None:  # a non-zero rank under torchrun: rank 0 reports
+    if not TRAINING_SUMMARY.exists(out):  # a non-zero rank under torchrun: rank 0 reports
         return
+    summary = TRAINING_SUMMARY.validate(out, TrainingSummary)
     if as_json:
-        typer.echo(json.dumps(summary, indent=2, sort_keys=True))
+        typer.echo(json.dumps(summary.model_dump(), indent=2, sort_keys=True))
     else:
-        precision = f" ({summary['precision']})" if summary.get("precision") else ""
+        precision = f" ({summary.precision})" if summary.precision else ""
+        loss = ("no loss logged (logging_steps is above the steps run)" if summary.final_loss is None
+                else f"final loss {summary.final_loss:.4f}")
         typer.echo(f"saved {out} (SentenceTransformer, prompts 'query'/'document'); "
-                   f"{summary['steps']} steps{precision}, final loss {summary['final_loss']:.4f}; "
+                   f"{summary.steps} steps{precision}, {loss}; "
                    f"metrics in {out / METRICS_FILE}, summary in {TRAINING_SUMMARY.path(out)}")
 
 

@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from neobert_embed import runs
 from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
@@ -71,16 +73,52 @@ def _sources(data: dict[str, Any] | None, recipe: ContrastiveRecipe) -> dict[str
             if Path(source.path).exists() else source for name, source in sorted(chosen.items())}
 
 
+class TrainingSummary(BaseModel):
+    """What ``summary.json`` of a finished run holds, as far as the CLI reads it back."""
+
+    model_config = ConfigDict(extra="allow")
+    steps: int = Field(ge=0)
+    final_loss: float | None = None  # the last logged loss; None when no step was logged (logging_steps > steps)
+    precision: str | None = None
+
+
+class ResumedTrainerState(BaseModel):
+    """What resuming needs of transformers' ``trainer_state.json`` in a checkpoint: without a step the
+    Trainer would silently start over on the checkpoint's weights."""
+
+    model_config = ConfigDict(extra="allow")
+    global_step: int = Field(ge=0)
+    log_history: list[dict[str, Any]] = []
+
+
+def _complete_checkpoints(output: Path) -> list[Path]:
+    """Checkpoints under ``output/checkpoints`` whose trainer_state.json (written last) exists, newest first."""
+    complete = [p for p in (output / CHECKPOINTS).glob("checkpoint-*")  # none when the folder is absent
+                if TRAINER_STATE.exists(p) and p.name.split("-")[-1].isdigit()]
+    return sorted(complete, key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+
+
 def last_checkpoint(output: Path) -> Path | None:
-    """The newest *complete* checkpoint under ``output/checkpoints`` (trainer_state.json is written last).
+    """The newest *usable* checkpoint under ``output/checkpoints``: complete (trainer_state.json is
+    written last) and with a trainer state that says its step. A damaged one is skipped with a
+    warning, as pretraining does; when every one is damaged, the error names the last problem.
 
     Example:
         >>> last_checkpoint(Path("runs/x"))
         PosixPath('runs/x/checkpoints/checkpoint-500')
     """
-    complete = [p for p in (output / CHECKPOINTS).glob("checkpoint-*")  # none when the folder is absent
-                if TRAINER_STATE.exists(p) and p.name.split("-")[-1].isdigit()]
-    return max(complete, key=lambda p: int(p.name.split("-")[-1]), default=None)
+    problem = ""
+    for checkpoint in _complete_checkpoints(output):
+        try:
+            TRAINER_STATE.validate(checkpoint, ResumedTrainerState)
+            return checkpoint
+        except UserInputError as exc:
+            problem = str(exc)
+            logger.warning("skipping damaged checkpoint: %s", exc)
+    if problem:
+        raise UserInputError(f"--resume: every checkpoint in {output / CHECKPOINTS} is damaged (last problem: "
+                             f"{problem}); start again without --resume, with a new --output")
+    return None
 
 
 def _record(model: str, sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, Any]:
@@ -262,7 +300,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         with interrupt, contextlib.closing(progress):  # the bar stops however training ends
             result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except UserInputError:
-        if fresh and is_main_process() and last_checkpoint(output) is None:
+        if fresh and is_main_process() and not _complete_checkpoints(output):
             _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
         raise
     # Mixed precision: accelerate wrapped the model's forward in autocast for training and leaves it

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict
+
 from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, load_task_dirs
@@ -39,7 +41,7 @@ from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.machine import check_compute_precision
 from neobert_embed.model_files import check_model_files
 from neobert_embed.outputs import check_output_directory
-from neobert_embed.records import MTEB_PROTOCOL
+from neobert_embed.records import MTEB_PROTOCOL, check_fields
 from neobert_embed.runs import Interrupted, claimed_directory
 
 if TYPE_CHECKING:
@@ -128,9 +130,34 @@ def select_tasks(benchmark: str | None = None, tasks: Sequence[str] | None = Non
     return selected
 
 
+class _RecordedPrecision(BaseModel):
+    """``compute_precision`` as :meth:`PrecisionChoice.to_json` writes it."""
+
+    model_config = ConfigDict(extra="allow")
+    precision: str
+    reason: str
+
+
+class _RecordedSettings(BaseModel):
+    """The fields of the ``"neobert_embed"`` key (what the model encoded with) that reruns read back."""
+
+    model_config = ConfigDict(extra="allow")
+    protocol: str | None = None
+    max_seq_length: int | None = None
+    compute_precision: _RecordedPrecision | None = None
+
+
+class _ResultFile(BaseModel):
+    """An mteb result file, as far as this toolkit reads it (mteb's ``TaskResult`` checks the rest)."""
+
+    model_config = ConfigDict(extra="allow")
+    neobert_embed: _RecordedSettings | None = None
+
+
 def read_result(path: Path) -> dict[str, Any]:
-    """An mteb result file of an earlier run as JSON; a damaged one (cut short, not an object) is
-    one located error saying how to evaluate that task again, not a traceback.
+    """An mteb result file of an earlier run as JSON; a damaged one (cut short, not an object, a
+    ``"neobert_embed"`` key of the wrong shape) is one located error saying how to evaluate that
+    task again, not a traceback.
 
     Example:
         >>> read_result(Path("runs/mteb/results/bert/abc/experiments/protocol_model/STS12.json"))["task_name"]
@@ -140,6 +167,7 @@ def read_result(path: Path) -> dict[str, Any]:
     saved = read_json(path, "mteb result", fix)
     if not isinstance(saved, dict):
         raise UserInputError(f"{path}: damaged mteb result (a JSON object was expected); {fix}")
+    check_fields(path, saved, _ResultFile, fix)
     return saved
 
 

@@ -24,10 +24,36 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from neobert_embed.files import atomic_write_json, read_json
+from pydantic import BaseModel, ConfigDict
+
+from neobert_embed.errors import UserInputError
+from neobert_embed.files import atomic_write_json
 from neobert_embed.glue.presets import GluePreset, Trial
-from neobert_embed.records import RUN, TRIAL_MODEL
+from neobert_embed.records import RUN, TRIAL_MODEL, validate_record
 from neobert_embed.runs import check_resume
+
+TRIAL_FIX = "delete that file to run the trial again (a rerun runs only missing trials)"
+
+
+class TrialScores(BaseModel):
+    """What selection reads of a finished trial: its key and validation scores (``best.json`` holds
+    the same for a kept best model)."""
+
+    model_config = ConfigDict(extra="allow")
+    key: str
+    scores: dict[str, float]
+
+    def check_metric(self, source: Path, metric: str, fix: str) -> None:
+        """Refuse scores without ``metric`` (the task's selection metric), naming the file."""
+        if metric not in self.scores:
+            raise UserInputError(f"{source}: key 'scores' has no {metric!r} (the metric trials are selected "
+                                 f"on); {fix}")
+
+
+class TrialResult(TrialScores):
+    """One finished trial's result file, as far as selection and the report read it."""
+
+    config_key: str
 
 
 class Journal:
@@ -62,9 +88,21 @@ class Journal:
         return self.trial_path(label, trial).is_file()
 
     def results(self, label: str, task: str) -> list[dict[str, Any]]:
-        """Every finished trial of ``label`` on ``task``."""
-        folder = self.output / "trials" / label / task
-        return [read_json(p, "trial result") for p in sorted(folder.glob("*.json"))]
+        """Every finished trial of ``label`` on ``task``; a damaged result file (cut short, a field
+        missing or of the wrong type, no selection metric) is one error naming it.
+
+        Example:
+            >>> [r["key"] for r in Journal("runs/glue").results("bert", "rte")][:1]
+            ['bs16-lr2e-05-wd0.01-seed0']
+        """
+        from neobert_embed.glue.tasks import TASKS
+
+        folder, found = self.output / "trials" / label / task, []
+        for path in sorted(folder.glob("*.json")):
+            result = validate_record(path, TrialResult, "trial result", TRIAL_FIX)
+            result.check_metric(path, TASKS[task].selection_metric, TRIAL_FIX)
+            found.append(result.model_dump())
+        return found
 
     def write(self, label: str, trial: Trial, result: dict[str, Any]) -> None:
         atomic_write_json(self.trial_path(label, trial), result)

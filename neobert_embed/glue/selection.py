@@ -60,7 +60,7 @@ def select_best(results: Sequence[dict[str, Any]], selection: str) -> TaskChoice
 
     best_key = max(sorted(groups), key=rank)
     group = groups[best_key]
-    metrics = list(group[0]["scores"])
+    metrics = [m for m in group[0]["scores"] if all(m in r["scores"] for r in group)]  # what every seed has
     scores = {m: median_of(group, m) for m in metrics}
     spread = {m: {"min": min(r["scores"][m] for r in group), "max": max(r["scores"][m] for r in group),
                   "std": statistics.pstdev(r["scores"][m] for r in group)} for m in metrics}

@@ -31,6 +31,7 @@ from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.distributed import is_main_process
 from neobert_embed.files import value_digest
 from neobert_embed.glue.data import GlueData
+from neobert_embed.glue.journal import TrialScores
 from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.glue.tasks import GlueTask, compute_metrics, predictions_from_logits
 from neobert_embed.records import BEST_TRIAL
@@ -294,9 +295,11 @@ def _keep_if_best(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, di
 
     selection = TASKS[result["task"]].selection_metric
     with writer_lock(directory, command=f"neobert-embed glue (keeping the best {result['task']} model)"):
-        previous = BEST_TRIAL.read(directory)
-        if previous is not None and previous["scores"][selection] >= result["scores"][selection]:
-            return
+        if BEST_TRIAL.exists(directory):
+            previous = BEST_TRIAL.validate(directory, TrialScores)
+            previous.check_metric(BEST_TRIAL.path(directory), selection, BEST_TRIAL.fix)
+            if previous.scores[selection] >= result["scores"][selection]:
+                return
         with atomic_directory(directory) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)

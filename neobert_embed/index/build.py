@@ -66,7 +66,7 @@ from neobert_embed.index.rerank import (
 from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
 from neobert_embed.locks import LockHolder
-from neobert_embed.machine import check_compute_precision
+from neobert_embed.machine import COMPUTE_PRECISIONS, check_compute_precision
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
@@ -456,6 +456,10 @@ def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: boo
                   on_chunk: Callable[[ChunkDone], None] | None, world: World) -> IndexManifest:
     recorded = (INDEX_BUILD_STATE.read(partial_directory(output)) or {}) if resume else {}
     precision = recorded.get("compute_precision", "auto") if opts.compute_precision == "auto" else opts.compute_precision
+    if precision not in COMPUTE_PRECISIONS:  # only a damaged build state can hold another one
+        raise UserInputError(f"{INDEX_BUILD_STATE.path(partial_directory(output))}: damaged "
+                             f"{INDEX_BUILD_STATE.holds} (compute_precision {precision!r} is not one of "
+                             f"{', '.join(COMPUTE_PRECISIONS)}); {INDEX_BUILD_STATE.fix}")
     encoder = load_encoder(opts.model, device=world.device(opts.device), batch_size=opts.batch_size,
                            max_seq_length=opts.max_seq_length, revision=opts.revision, precision=precision,
                            sample_texts=_sample_texts(opts) if precision == "auto" else None,

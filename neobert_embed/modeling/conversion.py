@@ -134,7 +134,9 @@ def _build_model(config: NeoBERTConfig, weights: dict[str, torch.Tensor], source
     return model.eval()
 
 
-def _load_tokenizer(source: Path, tokenizer: str | None, max_length: int):
+def _load_tokenizer(source: Path, tokenizer: str | None, max_length: int, vocab_size: int):
+    """The checkpoint's tokenizer (or ``--tokenizer``'s), refused when it has ids the model's embedding
+    table lacks: the converted model would fail with an IndexError on the first such token."""
     from transformers import AutoTokenizer
 
     where = tokenizer or str(source)
@@ -145,6 +147,10 @@ def _load_tokenizer(source: Path, tokenizer: str | None, max_length: int):
             f"{where}: no usable tokenizer files ({exc.__class__.__name__}). Pass --tokenizer with a "
             "directory or hub id holding NeoBERT's tokenizer (bert-base-uncased vocabulary)."
         ) from exc
+    if len(loaded) > vocab_size:
+        raise UserInputError(f"{where}: the tokenizer has {len(loaded):,} tokens but the model's vocab_size is "
+                             f"{vocab_size:,}, so its ids beyond that have no embedding; pass --tokenizer with "
+                             "the tokenizer the checkpoint was trained with")
     loaded.model_max_length = max_length
     return loaded
 
@@ -201,7 +207,7 @@ def _convert(source: str | Path, output: Path, revision: str | None, tokenizer: 
         if hasattr(config, field):
             delattr(config, field)
     model = _build_model(config, read_weights(directory), directory)
-    loaded_tokenizer = _load_tokenizer(directory, tokenizer, config.max_position_embeddings)
+    loaded_tokenizer = _load_tokenizer(directory, tokenizer, config.max_position_embeddings, config.vocab_size)
     with atomic_directory(output, overwrite=overwrite, record=CONVERT.name) as staging:
         model.save_pretrained(staging)
         loaded_tokenizer.save_pretrained(staging)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
-from neobert_embed.errors import UserInputError
+from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import remove_debris, replace_directory, sha256_file
 from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
 from neobert_embed.records import CHECKPOINT_MANIFEST, TRAINER_STATE
@@ -71,8 +71,13 @@ def _remove_debris(root: Path) -> list[Path]:
     return [removed for name in sorted(names) for removed in remove_debris(root / name)]
 
 
+def _checkpoint_files(directory: Path) -> list[Path]:
+    """Every file of a checkpoint that its manifest pins (all but the manifest itself)."""
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in CHECKPOINT_MANIFEST.names)
+
+
 def _write_manifest(directory: Path) -> None:
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name not in CHECKPOINT_MANIFEST.names)
+    files = _checkpoint_files(directory)
     CHECKPOINT_MANIFEST.write(directory, {
         str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files})
 
@@ -85,6 +90,11 @@ def verify_checkpoint(directory: Path) -> None:
         raise CorruptCheckpoint(str(exc)) from None
     if manifest is None:
         raise CorruptCheckpoint(f"{CHECKPOINT_MANIFEST.path(directory)}: missing")
+    unlisted = sorted(str(p.relative_to(directory)) for p in _checkpoint_files(directory)
+                      if str(p.relative_to(directory)) not in manifest)
+    if unlisted:  # an emptied or edited manifest must not switch the check off
+        raise CorruptCheckpoint(f"{CHECKPOINT_MANIFEST.path(directory)}: damaged {CHECKPOINT_MANIFEST.holds} "
+                                f"(it does not list {listing(unlisted)})")
     for name, expected in manifest.items():
         path = directory / name
         if not isinstance(expected, dict) or not isinstance(expected.get("bytes"), int) \

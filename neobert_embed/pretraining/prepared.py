@@ -73,7 +73,7 @@ def load_prepared(path: str | Path) -> PreparedCorpus:
         raise UserInputError(f"{path}: not a prepared corpus (no {CORPUS_MANIFEST.name}); run "
                              "`neobert-embed pretrain prepare` on it, or finish the interrupted run")
     names = CORPUS_MANIFEST.read(path).get("shards")
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
         raise UserInputError(f"{CORPUS_MANIFEST.path(path)}: damaged {CORPUS_MANIFEST.holds} ('shards' must list "
                              f"the shard files); {CORPUS_MANIFEST.fix}")
     flats, shard_ids, starts, lengths = [], [], [], []
