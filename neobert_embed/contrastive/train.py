@@ -310,7 +310,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
     if interrupt.requested:
         raise runs.Interrupted(f"stopped at step {trainer.state.global_step}; checkpoint saved in "
                                f"{output / CHECKPOINTS}")
-    if not trainer.is_world_process_zero():
+    if not is_main_process():
         return output
     elapsed = time.perf_counter() - started
     summary = {

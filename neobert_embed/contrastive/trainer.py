@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from neobert_embed.console import progress_bar
 from neobert_embed.contrastive.recipe import ContrastiveRecipe
 from neobert_embed.contrastive.sampler import AlphaBatchSampler, no_duplicates_sampler
+from neobert_embed.distributed import is_main_process
 from neobert_embed.runs import MetricsFile
 from neobert_embed.training_precision import resolve_training_precision, training_device
 
@@ -120,7 +121,7 @@ class MetricsFileCallback(TrainerCallback):
         self._last_examples = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
+        if is_main_process():
             self.metrics = MetricsFile(self.path, resume_step=state.global_step)
         self._last_time, self._last_examples = time.perf_counter(), self.trainer.examples_seen
 
@@ -150,7 +151,7 @@ class QuietProgressCallback(TrainerCallback):
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
         self.bar = progress_bar(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                TextColumn("{task.fields[loss]}"), show=state.is_world_process_zero)
+                                TextColumn("{task.fields[loss]}"), show=is_main_process())
         self.bar.add_task("", total=state.max_steps, completed=state.global_step, loss="")
         self.bar.start()
 
