@@ -226,6 +226,46 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
 
 
 @contextlib.contextmanager
+def child_output_captured() -> Iterator[None]:
+    """Send what child processes started in the block write on file descriptors 1 and 2 to
+    ``sys.stderr`` as it is now: the run's log inside :func:`capture_third_party`.
+
+    Why: :func:`capture_third_party` redirects Python's streams, which a compiler that a library
+    starts (DeepSpeed probes its ops by compiling test programs: ``/usr/bin/ld: cannot find -laio``)
+    does not use; it writes to the process's descriptors, so its lines landed on the user's screen
+    around the one-line messages. Only for short blocks that print nothing themselves: the user
+    console writes to the same descriptor.
+
+    Example:
+        >>> with capture_third_party("run.log"), child_output_captured():
+        ...     subprocess.run(["gcc", "test.c"])   # its messages go to run.log
+    """
+    import tempfile
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        descriptors = (sys.__stdout__.fileno(), sys.__stderr__.fileno())
+    except (AttributeError, OSError, io.UnsupportedOperation):  # no real descriptors (embedded interpreters)
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        saved = [os.dup(fd) for fd in descriptors]
+        for fd in descriptors:
+            os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            for fd, copy in zip(descriptors, saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+            sink.seek(0)
+            written = sink.read().decode("utf-8", errors="replace")
+            if written:
+                sys.stderr.write(written)
+
+
+@contextlib.contextmanager
 def without_progress_bars() -> Iterator[None]:
     """Switch off the progress bars of transformers, huggingface_hub and tqdm for the block.
 

@@ -261,3 +261,20 @@ def test_a_library_handler_made_inside_one_capture_still_works_in_the_next(tmp_p
         library.removeHandler(handler)
     assert "first command" in (tmp_path / "first.log").read_text()
     assert "second command" in (tmp_path / "second.log").read_text()
+
+
+def test_what_a_child_process_writes_goes_to_the_log_not_the_screen(tmp_path, capfd):
+    """DeepSpeed's op probes run a compiler that writes to the process's descriptor 2."""
+    import subprocess
+
+    from neobert_embed.console import capture_third_party, child_output_captured
+
+    log = tmp_path / "run.log"
+    with capture_third_party(log), child_output_captured():
+        subprocess.run([sys.executable, "-c", "import os; os.write(1, b'out of gcc\\n'); os.write(2, b'ld: no aio\\n')"],
+                       check=True)
+    screen = capfd.readouterr()
+    assert "out of gcc" not in screen.out + screen.err and "no aio" not in screen.out + screen.err
+    assert "out of gcc" in log.read_text() and "ld: no aio" in log.read_text()
+    print("after the block")  # the descriptors are back
+    assert "after the block" in capfd.readouterr().out

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
-from neobert_embed.console import environment
+from neobert_embed.console import child_output_captured, environment
 from neobert_embed.devices import default_device
 from neobert_embed.distributed import current_world, free_port
 from neobert_embed.errors import UserInputError
@@ -134,9 +134,10 @@ def join_process_group() -> None:
     """
     import deepspeed
 
-    if not current_world().distributed and default_device() == "cpu":
-        _skip_shared_memory_collectives()
-    deepspeed.init_distributed(dist_backend="nccl" if default_device() == "cuda" else "gloo", verbose=False)
+    with child_output_captured():  # DeepSpeed compiles test programs here to probe its ops
+        if not current_world().distributed and default_device() == "cpu":
+            _skip_shared_memory_collectives()
+        deepspeed.init_distributed(dist_backend="nccl" if default_device() == "cuda" else "gloo", verbose=False)
 
 
 def _skip_shared_memory_collectives() -> None:
