@@ -152,6 +152,16 @@ def test_no_device_means_the_device_models_go_to(monkeypatch):
     assert describe_machine().is_cpu
 
 
+def test_a_model_loaded_without_a_device_runs_on_the_device_its_precision_was_chosen_for(minilm_path, monkeypatch):
+    """One default-device rule: sentence-transformers' own guess (``mps`` on a Mac, which torch
+    training and the record do not use) is not asked; the model goes where ``describe_machine`` says."""
+    import sentence_transformers.base.model as st_model
+
+    monkeypatch.setattr(st_model, "get_device_name", lambda: "meta")  # a guess this machine cannot run
+    loaded = load_inference_model(str(minilm_path), "fp32")
+    assert loaded.model.device.type == describe_machine().device == "cpu"
+
+
 def test_auto_falls_back_to_fp32_on_a_cpu_without_bf16_or_int8_units(minilm_path, monkeypatch):
     monkeypatch.setenv(FEATURES_VARIABLE, "none")
     machine = describe_machine()

@@ -345,15 +345,16 @@ def load_inference_model(
     check_compute_precision(precision)
     if backend not in BACKENDS:
         raise UserInputError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    # torch puts the model on the default device (a GPU when there is one); an exported graph runs on
-    # its runtime's CPU device unless a device is given
+    # torch runs on the toolkit's default device (devices.default_device: a GPU when there is one),
+    # the one training and index ranks use too, and the one the precision is chosen for; an exported
+    # graph runs on its runtime's CPU device unless a device is given
     machine = describe_machine(device or (None if backend == "torch" else "cpu"))
     check_precision_fits(precision, machine)
     if backend != "torch":
         return _load_exported(source, precision, backend, machine, device)
     from neobert_embed.sentence import load_sentence_model
 
-    model = load_sentence_model(str(source), max_seq_length, device=device, revision=revision)
+    model = load_sentence_model(str(source), max_seq_length, device=device or machine.device, revision=revision)
     model.eval()
     digest = model_fingerprint(model) if fingerprint else None
     from neobert_embed.inference.unpadded import unpad_encoders
