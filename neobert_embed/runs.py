@@ -192,16 +192,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         [7.81, 7.42]
     """
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    lines = path.read_bytes().splitlines() if path.is_file() else []  # bytes: a cut can split a character
     rows: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, start=1):
+    for number, raw in enumerate(lines, start=1):
         try:
+            line = raw.decode("utf-8")
             row = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if number == len(lines):
                 break
-            raise located(path, number, f"damaged training log line (invalid JSON: {exc.msg}); delete that "
-                          "line, or resume from the checkpoint before it") from None
+            why = f"invalid JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else f"not UTF-8 at byte {exc.start}"
+            raise located(path, number, f"damaged training log line ({why}); delete that line, or resume from the "
+                          "checkpoint before it") from None
         if isinstance(row, dict):
             rows.append(row)
     return rows

@@ -76,6 +76,11 @@ def test_a_damaged_metrics_line_before_the_last_is_a_located_error(tmp_path):
     with pytest.raises(UserInputError, match=rf"^{path}:2: damaged training log line \(invalid JSON"):
         MetricsFile(path, resume_step=3)
     assert read_metrics(tmp_path / "absent.jsonl") == []
+    path.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "note": "\xff"}\n{"step": 3, "loss": 1.0}\n')
+    with pytest.raises(UserInputError, match=rf"^{path}:2: damaged training log line \(not UTF-8"):
+        read_metrics(path)
+    path.write_bytes('{"step": 1, "note": "caf\u00e9"}\n{"step": 2, "note": "caf\u00e9"}'.encode()[:-3])  # cut in "é"
+    assert [row["step"] for row in read_metrics(path)] == [1]
 
 
 def test_promotion_carries_the_run_files_and_leaves_the_run_intact_on_failure(tmp_path):

@@ -231,7 +231,7 @@ def load_task_dir(directory: str | Path) -> AbsTask:
     directory = Path(directory)
     if not directory.is_dir():
         raise UserInputError(f"{directory}: not a directory; --task-dir takes a task directory "
-                             "(with task.json) or a folder of them")
+                             f"(with {TASK_FILE}) or a folder of them")
     spec = load_spec(directory / TASK_FILE, TaskSpec, "task")
     return _registered_task(spec, directory) if spec.mteb_task else _new_task(spec, directory)
 
@@ -253,7 +253,7 @@ def find_task_dirs(paths: Iterable[str | Path]) -> list[Path]:
             raise UserInputError(f"{path}: no such directory (--task-dir)")
         children = sorted(child for child in path.iterdir() if (child / TASK_FILE).is_file())
         if not children:
-            raise UserInputError(f"{path}: neither a task directory (no task.json) nor a folder of task "
+            raise UserInputError(f"{path}: neither a task directory (no {TASK_FILE}) nor a folder of task "
                                  "directories; see `neobert-embed mteb --help` for the layout")
         found.extend(children)
     return found

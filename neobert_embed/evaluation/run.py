@@ -41,6 +41,7 @@ from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.machine import check_compute_precision
 from neobert_embed.model_files import check_model_files
 from neobert_embed.outputs import check_output_directory
+from neobert_embed.recipes import TASK_FILE
 from neobert_embed.records import MTEB_PROTOCOL, check_fields
 from neobert_embed.runs import Interrupted, claimed_directory
 
@@ -195,7 +196,7 @@ def _cached_score(cache: ResultCache, task: AbsTask, meta: ModelMeta) -> float |
 def _offline_error(task: AbsTask) -> str:
     name = task.metadata.name
     return (f"HF_HUB_OFFLINE is set, so the hub dataset of {name} cannot be downloaded; give a local "
-            f"copy with --task-dir DIR, where DIR/task.json is {{\"mteb_task\": \"{name}\"}} beside its data files")
+            f"copy with --task-dir DIR, where DIR/{TASK_FILE} is {{\"mteb_task\": \"{name}\"}} beside its data files")
 
 
 class _LazyEncoder:

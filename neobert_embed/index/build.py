@@ -54,7 +54,7 @@ from neobert_embed.index.manifest import (
     IndexManifest,
     write_manifest,
 )
-from neobert_embed.index.ondisk import build_on_disk, check_on_disk, train_index
+from neobert_embed.index.ondisk import IVFDATA_NAME, build_on_disk, check_on_disk, train_index
 from neobert_embed.index.preflight import check_factory_for_corpus, count_documents
 from neobert_embed.index.rerank import (
     RERANK_K_FACTOR,
@@ -86,7 +86,7 @@ SAMPLE_SEED = 0
 # it rather than measuring again, so every chunk comes from the same arithmetic.
 RESUME_KEYS = ("model", "corpus", "text_field", "id_field", "title_field", "row_ids", "split",
                "chunk_size", "max_seq_length")
-INDEX_OWNED = ("index.ivfdata", "chunks")  # written beside the files the manifest lists (on-disk lists, shards)
+INDEX_OWNED = (IVFDATA_NAME,)  # written beside the files the manifest lists (an on-disk index's inverted lists)
 
 log = logging.getLogger(__name__)
 

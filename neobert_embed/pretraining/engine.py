@@ -106,7 +106,7 @@ def process_scope(cpu_threads: int | None) -> Iterator[None]:
     """
     saved_threads = torch.get_num_threads()
     launched = "WORLD_SIZE" in os.environ
-    if cpu_threads and not torch.cuda.is_available():
+    if cpu_threads and default_device() == "cpu":
         torch.set_num_threads(cpu_threads)
     try:
         with environment(keep=() if launched else RENDEZVOUS_KEYS):

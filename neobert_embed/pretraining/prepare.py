@@ -5,14 +5,14 @@ Documents are cut into shards of ``shard_documents``; each shard is tokenized (i
 processes) and written atomically as an Arrow stream file — the format of Hugging Face
 ``datasets`` cache files, so ``datasets.Dataset.from_file(shard)`` opens it — and a rerun skips
 finished shards (Ctrl-C raises :class:`~neobert_embed.runs.Interrupted`); a rerun with other settings
-is refused, naming each changed key. ``manifest.json``, written last, marks the directory complete.
+is refused, naming each changed key. ``corpus.json``, written last, marks the directory complete.
 
 Layout of ``output``::
 
     prepare.json      what is being prepared (corpus fingerprint, tokenizer) — guards resumption
     tokenizer/        the tokenizer used (trained here when ``tokenizer="train"``)
     shards/000000.arrow …  columns ``input_ids`` (list<int32>, with [CLS]/[SEP]) and ``length``
-    manifest.json     shard list and totals: present only when complete
+    corpus.json       shard list and totals: present only when complete
 
 Example:
     >>> corpus = prepare_corpus("docstrings.jsonl", "runs/prepared", tokenizer="train", vocab_size=4096)
