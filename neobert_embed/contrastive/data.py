@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from neobert_embed.contrastive.recipe import DataSource
 from neobert_embed.errors import UserInputError
-from neobert_embed.sources import iter_records
+from neobert_embed.sources import Location, iter_records
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -70,13 +70,13 @@ def resolve_columns(columns: Iterable[str], where: str) -> tuple[str, str, list[
     return query, positive, negatives, [c for c in columns if c not in used]
 
 
-def _text(value: object, column: str, location: str) -> str:
+def _text(value: object, column: str, location: Location) -> str:
     if not isinstance(value, str):
         got = "missing/null" if value is None else type(value).__name__
-        raise UserInputError(f"{location}: column {column!r} must be text, got {got}")
+        raise location.error(f"column {column!r} must be text, got {got}")
     if not value.strip():
-        raise UserInputError(f"{location}: column {column!r} is empty; every query, positive and "
-                             "negative must be non-empty text (fix or remove the row)")
+        raise location.error(f"column {column!r} is empty; every query, positive and negative must be "
+                             "non-empty text (fix or remove the row)")
     return value
 
 
@@ -94,7 +94,7 @@ def load_examples(name: str, source: DataSource) -> Dataset:
 
     where = f"{source.path} (dataset {name!r})"
     columns: dict[str, list[str]] | None = None
-    first_location = ""
+    first_location: Location | None = None
     keys: tuple[str, ...] = ()
     for location, record in iter_records(source.path, split=source.split, subset=source.subset):
         previous_keys, keys = keys, tuple(record)
@@ -106,15 +106,15 @@ def load_examples(name: str, source: DataSource) -> Dataset:
             negatives = resolve_columns(keys, str(location))[2]  # JSON lines: rows name their own
         for column in (query, positive, *(negatives if isinstance(negatives, list) else [negatives])):
             if column not in record:
-                raise UserInputError(f"{location}: column {column!r} is missing (the first row has it)")
+                raise location.error(f"column {column!r} is missing (the first row has it)")
         texts_neg = record[negatives] if isinstance(negatives, str) else [record[c] for c in negatives]
         if isinstance(negatives, str) and not isinstance(texts_neg, list):
-            raise UserInputError(f"{location}: column {negatives!r} must be a list of texts")
+            raise location.error(f"column {negatives!r} must be a list of texts")
         if columns is None:
             first_location = location
             columns = {"anchor": [], "positive": [], **{f"negative_{i}": [] for i in range(1, len(texts_neg) + 1)}}
         if len(texts_neg) != len(columns) - 2:
-            raise UserInputError(f"{location}: {len(texts_neg)} negatives, but {first_location} has "
+            raise location.error(f"{len(texts_neg)} negatives, but {first_location} has "
                                  f"{len(columns) - 2}; all rows of a dataset need the same number of "
                                  "negatives (trim/pad them, or split the file into two --data entries)")
         columns["anchor"].append(_text(record[query], query, location))

@@ -140,6 +140,7 @@ def mteb_command(
     from neobert_embed.console import json_only_stdout, third_party_log
     from neobert_embed.errors import UserInputError
     from neobert_embed.evaluation.run import run_mteb
+    from neobert_embed.evaluation.summary import SUMMARY_CSV, SUMMARY_MD
 
     if list_benchmarks:
         _print_benchmarks()
@@ -160,7 +161,7 @@ def mteb_command(
         for outcome in report.outcomes:
             score = "" if outcome.score is None else f"{outcome.main_score} {outcome.score:.4f}"
             typer.echo(f"{outcome.task:40s} {outcome.status:7s} {score}")
-        typer.echo(f"results in {report.results_dir}; table in {Path(output) / 'summary.md'} and summary.csv")
+        typer.echo(f"results in {report.results_dir}; table in {Path(output) / SUMMARY_MD} and {SUMMARY_CSV}")
     _finish(report.failures, "task(s)")
 
 

@@ -34,7 +34,7 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation.protocol import check_protocol
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.report import EvaluationReport, TaskOutcome
-from neobert_embed.evaluation.run import RESULTS_MARKS, plan_evaluation, select_tasks
+from neobert_embed.evaluation.run import COMPARED_MODELS_DIR, RESULTS_MARKS, plan_evaluation, select_tasks
 from neobert_embed.outputs import check_output_directory, model_label
 from neobert_embed.runs import claimed_directory
 
@@ -137,9 +137,9 @@ def _compare_into(output: Path, models: list[tuple[str, str]], selected: list[Ab
 
     reports, trained, failures = [], {}, {}
     for model, name in models:
-        logger.info("compare: fine-tuning %s into %s", model, output / "models" / name)
+        logger.info("compare: fine-tuning %s into %s", model, output / COMPARED_MODELS_DIR / name)
         try:
-            trained[name] = Path(train_contrastive(model=model, data=data, output=output / "models" / name,
+            trained[name] = Path(train_contrastive(model=model, data=data, output=output / COMPARED_MODELS_DIR / name,
                                                    recipe=contrastive, resume=True))
         except UserInputError as exc:
             logger.error("compare: training %s failed: %s", model, exc)

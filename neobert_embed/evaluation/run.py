@@ -37,6 +37,7 @@ from neobert_embed.evaluation.local_tasks import LocalTask, check_task_data, loa
 from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, model_overrides
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.report import EvaluationReport, TaskOutcome
+from neobert_embed.evaluation.summary import SUMMARY_MD
 from neobert_embed.files import atomic_write_json, read_json
 from neobert_embed.machine import check_compute_precision
 from neobert_embed.model_files import check_model_files
@@ -60,8 +61,9 @@ TASK_TYPE_NAMES = ("Classification", "Clustering", "PairClassification", "Rerank
                    "Summarization")
 
 
+COMPARED_MODELS_DIR = "models"  # compare's fine-tuned models, one folder per backbone
 # what a results directory of earlier runs holds: mteb's cache, the table, or compare's trained models
-RESULTS_MARKS = ("results", "summary.md", "models")
+RESULTS_MARKS = ("results", SUMMARY_MD, COMPARED_MODELS_DIR)
 
 
 def list_benchmarks() -> list[tuple[str, int]]:

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from neobert_embed.evaluation.report import EvaluationReport
 
+SUMMARY_MD, SUMMARY_CSV = "summary.md", "summary.csv"  # written into a results root or a comparison directory
 CATEGORIES = (("Classification", "Class."), ("Clustering", "Clust."), ("PairClassification", "PairClass."),
               ("Reranking", "Rerank."), ("Retrieval", "Retr."), ("STS", "STS"), ("Summarization", "Summ."))
 
@@ -213,7 +214,7 @@ def write_summary(reports: Sequence[EvaluationReport], output: str | Path, tasks
                   else {o.task: o.type for report in reports for o in report.outcomes})
     rows = summarize(reports, task_types)
     output = Path(output)
-    md_path, csv_path = output / "summary.md", output / "summary.csv"
+    md_path, csv_path = output / SUMMARY_MD, output / SUMMARY_CSV
     atomic_write_text(md_path, render_markdown(rows, task_types, protocol, task_measures(reports, tasks),
                                                models_note))
     atomic_write_text(csv_path, render_csv(rows, task_types, protocol))

@@ -32,6 +32,7 @@ from neobert_embed.glue.presets import GluePreset, Trial
 from neobert_embed.records import RUN, TRIAL_MODEL, validate_record
 from neobert_embed.runs import check_resume
 
+TRIALS_DIR = "trials"  # OUTPUT/trials/<model>/<task>/<trial>.json: one file per finished trial
 TRIAL_FIX = "delete that file to run the trial again (a rerun runs only missing trials)"
 
 
@@ -63,7 +64,7 @@ class Journal:
         self.output = Path(output)
 
     def trial_path(self, label: str, trial: Trial) -> Path:
-        return self.output / "trials" / label / trial.task / f"{trial.key}.json"
+        return self.output / TRIALS_DIR / label / trial.task / f"{trial.key}.json"
 
     def best_model_dir(self, label: str, task: str) -> Path:
         return self.output / "models" / label / task
@@ -74,7 +75,7 @@ class Journal:
                      hint="finished trials would not be comparable. Use the same preset and options, "
                           "or another --output")
         for label, model in models.items():
-            check_resume(self.output / "trials" / label, {"model": model}, record=TRIAL_MODEL, verb="a rerun",
+            check_resume(self.output / TRIALS_DIR / label, {"model": model}, record=TRIAL_MODEL, verb="a rerun",
                          hint=f"the results named {label!r} belong to another model; rename the model "
                               "directory or use another --output")
 
@@ -82,7 +83,7 @@ class Journal:
         """Record the run (called after every input was checked, before the first trial)."""
         RUN.write(self.output, {"preset": preset.model_dump(mode="json")})
         for label, model in models.items():
-            TRIAL_MODEL.write(self.output / "trials" / label, {"model": model})
+            TRIAL_MODEL.write(self.output / TRIALS_DIR / label, {"model": model})
 
     def is_finished(self, label: str, trial: Trial) -> bool:
         return self.trial_path(label, trial).is_file()
@@ -97,7 +98,7 @@ class Journal:
         """
         from neobert_embed.glue.tasks import TASKS
 
-        folder, found = self.output / "trials" / label / task, []
+        folder, found = self.output / TRIALS_DIR / label / task, []
         for path in sorted(folder.glob("*.json")):
             result = validate_record(path, TrialResult, "trial result", TRIAL_FIX)
             result.check_metric(path, TASKS[task].selection_metric, TRIAL_FIX)

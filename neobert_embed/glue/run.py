@@ -37,7 +37,7 @@ from neobert_embed.console import progress_bar
 from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
 from neobert_embed.glue.data import GlueData, load_glue_data
-from neobert_embed.glue.journal import Journal
+from neobert_embed.glue.journal import TRIALS_DIR, Journal
 from neobert_embed.glue.presets import GluePreset, Trial, expand_trials, load_glue_preset
 from neobert_embed.glue.selection import TaskChoice, select_best
 from neobert_embed.glue.tasks import TASKS
@@ -290,7 +290,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     if not models:
         raise UserInputError("no model: pass --model (a registry key, hub id or local directory)")
     preset_name = preset_name or (Path(str(preset)).stem if not isinstance(preset, GluePreset) else "custom")
-    check_output_directory(output, record=(RUN, "trials"), inputs=[*models, *(task_dirs or [])], what="GLUE run")
+    check_output_directory(output, record=(RUN, TRIALS_DIR), inputs=[*models, *(task_dirs or [])], what="GLUE run")
     preset = preset if isinstance(preset, GluePreset) else load_glue_preset(preset)
     labels = {model_label(m): m for m in models}
     if len(labels) != len(models):
@@ -298,7 +298,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
     for model in labels.values():
         _check_model(model)
     sources = _sources(tasks, task_dirs)
-    with claimed_directory(output, record=(RUN, "trials"), command="neobert-embed glue",
+    with claimed_directory(output, record=(RUN, TRIALS_DIR), command="neobert-embed glue",
                            inputs=[*models, *(task_dirs or [])], what="GLUE run", wait=wait):
         return _run_claimed(Path(output), labels, preset, sources, devices, predict_test, progress, preset_name)
 
@@ -306,7 +306,7 @@ def run_glue(models: Sequence[str], output: str | Path, *, tasks: Sequence[str] 
 def _run_claimed(output: Path, labels: dict[str, str], preset: GluePreset, sources: dict[str, tuple[_Source, GlueData]],
                  devices: Sequence[str] | None, predict_test: bool, progress: bool, preset_name: str) -> GlueResult:
     """The body of :func:`run_glue`, run while this process owns ``output``: plan, train, select, tabulate."""
-    from neobert_embed.glue.summary import write_glue_summary
+    from neobert_embed.glue.summary import summary_paths, write_glue_summary
 
     task_names = list(sources)
     journal = Journal(output)
@@ -345,15 +345,14 @@ def _run_claimed(output: Path, labels: dict[str, str], preset: GluePreset, sourc
                     ran += _run_jobs(jobs, devices, tracker, ran, pending_total)
     except KeyboardInterrupt:
         raise Interrupted(f"{skipped + tracker.done} of {total} trials are finished and kept in "
-                          f"{journal.output / 'trials'}; the trial in flight was discarded",
+                          f"{journal.output / TRIALS_DIR}; the trial in flight was discarded",
                           resume_args=()) from None
     shutil.rmtree(journal.output / ".work", ignore_errors=True)
     choices = {label: {t: select_best(journal.results(label, t), TASKS[t].selection_metric) for t in task_names}
                for label in labels}
     scores = {label: {t: c.scores for t, c in row.items() if c is not None} for label, row in choices.items()}
     if not is_main_process():
-        out = journal.output
-        return GlueResult(scores, choices, out / "summary.md", out / "summary.csv", out / "glue.png", ran, skipped)
+        return GlueResult(scores, choices, *summary_paths(journal.output), ran, skipped)
     md, csv_path, plot = write_glue_summary(choices, task_names, journal.output, preset_name)
     GLUE_SCORES.write(journal.output,
                       {label: {t: c.as_dict() for t, c in row.items() if c is not None}

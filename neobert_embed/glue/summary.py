@@ -133,6 +133,17 @@ def plot_table(table: Table, tasks: Sequence[str], path: str | Path) -> Path:
     return Path(path)
 
 
+def summary_paths(output: str | Path) -> tuple[Path, Path, Path]:
+    """Where a GLUE run's table, CSV and chart are: ``summary.md``, ``summary.csv``, ``glue.png``.
+
+    Example:
+        >>> summary_paths("runs/glue")[2]
+        PosixPath('runs/glue/glue.png')
+    """
+    output = Path(output)
+    return output / "summary.md", output / "summary.csv", output / "glue.png"
+
+
 def write_glue_summary(table: Table, tasks: Sequence[str], output: str | Path, preset_name: str = "custom"
                        ) -> tuple[Path, Path, Path]:
     """Write ``summary.md``, ``summary.csv`` and ``glue.png`` under ``output``; return their paths.
@@ -140,8 +151,7 @@ def write_glue_summary(table: Table, tasks: Sequence[str], output: str | Path, p
     Example:
         >>> md, csv_path, png = write_glue_summary(table, ["stsb", "mrpc"], "runs/glue", "quick")
     """
-    output = Path(output)
-    md, csv_path = output / "summary.md", output / "summary.csv"
+    md, csv_path, chart = summary_paths(output)
     atomic_write_text(md, render_markdown(table, tasks, preset_name))
     atomic_write_text(csv_path, render_csv(table, tasks))
-    return md, csv_path, plot_table(table, tasks, output / "glue.png")
+    return md, csv_path, plot_table(table, tasks, chart)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from neobert_embed.errors import UserInputError
+from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import atomic_directory, read_json
 from neobert_embed.modeling.configuration import NeoBERTConfig
 from neobert_embed.modeling.model import NeoBERTForMaskedLM, NeoBERTModel
@@ -107,15 +107,11 @@ def key_problems(expected: dict[str, torch.Tensor], found: dict[str, torch.Tenso
         ['unexpected keys (1): b', 'wrong shapes (1): a: checkpoint (3,) vs config (2,)']
     """
 
-    def listed(title: str, items: list[str]) -> str:
-        more = f" … and {len(items) - SHOWN_PER_PROBLEM} more" if len(items) > SHOWN_PER_PROBLEM else ""
-        return f"{title} ({len(items)}): {', '.join(items[:SHOWN_PER_PROBLEM])}{more}"
-
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
     wrong = [f"{key}: checkpoint {tuple(found[key].shape)} vs config {tuple(expected[key].shape)}"
              for key in sorted(set(expected) & set(found)) if found[key].shape != expected[key].shape]
-    return [listed(title, items) for title, items in
+    return [f"{title} ({len(items)}): {listing(items, SHOWN_PER_PROBLEM)}" for title, items in
             (("missing keys", missing), ("unexpected keys", unexpected), ("wrong shapes", wrong)) if items]
 
 

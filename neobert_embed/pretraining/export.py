@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from neobert_embed.errors import UserInputError
+from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import atomic_directory
 from neobert_embed.pretraining.checkpoint import MODEL_FILES, consolidated_state_dict, find_checkpoint
 from neobert_embed.records import EXPORT
@@ -62,8 +62,8 @@ def _export(checkpoint: Path, output: Path) -> None:
     model = NeoBERTForMaskedLM(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
-        raise UserInputError(f"{checkpoint}: weights do not fit the saved config (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})")
+        raise UserInputError(f"{checkpoint}: weights do not fit the saved config (missing: "
+                             f"{listing(missing) or 'none'}; unexpected: {listing(unexpected) or 'none'})")
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint / MODEL_FILES))
     tokenizer.model_max_length = config.max_position_embeddings
     with atomic_directory(output, record=EXPORT.name) as tmp:
