@@ -142,7 +142,7 @@ def eval_every(preset: GluePreset, train_rows: int, batch_size: int) -> int:
     return max(1, min(preset.eval_steps, per_epoch, train_rows // 10 or 1))
 
 
-def tokenize_splits(data: GlueData, tokenizer: Any, max_length: int) -> dict[str, Any]:
+def tokenize_splits(data: GlueData, tokenizer: PreTrainedTokenizerBase, max_length: int) -> dict[str, Any]:
     """Each split tokenized (pairs as pairs, truncated to ``max_length``), labels as ``labels``."""
     pair = data.task.is_pair
 

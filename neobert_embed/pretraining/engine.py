@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from torch.optim.lr_scheduler import LambdaLR
 
 EXTENSIONS_CACHE = Path.home() / ".cache" / "neobert-embed" / "torch_extensions"
+ObjectiveOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # loss, correct predictions, masked tokens
 
 
 @runtime_checkable
@@ -56,7 +57,7 @@ class TrainingEngine(Protocol):
     rank: int
     world_size: int
 
-    def forward(self, **batch: Any) -> Any: ...
+    def forward(self, **batch: torch.Tensor | int) -> ObjectiveOutput: ...
     def backward(self, loss: torch.Tensor) -> None: ...
     def step(self) -> None: ...
     def grad_norm(self) -> float | None: ...
@@ -197,7 +198,7 @@ class TorchEngine:
         self._micro = 0
         self._grad_norm: float | None = None
 
-    def forward(self, **batch: Any):
+    def forward(self, **batch: torch.Tensor | int) -> ObjectiveOutput:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             return self.module(**_to(batch, self.device))
 
@@ -292,7 +293,7 @@ class DeepSpeedEngine:
         """
         return torch.cuda.is_available()
 
-    def forward(self, **batch: Any):
+    def forward(self, **batch: torch.Tensor | int) -> ObjectiveOutput:
         with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.autocast):
             return self.engine(**_to(batch, self.device))
 
