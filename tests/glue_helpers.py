@@ -47,3 +47,17 @@ def tiny_task_dir(root: Path, task: str, train: int = 48, validation: int = 24, 
     if test:
         write_jsonl(directory / "test.jsonl", synthetic_rows(task, test, 9, labelled=False))
     return directory
+
+
+# A two-configuration grid of one seed and one short epoch, with MNLI → RTE transfer: seconds per task.
+TINY_GRID = """\
+batch_size: [8, 16]
+learning_rate: [1.0e-4]
+weight_decay: [0.01]
+seeds: [0]
+epochs: 1
+eval_steps: 2
+early_stopping_patience: 2
+max_length: 32
+transfer: {rte: mnli}
+"""

@@ -23,23 +23,12 @@ from pathlib import Path
 
 import pytest
 from contrastive_helpers import one_torch_thread
-from glue_helpers import tiny_task_dir
+from glue_helpers import TINY_GRID, tiny_task_dir
 from pretraining_helpers import tiny_recipe
 from safety_helpers import run_main, small_inputs, snapshot
 
 _one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
-GLUE_GRID = """\
-batch_size: [8, 16]
-learning_rate: [1.0e-4]
-weight_decay: [0.01]
-seeds: [0]
-epochs: 1
-eval_steps: 2
-early_stopping_patience: 2
-max_length: 32
-transfer: {rte: mnli}
-"""
 
 
 def _cli(args: list) -> int:
@@ -66,7 +55,7 @@ def finished(tmp_path_factory) -> dict[str, Path]:
     inputs = small_inputs(tmp_path_factory.mktemp("records"))
     root, model = inputs["root"], inputs["model"]
     grid = root / "grid.yaml"
-    grid.write_text(GLUE_GRID, encoding="utf-8")
+    grid.write_text(TINY_GRID, encoding="utf-8")
     tasks = [tiny_task_dir(root / "glue-tasks", task) for task in ("mnli", "rte")]
     glue = ["glue", "--model", model, *(a for t in tasks for a in ("--task-dir", t)), "--preset", grid]
     assert _cli([*glue, "--output", root / "glue"]) == 0

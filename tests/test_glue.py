@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from contrastive_helpers import one_torch_thread
-from glue_helpers import tiny_task_dir, write_jsonl
+from glue_helpers import TINY_GRID, tiny_task_dir, write_jsonl
 from tiny_models import build_tiny_model
 from typer.testing import CliRunner
 
@@ -26,17 +26,6 @@ from neobert_embed.runs import Interrupted
 runner = CliRunner()
 _one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
-TINY_GRID = """\
-batch_size: [8, 16]
-learning_rate: [1.0e-4]
-weight_decay: [0.01]
-seeds: [0]
-epochs: 1
-eval_steps: 2
-early_stopping_patience: 2
-max_length: 32
-transfer: {rte: mnli}
-"""
 
 
 @pytest.fixture(scope="module")
