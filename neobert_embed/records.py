@@ -95,13 +95,7 @@ class RecordFile(Generic[J]):
     def read(self, directory: str | Path) -> J | None:
         """The record in ``directory`` (None when there is none); a damaged one is a located error."""
         path = self.path(directory)
-        if not path.is_file():
-            return None
-        data = read_json(path, self.holds, self.fix)
-        if not isinstance(data, self.shape):
-            raise UserInputError(f"{path}: damaged {self.holds} (a JSON {_json_type(self.shape)} was expected, "
-                                 f"got {_json_type(type(data))}); {self.fix}")
-        return data
+        return read_record(path, self.holds, self.fix, self.shape) if path.is_file() else None
 
     def validate(self, directory: str | Path, model: type[M]) -> M:
         """The record parsed into the pydantic ``model`` (see :func:`validate_record`).
@@ -119,6 +113,21 @@ class RecordFile(Generic[J]):
         return path
 
 
+def read_record(path: str | Path, holds: str, fix: str = RESTORE, shape: type = dict) -> Any:
+    """The JSON value in the record file ``path``, whose top level must be a ``shape`` (an object
+    unless said otherwise); a damaged file or another top level is one error naming the file, then ``fix``.
+
+    Example:
+        >>> read_record("runs/demo/stages.json", "demo journal", shape=list)[0]["stage"]
+        'pretrain'
+    """
+    data = read_json(path, holds, fix)
+    if not isinstance(data, shape):
+        raise UserInputError(f"{path}: damaged {holds} (a JSON {_json_type(shape)} was expected, got "
+                             f"{_json_type(type(data))}); {fix}")
+    return data
+
+
 def validate_record(path: str | Path, model: type[M], holds: str, fix: str = RESTORE) -> M:
     """The JSON record at ``path`` parsed into the pydantic ``model``. A missing or damaged file, a top
     level that is not an object and a bad field are each one error naming the file (the line and the
@@ -128,15 +137,12 @@ def validate_record(path: str | Path, model: type[M], holds: str, fix: str = RES
     Example:
         >>> validate_record("runs/glue/trials/bert/rte/bs16-lr2e-05-seed0.json", TrialResult, "trial result")
         Traceback (most recent call last):
-        UserInputError: runs/glue/trials/bert/rte/bs16-lr2e-05-seed0.json:3: scores.accuracy: ...
+        UserInputError: runs/glue/trials/bert/rte/bs16-lr2e-05-seed0.json:3: key 'scores.accuracy': ...
     """
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"{path}: {holds} not found; {fix}")
-    data = read_json(path, holds, fix)
-    if not isinstance(data, dict):
-        raise UserInputError(f"{path}: damaged {holds} (a JSON object was expected, got "
-                             f"{_json_type(type(data))}); {fix}")
+    data = read_record(path, holds, fix)
     return check_fields(path, data, model, fix, text=path.read_text(encoding="utf-8"))
 
 
@@ -148,7 +154,7 @@ def check_fields(source: str | Path, data: Mapping[str, Any], model: type[M], fi
     Example:
         >>> check_fields("out/STS12.json", {"neobert_embed": "x"}, ResultFile, "delete it")
         Traceback (most recent call last):
-        UserInputError: out/STS12.json: neobert_embed: Input should be a valid dictionary ...; delete it
+        UserInputError: out/STS12.json: key 'neobert_embed': Input should be a JSON object; delete it
     """
     from neobert_embed.recipes import Spec
 

@@ -38,12 +38,12 @@ from neobert_embed.evaluation.protocol import DESCRIPTIONS, check_protocol, mode
 from neobert_embed.evaluation.recipe import EvaluationRecipe, load_evaluation_recipe
 from neobert_embed.evaluation.report import EvaluationReport, TaskOutcome
 from neobert_embed.evaluation.summary import SUMMARY_MD
-from neobert_embed.files import atomic_write_json, read_json
+from neobert_embed.files import atomic_write_json
 from neobert_embed.machine import check_compute_precision
 from neobert_embed.model_files import check_model_files
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.recipes import TASK_FILE
-from neobert_embed.records import MTEB_PROTOCOL, check_fields
+from neobert_embed.records import MTEB_PROTOCOL, check_fields, read_record
 from neobert_embed.runs import Interrupted, claimed_directory
 
 if TYPE_CHECKING:
@@ -167,9 +167,7 @@ def read_result(path: Path) -> dict[str, Any]:
         'STS12'
     """
     fix = f"delete it to evaluate {path.stem} again (rerunning keeps every other finished task)"
-    saved = read_json(path, "mteb result", fix)
-    if not isinstance(saved, dict):
-        raise UserInputError(f"{path}: damaged mteb result (a JSON object was expected); {fix}")
+    saved = read_record(path, "mteb result", fix)
     check_fields(path, saved, _ResultFile, fix)
     return saved
 
