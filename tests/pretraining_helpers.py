@@ -15,13 +15,20 @@ STDLIB_MODULES = ("json", "os", "re", "collections", "pathlib", "argparse", "log
 
 
 def write_docstring_corpus(path: Path, limit: int = 400) -> Path:
-    """Write stdlib docstrings (real, mixed-length English + code text) as a JSON-lines corpus."""
+    """Write stdlib docstrings (real, mixed-length English + code text) as a JSON-lines corpus.
+
+    Submodules are skipped: ``logging.handlers`` becomes an attribute of ``logging`` only once some
+    earlier code imports it, so counting it would make the corpus, and every loss trained on it,
+    depend on which tests ran before (a stage-2 margin of 0.40 alone fell to 0.29994 in the suite).
+    """
     import importlib
 
     docs = []
     for name in STDLIB_MODULES:
         module = importlib.import_module(name)
         for _, obj in inspect.getmembers(module):
+            if inspect.ismodule(obj):
+                continue
             doc = inspect.getdoc(obj)
             if doc and len(doc) > 40 and doc not in docs:
                 docs.append(doc)
