@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,10 +23,12 @@ from typing import Any
 from neobert_embed.backbones import BACKBONES, resolve_model_name, usable_max_length
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
+from neobert_embed.records import read_record
 
 WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 FIX = "re-download the model, or re-convert/re-export it (`neobert-embed convert`, `pretrain export`)"
+MODULES_FILE = "modules.json"  # a SentenceTransformer directory's list of modules, in order
 
 
 def local_model_dir(name_or_path: str | Path) -> Path | None:
@@ -77,18 +80,73 @@ def check_torch_bin(path: str | Path) -> None:
         raise UserInputError(f"{path}: corrupt PyTorch weights (neither a torch.save archive nor a pickle); {FIX}")
 
 
+@dataclass(frozen=True)
+class SavedModule:
+    """One entry of a SentenceTransformer directory's ``modules.json``: the module's name, its folder
+    (relative to the directory; ``""`` for the directory itself), its class path and the keyword
+    arguments ``forward`` takes (sentence-transformers' ``kwargs``).
+
+    Example:
+        >>> saved_modules("runs/my-embedder")[1]
+        SavedModule(name='1', path='1_Pooling', type='sentence_transformers.models.Pooling', kwargs=())
+    """
+
+    name: str
+    path: str
+    type: str
+    kwargs: tuple[str, ...] = ()
+
+    @property
+    def is_transformer(self) -> bool:
+        """Whether this is the encoder (``models.Transformer`` or a backend's stand-in for it)."""
+        return self.type.endswith("Transformer")
+
+
+def saved_modules(directory: str | Path) -> list[SavedModule]:
+    """The modules listed in ``directory/modules.json``, in order; ``[]`` when there is no such file.
+
+    Why one reader: the encoder's folder, the embedding width, GLUE's backbone and the ONNX/OpenVINO
+    loader all read this list, and a damaged one (cut short, not a list, an entry without a ``path``)
+    must be the same located error everywhere, not a ``KeyError`` in whichever read it first.
+
+    Example:
+        >>> saved_modules("runs/cut-short")
+        Traceback (most recent call last):
+        UserInputError: runs/cut-short/modules.json:1: damaged SentenceTransformer module list (invalid JSON: ...
+    """
+    file = Path(directory) / MODULES_FILE
+    if not file.is_file():
+        return []
+    entries = read_record(file, "SentenceTransformer module list", FIX, shape=list)
+    if not entries:
+        raise UserInputError(f"{file}: expected a non-empty list of modules; {FIX}")
+    modules = []
+    for position, entry in enumerate(entries):
+        fields = entry if isinstance(entry, dict) else {}
+        path, kind = fields.get("path"), fields.get("type")
+        kwargs = fields.get("kwargs", [])
+        if not (isinstance(path, str) and isinstance(kind, str) and isinstance(kwargs, list)
+                and all(isinstance(name, str) for name in kwargs)):
+            raise UserInputError(f"{file}: module {position} needs a string 'path' and 'type' (and 'kwargs', "
+                                 f"when given, a list of names), got {entry!r}; {FIX}")
+        modules.append(SavedModule(str(fields.get("name", position)), path, kind, tuple(kwargs)))
+    return modules
+
+
+def transformer_module(directory: str | Path) -> SavedModule | None:
+    """The encoder module of the SentenceTransformer at ``directory`` (None when it lists none).
+
+    Example:
+        >>> transformer_module("runs/my-embedder").path
+        ''
+    """
+    return next((module for module in saved_modules(directory) if module.is_transformer), None)
+
+
 def _transformer_dir(directory: Path) -> Path:
     """Where the encoder's ``config.json`` lives: the directory, or a SentenceTransformer's module."""
-    modules_file = directory / "modules.json"
-    if not modules_file.is_file():
-        return directory
-    modules = _read_json(modules_file)
-    if not isinstance(modules, list) or not modules:
-        raise UserInputError(f"{modules_file}: expected a non-empty list of modules; {FIX}")
-    for module in modules:
-        if isinstance(module, dict) and str(module.get("type", "")).endswith("Transformer"):
-            return directory / str(module.get("path", ""))
-    return directory
+    module = transformer_module(directory)
+    return directory / module.path if module is not None else directory
 
 
 def check_model_files(name_or_path: str | Path) -> None:
@@ -199,23 +257,21 @@ def embedding_dimension(name_or_path: str | Path) -> int | None:
         384
     """
     directory = local_model_dir(name_or_path)
-    if directory is not None and (directory / "modules.json").is_file():
-        modules = _read_json(directory / "modules.json")
+    modules = saved_modules(directory) if directory is not None else []
+    if directory is not None and modules:
         dimension = None
-        for module in modules if isinstance(modules, list) else []:
-            kind = str(module.get("type", "")) if isinstance(module, dict) else ""
-            config = directory / str(module.get("path", "")) / "config.json" if kind else None
-            if config is None or not config.is_file():
+        for module in modules:
+            config = directory / module.path / "config.json"
+            if not config.is_file():
                 continue
             data = _read_json(config)
-            if kind.endswith("Dense") and isinstance(data, dict):
+            if module.type.endswith("Dense") and isinstance(data, dict):
                 dimension = data.get("out_features", dimension)
-            elif kind.endswith("Pooling") and isinstance(data, dict) and dimension is None:
+            elif module.type.endswith("Pooling") and isinstance(data, dict) and dimension is None:
                 dimension = _pooled_dimension(data)
         if isinstance(dimension, int):
             return dimension
-        if any(str(m.get("type", "")).endswith(("Dense", "Pooling")) for m in modules
-               if isinstance(m, dict)):
+        if any(module.type.endswith(("Dense", "Pooling")) for module in modules):
             return None
     config = read_model_config(name_or_path)
     hidden = config.get("hidden_size") if config else None

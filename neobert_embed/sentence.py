@@ -72,7 +72,9 @@ def resolve_prompt(model: Prompted, name: str | None, *, required: str | None = 
 
 def is_sentence_transformer_dir(path: str | Path) -> bool:
     """True when ``path`` is a saved SentenceTransformer (it has ``modules.json``)."""
-    return (Path(path) / "modules.json").is_file()
+    from neobert_embed.model_files import MODULES_FILE
+
+    return (Path(path) / MODULES_FILE).is_file()
 
 
 def _explain_missing(name: str, original: str, exc: Exception) -> UserInputError:

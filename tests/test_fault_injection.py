@@ -121,6 +121,14 @@ def _damaged_model(file: str) -> Callable[[dict[str, Path]], None]:
     return make
 
 
+def _modules_listed(text: str) -> Callable[[dict[str, Path]], None]:
+    """A copy of the model at ``{case}/model`` whose ``modules.json`` holds ``text`` (valid JSON, wrong shape)."""
+    def make(paths: dict[str, Path]) -> None:
+        shutil.copytree(paths["model"], paths["case"] / "model")
+        (paths["case"] / "model" / "modules.json").write_text(text, encoding="utf-8")
+    return make
+
+
 def _both(*steps: Callable[[dict[str, Path]], None]) -> Callable[[dict[str, Path]], None]:
     def make(paths: dict[str, Path]) -> None:
         for step in steps:
@@ -328,6 +336,21 @@ CASES = [
          _damaged_model("modules.json")),
     Case("export damaged config.json", ("export", "{case}/model", "--format", "onnx", "--output", "{case}/e"),
          ("config.json", "damaged"), _damaged_model("config.json")),
+    # --- a modules.json of the wrong shape: one reader (model_files.saved_modules) for every command
+    Case("encode modules.json not a list", ("encode", "--model", "{case}/model", "--input", T, "--output",
+                                            "{case}/out.npy"), ("modules.json", "array"), _modules_listed("{}")),
+    Case("encode modules.json empty", ("encode", "--model", "{case}/model", "--input", T, "--output",
+                                       "{case}/out.npy"), ("modules.json", "non-empty"), _modules_listed("[]")),
+    Case("build modules.json entry without a path", ("index", "build", "--model", "{case}/model", "--corpus",
+                                                     "{corpus}", "--output", "{case}/new-index"),
+         ("modules.json", "module 0", "path"), _modules_listed('[{"name": "0", "type": "x.Transformer"}]')),
+    Case("glue modules.json entry not an object", ("glue", "--model", "{case}/model", "--task-dir", "{task}",
+                                                   "--output", "{case}/glue"), ("modules.json", "module 1"),
+         _modules_listed('[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}, '
+                         '3]')),
+    Case("serve modules.json kwargs not a list", ("serve", "--model", "{case}/model"), ("modules.json", "kwargs"),
+         _modules_listed('[{"name": "0", "path": "", "type": "sentence_transformers.models.Transformer", '
+                         '"kwargs": 1}]')),
     Case("demo output under a file", ("demo", "--quick", "--output", "{file}/demo"), ("a-file",)),
     Case("demo output read-only", ("demo", "--quick", "--output", READ_ONLY), ("/proc/1",)),
     Case("demo damaged journal", ("demo", "--quick", "--output", "{case}/demo"), ("stages.json",),

@@ -49,7 +49,7 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import Spec
 from neobert_embed.records import RUN, TRAINER_STATE, TRAINING_SUMMARY
-from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT
+from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT, is_sentence_transformer_dir
 from neobert_embed.training_precision import TrainingPrecision
 
 if TYPE_CHECKING:
@@ -279,7 +279,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
               resume: bool, overwrite: bool, callbacks: list[TrainerCallback] | None, state: DirectoryState) -> Path:
     """The body of :func:`train_contrastive`, run while holding the run directory's lock."""
     model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
-    if resume and TRAINING_SUMMARY.exists(output) and (output / "modules.json").is_file():
+    if resume and TRAINING_SUMMARY.exists(output) and is_sentence_transformer_dir(output):
         logger.warning("%s: this run already finished; nothing to resume", output)
         return output
     chosen = _chosen_precision(recipe)  # refuses fp16 on the CPU before anything is written

@@ -51,20 +51,17 @@ def backbone_path(model: str) -> str:
         >>> backbone_path("neobert")
         'chandar-lab/NeoBERT'
     """
+    from neobert_embed.model_files import MODULES_FILE, transformer_module
     from neobert_embed.sentence import is_sentence_transformer_dir
 
     name = resolve_model_name(model)
     if is_sentence_transformer_dir(name):
-        from neobert_embed.files import read_json
-
-        modules = read_json(Path(name) / "modules.json", "SentenceTransformer module list",
-                            "re-download or re-save the model")
-        transformer = next((m for m in modules if m.get("type", "").endswith("Transformer")), None)
+        transformer = transformer_module(name)
         if transformer is None:
             from neobert_embed.errors import UserInputError
 
-            raise UserInputError(f"{Path(name) / 'modules.json'}: no Transformer module to fine-tune")
-        return str(Path(name) / transformer.get("path", ""))
+            raise UserInputError(f"{Path(name) / MODULES_FILE}: no Transformer module to fine-tune")
+        return str(Path(name) / transformer.path)
     return name
 
 

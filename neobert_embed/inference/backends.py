@@ -38,7 +38,8 @@ import torch
 from torch import nn
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import read_json
+from neobert_embed.model_files import MODULES_FILE, SavedModule, saved_modules
+from neobert_embed.records import read_record
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -245,24 +246,23 @@ class BackendTransformer(nn.Module):
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    data = read_json(path, "exported model file", "re-export the model") if path.is_file() else {}
-    return data if isinstance(data, dict) else {}
+    return read_record(path, "exported model file", "re-export the model") if path.is_file() else {}
 
 
-def _load_saved_module(directory: Path, entry: dict[str, Any]) -> nn.Module:
+def _load_saved_module(directory: Path, entry: SavedModule) -> nn.Module:
     """A module after the first, loaded as sentence-transformers loads it (no third-party code)."""
     import inspect
 
     from sentence_transformers.util import import_module_class
 
     try:
-        module_class = import_module_class(entry["type"], str(directory), trust_remote_code=False)
+        module_class = import_module_class(entry.type, str(directory), trust_remote_code=False)
     except (ImportError, ValueError) as exc:
-        raise UserInputError(f"{directory}/modules.json: module {entry.get('name')!r} of type {entry['type']!r} "
+        raise UserInputError(f"{directory / MODULES_FILE}: module {entry.name!r} of type {entry.type!r} "
                              f"cannot be loaded here ({exc})") from None
     if len(inspect.signature(module_class.load).parameters) == 1:  # an old-style module: load(path)
-        return module_class.load(str(directory / entry["path"]))
-    return module_class.load(str(directory), subfolder=entry["path"], local_files_only=True)
+        return module_class.load(str(directory / entry.path))
+    return module_class.load(str(directory), subfolder=entry.path, local_files_only=True)
 
 
 def load_backend_model(
@@ -307,15 +307,15 @@ def load_backend_model(
     if backend == "onnx" and inference_precision not in (None, "fp32"):
         raise UserInputError(f"inference_precision {inference_precision!r}: ONNX Runtime runs the file's own "
                              "precision; use the openvino backend for bf16/fp16 compute")
-    modules_json = directory / "modules.json"
+    modules_json = directory / MODULES_FILE
     if not modules_json.is_file():
         raise UserInputError(f"{directory} is not a SentenceTransformer directory (no modules.json); export one "
                              f"with `neobert-embed export MODEL --format {backend} --output {directory}`")
-    entries = read_json(modules_json, "SentenceTransformer module list", "re-export the model")
-    if not entries or not str(entries[0].get("type", "")).endswith("Transformer"):
+    entries = saved_modules(directory)
+    if not entries[0].is_transformer:
         raise UserInputError(f"{modules_json}: the first module is not a Transformer, so there is no encoder "
                              "graph to run")
-    transformer_dir = directory / entries[0]["path"]
+    transformer_dir = directory / entries[0].path
     file = graph_file(transformer_dir, backend, quantized)
     if not file.is_file():
         other = graph_file(transformer_dir, backend, not quantized)
@@ -336,9 +336,9 @@ def load_backend_model(
         max_length = min(tokenizer.model_max_length, config.max_position_embeddings)  # as sentence-transformers
     first = BackendTransformer(tokenizer, runner, file, hidden_size=config.hidden_size, max_seq_length=max_length,
                                do_lower_case=bool(settings.get("do_lower_case", False)))
-    modules: OrderedDict[str, nn.Module] = OrderedDict([(entries[0]["name"], first)])
+    modules: OrderedDict[str, nn.Module] = OrderedDict([(entries[0].name, first)])
     for entry in entries[1:]:
-        modules[entry["name"]] = _load_saved_module(directory, entry)
+        modules[entry.name] = _load_saved_module(directory, entry)
 
     saved = _read_json(directory / "config_sentence_transformers.json")
     similarity = saved.get("similarity_fn_name")
@@ -346,6 +346,6 @@ def load_backend_model(
         modules=modules, device="cpu", backend=backend, prompts=saved.get("prompts") or None,
         default_prompt_name=saved.get("default_prompt_name"), truncate_dim=saved.get("truncate_dim"),
         similarity_fn_name=similarity if similarity in SentenceTransformer.SUPPORTED_SIMILARITY_FN_NAMES else None)
-    model.module_kwargs = OrderedDict((entry["name"], entry.get("kwargs", [])) for entry in entries)
+    model.module_kwargs = OrderedDict((entry.name, list(entry.kwargs)) for entry in entries)
     logger.debug("loaded %s on %s", file, runner.description)
     return model
