@@ -14,8 +14,9 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from neobert_embed.errors import UserInputError, located
 
@@ -200,6 +201,48 @@ def sha256_file(path: str | Path) -> str:
     digest = hashlib.sha256()
     _feed(digest, path)
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class FilePin:
+    """A file's size and SHA-256 as it was written, recorded beside it so that a later reader can
+    tell a truncated, corrupt or swapped file from the one it wrote.
+
+    Why one: a pretraining checkpoint's manifest and an index's manifest both pin their files, and
+    each used to write the pair under its own keys (``bytes`` in one, ``size`` in the other) and
+    compare it its own way. Pydantic records take it as a field type (``dict[str, FilePin]``; extra
+    keys refused).
+
+    Example:
+        >>> pin = FilePin.of("runs/index/index.faiss")
+        >>> pin.difference("runs/index/index.faiss") is None
+        True
+        >>> pin.difference("runs/index/truncated.faiss", checksum=False)
+        '64 bytes, but 11534381 were recorded'
+    """
+
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
+
+    size: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: str | Path) -> FilePin:
+        """The pin of ``path`` as it is now."""
+        return cls(size=Path(path).stat().st_size, sha256=sha256_file(path))
+
+    def difference(self, path: str | Path, *, checksum: bool = True) -> str | None:
+        """How ``path`` differs from this pin (None when it matches): missing, another size, or
+        (unless ``checksum`` is False, for a check in milliseconds) other contents of the same size."""
+        path = Path(path)
+        if not path.is_file():
+            return "missing"
+        size = path.stat().st_size
+        if size != self.size:
+            return f"{size} bytes, but {self.size} were recorded"
+        if checksum and sha256_file(path) != self.sha256:
+            return "contents differ from the recorded checksum (same size)"
+        return None
 
 
 def directory_digest(directory: str | Path, skip: tuple[str, ...] = ()) -> str:

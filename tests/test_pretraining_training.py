@@ -215,6 +215,25 @@ def test_cli_prepare_pretrain_export(tmp_path):
     assert "prepare" in runner.invoke(app, ["pretrain"]).output
 
 
+def test_checkpoint_files_are_pinned_and_a_checkpoint_pinned_under_the_old_key_still_verifies(corpus, tmp_path):
+    """The manifest pins each file with files.FilePin ({size, sha256}, as an index's manifest does);
+    a checkpoint saved before that ({bytes, sha256}) verifies the same way, so it still resumes."""
+    from neobert_embed.pretraining.checkpoint import CorruptCheckpoint, verify_checkpoint
+
+    run = tmp_path / "run"
+    pretrain(_recipe(), corpus, run, stop_after_steps=2, progress=False)
+    saved = run / "checkpoints" / STEP2
+    manifest = json.loads((saved / "checkpoint.json").read_text(encoding="utf-8"))
+    assert manifest and all(set(entry) == {"size", "sha256"} for entry in manifest.values())
+    legacy = {name: {"bytes": entry["size"], "sha256": entry["sha256"]} for name, entry in manifest.items()}
+    (saved / "checkpoint.json").write_text(json.dumps(legacy), encoding="utf-8")
+    verify_checkpoint(saved)
+    engine = saved / "engine.pt"
+    engine.write_bytes(engine.read_bytes()[:-10])
+    with pytest.raises(CorruptCheckpoint, match=r"engine.pt: contents changed since it was saved \(\d+ bytes, but"):
+        verify_checkpoint(saved)
+
+
 def test_stage2_continues_from_stage1_weights_with_a_length_mixture(corpus, tmp_path):
     stage1_recipe = tiny_recipe(max_steps=10)
     stage1_recipe["optimizer"] = {"lr": 1e-2}

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import sha256_file
+from neobert_embed.files import FilePin
 from neobert_embed.index.factory import read_faiss_index
-from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexFile, IndexManifest, read_manifest
+from neobert_embed.index.manifest import INDEX_NAME, STORE_NAME, IndexManifest, read_manifest
 from neobert_embed.index.ondisk import IVFDATA_NAME, read_on_disk
 from neobert_embed.index.rerank import RERANK_NAME
 from neobert_embed.index.store import DocumentStore
@@ -40,16 +40,6 @@ def _advice(directory: Path) -> str:
             "(an interrupted build continues with `--resume`); `neobert-embed index verify` checks every file")
 
 
-def file_checksum(path: str | Path) -> IndexFile:
-    """Size and SHA-256 of ``path``.
-
-    Example:
-        >>> file_checksum("runs/news-index/index.faiss").size
-        11534381
-    """
-    return IndexFile(size=Path(path).stat().st_size, sha256=sha256_file(path))
-
-
 def with_checksums(directory: str | Path, manifest: IndexManifest) -> IndexManifest:
     """``manifest`` with the checksums of the index files in ``directory`` (call before writing it).
 
@@ -57,7 +47,7 @@ def with_checksums(directory: str | Path, manifest: IndexManifest) -> IndexManif
         >>> write_manifest(work, with_checksums(work, manifest))
     """
     directory = Path(directory)
-    return manifest.model_copy(update={"files": {name: file_checksum(directory / name) for name in CHECKSUMMED
+    return manifest.model_copy(update={"files": {name: FilePin.of(directory / name) for name in CHECKSUMMED
                                                  if (directory / name).is_file()}})
 
 
@@ -77,12 +67,12 @@ def check_index_files(directory: str | Path) -> IndexManifest:
 def _check_sizes(directory: Path, manifest: IndexManifest) -> None:
     for name, recorded in manifest.files.items():
         path = directory / name
-        if not path.is_file():
+        difference = recorded.difference(path, checksum=False)
+        if difference == "missing":
             raise UserInputError(f"{path}: missing; {_advice(directory)}")
-        size = path.stat().st_size
-        if size != recorded.size:
-            raise UserInputError(f"{path}: {size} bytes but the manifest recorded {recorded.size} (truncated, "
-                                 f"corrupt or from another index); {_advice(directory)}")
+        if difference is not None:
+            raise UserInputError(f"{path}: {difference} in the manifest (truncated, corrupt or from another "
+                                 f"index); {_advice(directory)}")
 
 
 def open_faiss(directory: str | Path, manifest: IndexManifest) -> faiss.Index:
@@ -164,14 +154,13 @@ def verify_index(directory: str | Path) -> VerifyReport:
                                "version); rebuild it to get them")
     for name, recorded in manifest.files.items():
         path = directory / name
-        if not path.is_file():
-            report.problems.append(f"{path}: missing")
-            continue
-        actual = file_checksum(path)
-        report.checked.append(name)
-        if actual != recorded:
-            report.problems.append(f"{path}: checksum differs from the manifest (size {actual.size}, recorded "
-                                   f"{recorded.size}): the file is corrupt or from another index")
+        difference = recorded.difference(path)
+        if difference != "missing":
+            report.checked.append(name)
+        if difference is not None:
+            report.problems.append(f"{path}: {difference}" if difference == "missing" else
+                                   f"{path}: checksum differs from the manifest ({difference}): the file is "
+                                   "corrupt or from another index")
     for opener in (open_faiss, open_store):
         try:
             opened = opener(directory, manifest)

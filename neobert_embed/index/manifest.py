@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import FilePin
 from neobert_embed.records import INDEX_MANIFEST
 from neobert_embed.runs import partial_directory
 
@@ -38,15 +39,6 @@ class Calibration(BaseModel):
     recall_at_10: float
     target: float
     queries: int
-
-
-class IndexFile(BaseModel):
-    """Size and SHA-256 of one file of the index, checked by ``index verify``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    size: int
-    sha256: str
 
 
 class IndexManifest(BaseModel):
@@ -80,7 +72,7 @@ class IndexManifest(BaseModel):
     vectors: int = Field(description="vectors in the FAISS index, replaced ones included")
     replaced: int = 0
     sources: list[str] = Field(default_factory=list)
-    files: dict[str, IndexFile] = Field(default_factory=dict, description="checksums of index.faiss, "
+    files: dict[str, FilePin] = Field(default_factory=dict, description="checksums of index.faiss, "
                                         "documents.sqlite, and index.ivfdata / vectors.f16.npy where they exist "
                                         "(empty for indexes made before checksums)")
     on_disk: bool = Field(default=False, description="inverted lists memory-mapped from index.ivfdata")

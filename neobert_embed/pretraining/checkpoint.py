@@ -22,6 +22,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from neobert_embed.errors import UserInputError, listing
-from neobert_embed.files import remove_debris, replace_directory, sha256_file
+from neobert_embed.files import FilePin, remove_debris, replace_directory
 from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
 from neobert_embed.records import CHECKPOINT_MANIFEST, TRAINER_STATE
 from neobert_embed.runs import CHECKPOINTS_DIR
@@ -78,8 +79,19 @@ def _checkpoint_files(directory: Path) -> list[Path]:
 
 def _write_manifest(directory: Path) -> None:
     files = _checkpoint_files(directory)
-    CHECKPOINT_MANIFEST.write(directory, {
-        str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files})
+    CHECKPOINT_MANIFEST.write(directory, {str(p.relative_to(directory)): asdict(FilePin.of(p)) for p in files})
+
+
+def _recorded_pin(entry: object) -> FilePin | None:
+    """The pin a manifest entry records (None when it is not one). Checkpoints saved before
+    :class:`~neobert_embed.files.FilePin` wrote the size under ``bytes``; they still resume."""
+    fields = dict(entry) if isinstance(entry, dict) else {}
+    if "bytes" in fields and "size" not in fields:
+        fields["size"] = fields.pop("bytes")
+    size, checksum = fields.get("size"), fields.get("sha256")
+    if set(fields) != {"size", "sha256"} or not isinstance(size, int) or not isinstance(checksum, str):
+        return None
+    return FilePin(size, checksum)
 
 
 def verify_checkpoint(directory: Path) -> None:
@@ -95,16 +107,16 @@ def verify_checkpoint(directory: Path) -> None:
     if unlisted:  # an emptied or edited manifest must not switch the check off
         raise CorruptCheckpoint(f"{CHECKPOINT_MANIFEST.path(directory)}: damaged {CHECKPOINT_MANIFEST.holds} "
                                 f"(it does not list {listing(unlisted)})")
-    for name, expected in manifest.items():
-        path = directory / name
-        if not isinstance(expected, dict) or not isinstance(expected.get("bytes"), int) \
-                or not isinstance(expected.get("sha256"), str):
+    for name, entry in manifest.items():
+        pin = _recorded_pin(entry)
+        if pin is None:
             raise CorruptCheckpoint(f"{CHECKPOINT_MANIFEST.path(directory)}: damaged {CHECKPOINT_MANIFEST.holds} "
-                                    f"(entry {name!r} is not {{'bytes': …, 'sha256': …}})")
-        if not path.is_file():
-            raise CorruptCheckpoint(f"{path}: missing")
-        if path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
-            raise CorruptCheckpoint(f"{path}: contents changed since it was saved (size or checksum)")
+                                    f"(entry {name!r} is not {{'size': …, 'sha256': …}})")
+        difference = pin.difference(directory / name)
+        if difference == "missing":
+            raise CorruptCheckpoint(f"{directory / name}: missing")
+        if difference is not None:
+            raise CorruptCheckpoint(f"{directory / name}: contents changed since it was saved ({difference})")
 
 
 def _rng_state() -> dict[str, Any]:
