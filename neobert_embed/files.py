@@ -298,6 +298,25 @@ def read_json(path: str | Path, what: str = "record",
             from None
 
 
+def read_json_object_or_none(path: str | Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when it is missing, unreadable, damaged or not an object.
+
+    Why: some files are hints, not inputs: a sidecar beside an output, a lock holder's note, the
+    list of what an earlier writer wrote, a tiny model's size for a label. A damaged one must not
+    stop a command (the hint is then simply absent), and each of these used to catch its own set
+    of exceptions. Records a command depends on are read with :func:`read_json` instead.
+
+    Example:
+        >>> read_json_object_or_none("runs/x/.out.lock.json") is None   # cut short by a crash
+        True
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file.
 

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -30,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_json
+from neobert_embed.files import atomic_write_json, read_json_object_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +83,10 @@ def read_holder(target: str | Path) -> LockHolder | None:
         >>> read_holder("runs/news-index") is None
         True
     """
-    note = _note_path(Path(target))
+    data = read_json_object_or_none(_note_path(Path(target))) or {}
     try:
-        data = json.loads(note.read_text(encoding="utf-8"))
         return LockHolder(int(data["pid"]), str(data["host"]), str(data["command"]), str(data["since"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 

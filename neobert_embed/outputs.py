@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import enum
 import fnmatch
-import json
 import os
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from neobert_embed.errors import UserInputError, listing
-from neobert_embed.files import WRITTEN_KEY, atomic_write_json
+from neobert_embed.files import WRITTEN_KEY, atomic_write_json, read_json_object_or_none
 from neobert_embed.locks import is_lock_file
 
 if TYPE_CHECKING:
@@ -126,14 +125,7 @@ def read_sidecar(path: str | Path) -> dict[str, Any] | None:
         >>> read_sidecar("out/docs.npy")["writer"]
         'neobert-embed encode'
     """
-    side = sidecar_path(path)
-    if not side.is_file():
-        return None
-    try:
-        data = json.loads(side.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object_or_none(sidecar_path(path))
 
 
 def write_sidecar(path: str | Path, writer: str, **fields: Any) -> None:
@@ -291,11 +283,7 @@ def claimed_entries(directory: str | Path, record: str, owned: Iterable[str] = (
         >>> claimed_entries("runs/index", "manifest.json", owned=("index.ivfdata",))
         {'manifest.json', 'index.faiss', 'documents.sqlite', 'index.ivfdata'}
     """
-    try:
-        data = json.loads((Path(directory) / record).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        data = {}
-    data = data if isinstance(data, dict) else {}
+    data = read_json_object_or_none(Path(directory) / record) or {}
     files = data.get("files") if isinstance(data.get("files"), dict | list) else []
     written = data.get(WRITTEN_KEY) if isinstance(data.get(WRITTEN_KEY), list) else []
     return {record, *owned, *(str(name) for name in written), *(Path(str(name)).parts[0] for name in files)}

@@ -182,3 +182,27 @@ def test_one_command_never_replaces_another_command_s_export(tmp_path):
     with pytest.raises(UserInputError, match="written by 'neobert-embed export', not by neobert-embed pretrain export"):
         export_checkpoint(tmp_path / "no-such-run", onnx_export)
     assert (onnx_export / "onnx" / "model.onnx").read_bytes() == b"graph"
+
+
+@pytest.mark.parametrize("content", [b'{"pid": 12', b"[1, 2]", b"\xff\xfe not utf-8", None],
+                         ids=["cut short", "an array", "not UTF-8", "missing"])
+def test_a_damaged_hint_file_is_simply_absent(tmp_path, content):
+    """Sidecars, lock holders' notes, an output's list of what it wrote and a tiny model's config are
+    hints: a damaged one reads as absent (files.read_json_object_or_none), never as an error."""
+    from neobert_embed.demo.records import TINY, tiny_name
+    from neobert_embed.locks import read_holder
+    from neobert_embed.outputs import claimed_entries, read_sidecar, sidecar_path
+
+    target = tmp_path / "out"
+    hints = [sidecar_path(tmp_path / "vectors.npy"), tmp_path / ".out.lock.json", target / "manifest.json",
+             tmp_path / "model" / "config.json"]
+    for hint in hints:
+        hint.parent.mkdir(parents=True, exist_ok=True)
+        if content is not None:
+            hint.write_bytes(content)
+    assert read_sidecar(tmp_path / "vectors.npy") is None
+    assert read_holder(target) is None
+    assert claimed_entries(target, "manifest.json") == {"manifest.json"}
+    assert tiny_name(tmp_path / "model") == TINY
+    (tmp_path / "model" / "config.json").write_text('{"num_hidden_layers": 2, "hidden_size": 128}')
+    assert tiny_name(tmp_path / "model") == f"{TINY} (2×128)"

@@ -13,10 +13,11 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from neobert_embed.files import read_json_object_or_none
 
 MINILM = "all-MiniLM-L6-v2"
 MINILM_TUNED = f"{MINILM} + contrastive"
@@ -65,11 +66,10 @@ def tiny_name(model_dir: str | Path | None) -> str:
         >>> tiny_name("runs/demo/models/mlm-only")
         'tiny NeoBERT (2×128)'
     """
-    config = Path(model_dir or "") / "config.json"
+    values = read_json_object_or_none(Path(model_dir or "") / "config.json") or {}
     try:
-        values = json.loads(config.read_text())
         return f"{TINY} ({int(values['num_hidden_layers'])}×{int(values['hidden_size'])})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return TINY
 
 
