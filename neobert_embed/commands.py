@@ -48,12 +48,11 @@ def encode(
     precision and (int8/binary) calibration.
     """
     from neobert_embed.console import json_only_stdout, third_party_log
-    from neobert_embed.encoding import STORAGE_PRECISIONS, encode_file, report_json
-    from neobert_embed.errors import UserInputError
+    from neobert_embed.encoding import encode_file, report_json
+    from neobert_embed.quantization import check_storage_precision
 
     store_precision = store_precision or "float32"
-    if store_precision not in STORAGE_PRECISIONS:
-        raise UserInputError(f"--store-precision {store_precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")
+    check_storage_precision(store_precision)
     with third_party_log(output, verbose), json_only_stdout(as_json):
         report = encode_file(model, input_path, output, field=field, precision=store_precision,
                              batch_size=batch_size, max_seq_length=max_length, prompt_name=prompt_name,

@@ -30,6 +30,7 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import atomic_write_bytes
+from neobert_embed.quantization import check_storage_precision
 from neobert_embed.sentence import DOCUMENT_PROMPT
 from neobert_embed.sources import iter_records, source_format
 
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 T = TypeVar("T", bound=Sized)  # an input encode_longest_first orders by len()
 SLICE_BATCHES = 16  # batches per slice of a long-first encoding: the progress bar moves once per slice
-
-STORAGE_PRECISIONS = ("float32", "float16", "int8", "binary")
-
 
 def check_texts(texts: Sequence[object]) -> list[str]:
     """Return ``texts`` as a list of strings, or raise ``TypeError`` naming the first bad index.
@@ -89,7 +87,8 @@ def quantize(embeddings: np.ndarray, precision: str, calibration: Calibration | 
         from neobert_embed.quantization import fit_calibration, quantize_with
 
         return quantize_with(embeddings, calibration or fit_calibration(embeddings, precision))
-    raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
+    check_storage_precision(precision)
+    raise AssertionError(f"{precision} is a storage precision that quantize does not handle")
 
 
 def encode_texts(
@@ -299,8 +298,7 @@ def encode_file(
     from neobert_embed.sentence import resolve_prompt
 
     check_compute_precision(compute_precision)
-    if precision not in STORAGE_PRECISIONS:
-        raise UserInputError(f"unknown precision {precision!r}; choose one of {', '.join(STORAGE_PRECISIONS)}")
+    check_storage_precision(precision)
     if batch_size < 1:
         raise UserInputError(f"--batch-size must be positive, got {batch_size}")
     from neobert_embed.distributed import encode_across_ranks, init_world, on_main

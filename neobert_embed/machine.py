@@ -169,8 +169,9 @@ def check_compute_precision(precision: str, flag: str = "--precision") -> str:
         UserInputError: --precision 'int4' is not one of auto, fp32, bf16, fp16, int8
     """
     if precision not in COMPUTE_PRECISIONS:
-        stored = " (the stored vector format is --store-precision)" if precision in ("float32", "float16",
-                                                                                    "binary") else ""
+        from neobert_embed.quantization import STORAGE_PRECISIONS
+
+        stored = " (the stored vector format is --store-precision)" if precision in STORAGE_PRECISIONS else ""
         raise UserInputError(f"{flag} {precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}: it is the "
                              f"precision the model computes in{stored}")
     return precision

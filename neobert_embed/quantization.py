@@ -30,6 +30,19 @@ import numpy as np
 from neobert_embed.errors import UserInputError
 
 CALIBRATED_PRECISIONS = ("int8", "binary")
+STORAGE_PRECISIONS = ("float32", "float16", *CALIBRATED_PRECISIONS)  # how vectors are kept (--store-precision)
+
+
+def check_storage_precision(precision: str) -> None:
+    """Refuse a ``--store-precision`` no writer knows, with one message for ``encode`` and ``index build``.
+
+    Example:
+        >>> check_storage_precision("int4")
+        Traceback (most recent call last):
+        UserInputError: --store-precision 'int4' is not one of float32, float16, int8, binary
+    """
+    if precision not in STORAGE_PRECISIONS:
+        raise UserInputError(f"--store-precision {precision!r} is not one of {', '.join(STORAGE_PRECISIONS)}")
 
 
 @dataclass(frozen=True)

@@ -92,27 +92,28 @@ log = logging.getLogger(__name__)
 
 
 class BuildOptions(BaseModel):
-    """Everything ``index build`` accepts; the result-relevant part is saved for ``--resume``."""
+    """Everything ``index build`` accepts, checked (the defaults are :func:`build_index`'s); the
+    result-relevant part is saved for ``--resume``."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str
     corpus: str
-    text_field: str = "text"
-    id_field: str = "_id"
-    title_field: str | None = "title"
-    row_ids: bool = False
-    split: str = "train"
-    index_type: str = "auto"
-    factory: str | None = None
-    precision: str = "float32"
-    compute_precision: str = "auto"
-    chunk_size: int = Field(default=8192, gt=0)
-    batch_size: int = Field(default=32, gt=0)
-    max_seq_length: int | None = Field(default=None, gt=0)
-    device: str | None = None
-    revision: str | None = None
-    on_disk: bool = False
+    text_field: str
+    id_field: str
+    title_field: str | None
+    row_ids: bool
+    split: str
+    index_type: str
+    factory: str | None
+    precision: str
+    compute_precision: str
+    chunk_size: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    max_seq_length: int | None = Field(gt=0)
+    device: str | None
+    revision: str | None
+    on_disk: bool
 
     @property
     def fields(self) -> CorpusFields:
@@ -377,10 +378,14 @@ def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncod
     return manifest
 
 
-def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, resume: bool = False,
+def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, text_field: str = "text",
+                id_field: str = "_id", title_field: str | None = "title", row_ids: bool = False,
+                split: str = "train", index_type: str = "auto", factory: str | None = None,
+                precision: str = "float32", compute_precision: str = "auto", chunk_size: int = 8192,
+                batch_size: int = 32, max_seq_length: int | None = None, device: str | None = None,
+                revision: str | None = None, on_disk: bool = False, resume: bool = False,
                 overwrite: bool = False, show_progress: bool = True,
-                on_chunk: Callable[[ChunkDone], None] | None = None, wait: bool = True,
-                **options: Any) -> IndexManifest:
+                on_chunk: Callable[[ChunkDone], None] | None = None, wait: bool = True) -> IndexManifest:
     """Encode ``corpus`` with ``model`` into a searchable index directory ``output``.
 
     Before any model is loaded, the output (absent, empty, or an index: never a directory with
@@ -392,11 +397,19 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
         model: model name/path (``load_sentence_model`` rules); its "document" prompt is applied.
         corpus: ``.jsonl``, ``.parquet``, ``.txt`` or a Hugging Face dataset.
         output: index directory to create (``index.faiss``, ``documents.sqlite``, ``manifest.json``).
+        text_field, id_field, title_field, row_ids, split: how corpus records map to documents
+            (:class:`~neobert_embed.index.documents.CorpusFields`; a title is prepended to its text).
+        index_type, factory: the FAISS index (``auto`` picks by corpus size), or a factory string.
+        precision: how vectors are stored (``float32``, ``float16``, ``int8``, ``binary``...).
+        compute_precision: the model's compute precision (``auto`` measures this machine).
+        chunk_size, batch_size: documents per persisted chunk / per forward pass.
+        max_seq_length: truncate documents to this many tokens (default: the model's own).
+        device, revision: where the model runs; the hub revision of the model.
+        on_disk: IVF only: memory-mapped inverted lists (``index.ivfdata``).
         resume: continue an interrupted build of the same inputs from its last finished chunk.
         overwrite: replace an existing index / discard an interrupted build.
         on_chunk: called after each persisted chunk (progress hooks; raising stops the build).
-        **options: any :class:`BuildOptions` field (text_field, id_field, title_field, row_ids,
-            split, index_type, factory, precision, chunk_size, batch_size, max_seq_length, device).
+        wait: wait for another writer of ``output``; False fails at once.
 
     Raises:
         Interrupted: on Ctrl-C (a ``KeyboardInterrupt``); finished chunks are kept for ``resume``.
@@ -405,7 +418,11 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, re
         >>> build_index("runs/my-embedder", "news.jsonl", "runs/news-index", index_type="hnsw",
         ...             title_field="title")
     """
-    opts = BuildOptions(model=str(model), corpus=str(corpus), **options)
+    opts = BuildOptions(model=str(model), corpus=str(corpus), text_field=text_field, id_field=id_field,
+                        title_field=title_field, row_ids=row_ids, split=split, index_type=index_type,
+                        factory=factory, precision=precision, compute_precision=compute_precision,
+                        chunk_size=chunk_size, batch_size=batch_size, max_seq_length=max_seq_length,
+                        device=device, revision=revision, on_disk=on_disk)
     output = Path(output)
     world = init_world()
     with contextlib.ExitStack() as held:

@@ -25,6 +25,7 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_path
+from neobert_embed.quantization import check_storage_precision
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     FaissIndex: TypeAlias = "faiss.Index | faiss.IndexBinary"
 
 INDEX_TYPES = ("auto", "flat", "ivf", "hnsw", "ivfpq")
-PRECISIONS = ("float32", "float16", "int8", "binary")
 EXACT_SEARCH_LIMIT = 100_000
 HNSW_NEIGHBOURS = 32
 KMEANS_POINTS_PER_CENTROID = 40
@@ -116,8 +116,7 @@ def check_options(index_type: str, precision: str, factory: str | None, dimensio
     """
     if index_type not in INDEX_TYPES:
         raise UserInputError(f"--index-type {index_type!r} is unknown; choose one of {', '.join(INDEX_TYPES)}")
-    if precision not in PRECISIONS:
-        raise UserInputError(f"--store-precision {precision!r} is unknown; choose one of {', '.join(PRECISIONS)}")
+    check_storage_precision(precision)
     if factory is not None and index_type != "auto":
         raise UserInputError("pass either --index-type or --factory, not both: the factory string "
                              "already names the index type")
