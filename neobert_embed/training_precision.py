@@ -100,21 +100,28 @@ def resolve_training_precision(precision: str, device: str) -> TrainingPrecision
 
 
 def training_device(device: str | None = None) -> str:
-    """The device a Hugging Face trainer given ``device`` runs on: ``cuda`` when asked (or None) and
-    present, else ``mps`` when None and present, else ``cpu`` (the rule of
-    :func:`neobert_embed.contrastive.trainer.device_flags`; ``cuda:1`` counts as ``cuda``)."""
+    """The kind of device training on ``device`` runs on (None: :func:`~neobert_embed.devices.default_device`):
+    ``cuda`` when asked and present (``cuda:1`` counts as ``cuda``), else ``cpu``.
+
+    Why not MPS: the Hugging Face trainer would pick it on a Mac by itself, while encoding, the
+    precision choice and the records go by ``default_device``; :func:`~neobert_embed.contrastive.trainer.device_flags`
+    pins the trainer to the device this returns, so training runs where everything else does.
+
+    Example:
+        >>> training_device()   # on a machine without a GPU (a Mac with MPS included)
+        'cpu'
+    """
     import torch
 
-    if device != "cpu" and torch.cuda.is_available():
-        return "cuda"
-    if device is None and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
+    from neobert_embed.devices import default_device
+
+    wanted = device or default_device()
+    return "cuda" if wanted.startswith("cuda") and torch.cuda.is_available() else "cpu"
 
 
 def chosen_precision(precision: str, device: str | None = None) -> TrainingPrecision:
     """What ``precision`` (auto | bf16 | fp16 | fp32) trains in on the trainer's ``device`` (None: the
-    GPU, else MPS, else the CPU; see :func:`training_device`).
+    GPU, else the CPU; see :func:`training_device`).
 
     Example:
         >>> chosen_precision("auto", "cpu").label   # on a CPU with avx512_bf16

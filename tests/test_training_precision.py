@@ -181,3 +181,16 @@ def test_a_short_bf16_pretraining_run_learns_like_fp32(bf16_cpu, tmp_path):
     assert curves["auto"][-3:].mean() < curves["auto"][:3].mean() - 0.05, curves
     difference = np.abs(curves["auto"] - curves["fp32"]).max()
     assert 0 < difference <= TOLERANCE, (difference, curves)
+
+
+def test_training_goes_where_encoding_goes_even_where_the_trainer_would_pick_mps(monkeypatch):
+    """One default-device rule: on a Mac (MPS, no CUDA) the trainer is pinned to the CPU, as
+    devices.default_device puts the encoders, not left to pick MPS by itself."""
+    from neobert_embed.devices import default_device
+    from neobert_embed.training_precision import training_device
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert training_device() == default_device() == "cpu"
+    assert device_flags("fp32")["use_cpu"] is True
+    assert training_device("cuda:1") == "cpu"  # asked for a GPU this machine lacks: the CPU, as before

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
     """``TrainingArguments`` flags for mixed precision, the AdamW kernel and the device (``device``:
-    "cpu" or "cuda"; None: the GPU, else MPS, else the CPU).
+    "cpu" or "cuda"; None: :func:`~neobert_embed.devices.default_device`, the GPU, else the CPU).
 
     "auto" is bf16 autocast where the hardware has bf16 matrix units (a bf16 GPU, a CPU with AMX or
     avx512_bf16; :mod:`neobert_embed.training_precision`), else fp32; the trainer keeps fp32 master
