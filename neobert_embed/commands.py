@@ -6,6 +6,7 @@ inside the commands, so ``--help`` is instant and a bad option fails before any 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,7 +16,6 @@ from neobert_embed import options as opt
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.live import Live
 
     from neobert_embed.demo.run import Stage
 
@@ -96,33 +96,25 @@ def demo(
 
 
 class StageDisplay:
-    """One spinner line per running stage, replaced by a ✓ line with its time and key figure.
-
-    The spinner never redirects ``sys.stdout``/``sys.stderr`` (rich's ``console.status`` does on a
-    terminal), so third-party output written during a stage stays in the run's log.
-    """
+    """One spinner line per running stage (:func:`~neobert_embed.console.spinner`), replaced by a
+    ✓ line with its time and key figure."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.status: Live | None = None
+        self.running = contextlib.ExitStack()
 
     def start(self, name: str) -> None:
-        from rich.live import Live
-        from rich.spinner import Spinner
+        from neobert_embed.console import spinner
 
         self.stop()
-        self.status = Live(Spinner("dots", text=f"{name}…"), console=self.console, transient=True,
-                           redirect_stdout=False, redirect_stderr=False)
-        self.status.start()
+        self.running.enter_context(spinner(f"{name}…", self.console))
 
     def finish(self, stage: Stage) -> None:
         self.stop()
         self.console.print(f"[green]✓[/] {stage.name} ({stage.seconds:.0f} s): {stage.figure}")
 
     def stop(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
+        self.running.close()
 
     def __enter__(self) -> StageDisplay:
         return self

@@ -119,6 +119,25 @@ def progress_bar(*columns: str | ProgressColumn, show: bool = True, transient: b
                     transient=transient, redirect_stdout=False, redirect_stderr=False)
 
 
+@contextlib.contextmanager
+def spinner(text: str, console: Console | None = None) -> Iterator[None]:
+    """A spinner line on the user console while the block runs, erased when it ends.
+
+    Why not rich's ``console.status``: on a terminal it redirects ``sys.stdout``/``sys.stderr``,
+    so third-party output written during the step would land on screen instead of the run's log.
+
+    Example:
+        >>> with spinner("converting chandar-lab/NeoBERT …"):
+        ...     convert_checkpoint("chandar-lab/NeoBERT", "models/neobert")
+    """
+    from rich.live import Live
+    from rich.spinner import Spinner
+
+    with Live(Spinner("dots", text=text), console=console or user_console(stderr=True), transient=True,
+              redirect_stdout=False, redirect_stderr=False):
+        yield
+
+
 def document_progress(show: bool = True) -> Progress:
     """Progress of a document job: description, bar, done/total, docs/s, elapsed, remaining.
 

@@ -278,3 +278,22 @@ def test_what_a_child_process_writes_goes_to_the_log_not_the_screen(tmp_path, ca
     assert "out of gcc" in log.read_text() and "ld: no aio" in log.read_text()
     print("after the block")  # the descriptors are back
     assert "after the block" in capfd.readouterr().out
+
+
+def test_the_spinner_leaves_the_streams_to_the_run_log_even_on_a_terminal():
+    """console.spinner (convert, the demo's stages) never swaps sys.stdout/sys.stderr, which rich's
+    console.status does on a terminal: third-party output during the step must reach the log."""
+    import io
+
+    from rich.console import Console
+
+    from neobert_embed.console import spinner
+
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True)
+    streams = (sys.stdout, sys.stderr)
+    with spinner("converting …", terminal):
+        assert (sys.stdout, sys.stderr) == streams
+    with terminal.status("converting …"):  # what convert used: rich swaps the streams on a terminal
+        assert (sys.stdout, sys.stderr) != streams
+    assert "converting" in screen.getvalue()

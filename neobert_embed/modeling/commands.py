@@ -24,11 +24,11 @@ def convert(
     Every key and shape is checked against config.json first; problems are listed by key and
     nothing is written. The output (weights, config, tokenizer) appears atomically.
     """
-    from neobert_embed.console import user_console
+    from neobert_embed.console import spinner, user_console
     from neobert_embed.modeling.conversion import convert_checkpoint
 
     console = user_console(stderr=True)
-    with console.status(f"converting {source} (strict key check, then re-load verification) …"):
+    with spinner(f"converting {source} (strict key check, then re-load verification) …", console):
         report = convert_checkpoint(source, output, tokenizer=tokenizer, revision=revision,
                                     overwrite=overwrite, wait=not no_wait)
     console.print(
