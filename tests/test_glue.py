@@ -264,7 +264,8 @@ def _broken(tmp_path: Path, task: str, split: str, rows: list[dict] | None) -> P
 
 
 @pytest.mark.parametrize(("case", "message"), [
-    ("unknown-task-json", r"task.json: key 'glue_task': unknown GLUE task 'wnli'"),
+    ("unknown-task-json", r"task.json:1: key 'glue_task': unknown GLUE task 'wnli'"),
+    ("task-json-without-task", r"task.json: key 'glue_task': Field required; .*e.g. {\"glue_task\": \"stsb\"}"),
     ("label-outside", r"train.jsonl:2: label 2 is not one of RTE's classes"),
     ("missing-sentence2", r"validation.jsonl:3: field 'sentence2' is missing; RTE \(a sentence-pair task\)"),
     ("empty-split", r"validation.jsonl: the split is empty"),
@@ -275,6 +276,9 @@ def test_bad_task_data_names_file_and_line_and_writes_nothing(case, message, tmp
     if case == "unknown-task-json":
         directory = _broken(tmp_path, "rte", "train", None)
         (directory / "task.json").write_text('{"glue_task": "wnli"}')
+    elif case == "task-json-without-task":
+        directory = _broken(tmp_path, "rte", "train", None)
+        (directory / "task.json").write_text('{"source": "GLUE"}')
     elif case == "label-outside":
         directory = _broken(tmp_path, "rte", "train", [good, {**good, "label": 2}])
     elif case == "missing-sentence2":

@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, field_validator
+
 from neobert_embed.errors import UserInputError, located
 from neobert_embed.files import iter_jsonl
 from neobert_embed.glue.tasks import GlueTask, get_task
 from neobert_embed.recipes import TASK_FILE, read_spec
+from neobert_embed.records import check_fields
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -108,6 +111,19 @@ def _from_columns(columns: dict[str, list], task: GlueTask) -> Dataset:
     return Dataset.from_dict({k: columns[k] for k in features}, features=Features(features))
 
 
+class GlueTaskSpec(BaseModel):
+    """The ``task.json`` of a local GLUE task directory: which GLUE task its files hold (other keys,
+    such as a note on where the data came from, are allowed and ignored)."""
+
+    glue_task: str
+
+    @field_validator("glue_task")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        get_task(name)  # an unknown name is this field's error, with the known ones listed
+        return name
+
+
 def load_task_dir(directory: str | Path) -> GlueData:
     """Read and check a local task directory (see the module docstring).
 
@@ -118,13 +134,9 @@ def load_task_dir(directory: str | Path) -> GlueData:
     directory = Path(directory)
     if not directory.is_dir():
         raise UserInputError(f"{directory}: task directory not found")
-    spec = read_spec(directory / TASK_FILE, "GLUE task", f'a GLUE task directory needs {TASK_FILE}, e.g. {{"glue_task": "stsb"}}').data
-    if "glue_task" not in spec:
-        raise UserInputError(f"{directory / TASK_FILE}: key 'glue_task' is missing, e.g. {{\"glue_task\": \"stsb\"}}")
-    try:
-        task = get_task(str(spec["glue_task"]))
-    except UserInputError as exc:
-        raise UserInputError(f"{directory / TASK_FILE}: key 'glue_task': {exc}") from None
+    example = f'a GLUE task directory\'s {TASK_FILE} names its task, e.g. {{"glue_task": "stsb"}}'
+    spec = read_spec(directory / TASK_FILE, "GLUE task", example)
+    task = get_task(check_fields(spec.source, spec.data, GlueTaskSpec, example, text=spec.text).glue_task)
     needed = ["train", *(split for _, split in task.validation_splits)]
     splits = {}
     for split in needed:
