@@ -23,13 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from neobert_embed.errors import UserInputError
 
-CALIBRATED_PRECISIONS = ("int8", "binary")
+CalibratedPrecision = Literal["int8", "binary"]  # the stored precisions whose codes need a calibration
+CALIBRATED_PRECISIONS: tuple[str, ...] = get_args(CalibratedPrecision)
 STORAGE_PRECISIONS = ("float32", "float16", *CALIBRATED_PRECISIONS)  # how vectors are kept (--store-precision)
 
 
@@ -70,27 +72,39 @@ class Calibration:
                 "ranges": None if self.ranges is None else self.ranges.astype(float).tolist()}
 
     @classmethod
-    def from_json(cls, data: object, where: str) -> Calibration:
-        """Validate the JSON form; errors name ``where`` (the file) and the bad key."""
-        if not isinstance(data, dict):
-            raise UserInputError(f"{where}: expected a calibration object, got {type(data).__name__}")
-        precision = data.get("precision")
-        if precision not in CALIBRATED_PRECISIONS:
-            raise UserInputError(f"{where}: key 'precision' is {precision!r}; a calibration is for "
-                                 f"{' or '.join(CALIBRATED_PRECISIONS)} vectors")
-        dimension = data.get("dimension")
-        if not isinstance(dimension, int) or dimension < 1:
-            raise UserInputError(f"{where}: key 'dimension' must be a positive integer, got {dimension!r}")
-        ranges = None
-        if precision == "int8":
-            try:
-                ranges = np.asarray(data.get("ranges"), dtype=np.float32)
-            except (TypeError, ValueError):
-                ranges = np.zeros(0)
-            if ranges.shape != (2, dimension) or not np.isfinite(ranges).all():
-                raise UserInputError(f"{where}: key 'ranges' must be two rows of {dimension} finite numbers "
-                                     "(minima, maxima); re-create it with `neobert-embed encode --store-precision int8`")
-        return cls(precision, dimension, ranges, data.get("model"), int(data.get("vectors") or 0))
+    def from_record(cls, record: CalibrationRecord) -> Calibration:
+        """The calibration a checked :class:`CalibrationRecord` holds."""
+        ranges = None if record.ranges is None else np.asarray(record.ranges, dtype=np.float32)
+        return cls(record.precision, record.dimension, ranges, record.model, record.vectors or 0)
+
+
+class CalibrationRecord(BaseModel):
+    """The JSON form of a :class:`Calibration` (a sidecar's ``calibration`` key, or a file of its own),
+    checked field by field so a bad one is one error naming the file, line and key."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    precision: CalibratedPrecision
+    dimension: int = Field(gt=0)
+    model: str | None = None
+    vectors: int | None = Field(default=None, ge=0)
+    threshold: float | None = None
+    ranges: list[list[float]] | None = None
+
+    @field_validator("ranges")
+    @classmethod
+    def _two_rows_of_the_dimension(cls, ranges: list[list[float]] | None, info: ValidationInfo) -> list[list[float]] | None:
+        dimension, precision = info.data.get("dimension"), info.data.get("precision")
+        if precision == "int8" and (ranges is None or len(ranges) != 2 or any(len(row) != dimension for row in ranges)):
+            raise ValueError(f"must be two rows of {dimension} finite numbers (minima, maxima); re-create it with "
+                             "`neobert-embed encode --store-precision int8`")
+        return ranges
+
+
+class _SidecarCalibration(BaseModel):
+    """An ``encode`` sidecar, as far as its calibration goes (None: encoded at float precision)."""
+
+    calibration: CalibrationRecord | None
 
 
 def fit_calibration(embeddings: np.ndarray, precision: str, model: str | None = None) -> Calibration:
@@ -141,11 +155,12 @@ def load_calibration(path: str | Path) -> Calibration:
     path = Path(path)
     if path.suffix == ".npy":
         path = sidecar_path(path)
-    data: Any = read_spec(path, "calibration", "--calibration: pass the .npy.json written beside an int8/binary "
-                          "`neobert-embed encode` output").data
-    if "calibration" in data:
-        data = data["calibration"]
-    if data is None:
+    spec = read_spec(path, "calibration", "--calibration: pass the .npy.json written beside an int8/binary "
+                     "`neobert-embed encode` output")
+    if "calibration" not in spec.data:
+        return Calibration.from_record(spec.validate(CalibrationRecord))
+    record = spec.validate(_SidecarCalibration).calibration
+    if record is None:
         raise UserInputError(f"--calibration {path}: this output was encoded at float precision and has "
                              "no calibration; use the sidecar of an int8 or binary encode")
-    return Calibration.from_json(data, str(path))
+    return Calibration.from_record(record)

@@ -237,6 +237,11 @@ CASES = [
     Case("calibration wrong shape", ("encode", "--model", M, *ENCODE[1:], "--store-precision", "int8",
                                      "--calibration", "{case}/cal.json"), ("{case}/cal.json", "'ranges'", "32"), OUT,
          _calibration('{"precision": "int8", "dimension": 32, "ranges": [[0, 1]]}')),
+    Case("calibration of a sidecar without ranges", ("encode", "--model", M, *ENCODE[1:], "--store-precision", "int8",
+                                                     "--calibration", "{case}/cal.json"),
+         ("{case}/cal.json:3", "'calibration.ranges'", "two rows"), OUT,
+         _calibration('{"writer": "neobert-embed encode",\n "calibration": {"precision": "int8", "dimension": 32,\n'
+                      '                 "ranges": null}}')),
     Case("row ids with replace", (*ADD, "--row-ids", "--on-duplicate", "replace"),
          ("--on-duplicate replace", "--row-ids"), "{case}/index", _broken_index("none")),
     Case("unknown duplicate policy", (*ADD, "--on-duplicate", "merge"), ("--on-duplicate", "merge"), "{case}/index",
