@@ -181,10 +181,11 @@ INDEX_BUILD_STATE: RecordFile[Object] = RecordFile("build_state.json", "index bu
 # Finished outputs: what they hold and how they were made.
 INDEX_MANIFEST: RecordFile[Object] = RecordFile("manifest.json", "index manifest",
                                                 "rebuild the index with `neobert-embed index build`")
+CORPUS_SHARDS_KEY = "shards"  # a prepared corpus's manifest: its shard files, in order
 CORPUS_MANIFEST: RecordFile[Object] = RecordFile(
     "corpus.json", "prepared-corpus manifest",
     "delete that folder and prepare the corpus again with `neobert-embed pretrain prepare`",
-    legacy=("manifest.json",), legacy_key="shards")
+    legacy=("manifest.json",), legacy_key=CORPUS_SHARDS_KEY)
 CHECKPOINT_MANIFEST: RecordFile[Object] = RecordFile("checkpoint.json", "checkpoint manifest",
                                                      "resume from an earlier checkpoint", legacy=("manifest.json",))
 # Step, stream position and engine of a pretraining checkpoint; transformers' Trainer writes one of the same

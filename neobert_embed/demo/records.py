@@ -22,11 +22,19 @@ from neobert_embed.files import read_json_object_or_none
 MINILM = "all-MiniLM-L6-v2"
 MINILM_TUNED = f"{MINILM} + contrastive"
 TINY = "tiny NeoBERT"
+# The journal's keys of the tiny NeoBERT at each step: random weights, after MLM, after contrastive tuning.
+UNTRAINED, MLM_ONLY, FINE_TUNED = "untrained", "MLM only", "fine-tuned"
 SEARCH_STAGE = "search"  # the stage that indexes and searches with the best fine-tuned model and its start
 # The journal's keys of every evaluated model, in the order the demo shows them.
-MODEL_KEYS = ("untrained", "MLM only", "fine-tuned", MINILM, MINILM_TUNED)
+MODEL_KEYS = (UNTRAINED, MLM_ONLY, FINE_TUNED, MINILM, MINILM_TUNED)
 # fine-tuned model → the model its fine-tuning started from (the searches show both).
-STARTING_POINTS = {MINILM_TUNED: MINILM, "fine-tuned": "MLM only"}
+STARTING_POINTS = {MINILM_TUNED: MINILM, FINE_TUNED: MLM_ONLY}
+# The demo's output folder: the runner writes these parts and the report reads them back.
+DATA_DIR, PRETRAIN_DIR, MODELS_DIR, MTEB_DIR, INDEXES_DIR = "data", "pretrain", "models", "mteb", "indexes"
+SUMMARY_CHART = "summary.png"
+# journal key → the model's folder under models/ (those the demo makes) and its index's under indexes/
+MODEL_DIRS = {UNTRAINED: "untrained", MLM_ONLY: "mlm-only", FINE_TUNED: "fine-tuned", MINILM: "minilm",
+              MINILM_TUNED: "minilm-fine-tuned"}
 
 
 @dataclass
@@ -80,8 +88,8 @@ def model_names(tiny: str = TINY) -> dict[str, str]:
         >>> model_names()["all-MiniLM-L6-v2 + contrastive"]
         'all-MiniLM-L6-v2 + contrastive'
     """
-    return {"untrained": f"{tiny}, random init", "MLM only": f"{tiny}, MLM only",
-            "fine-tuned": f"{tiny}, MLM + contrastive", MINILM: MINILM, MINILM_TUNED: MINILM_TUNED}
+    return {UNTRAINED: f"{tiny}, random init", MLM_ONLY: f"{tiny}, MLM only",
+            FINE_TUNED: f"{tiny}, MLM + contrastive", MINILM: MINILM, MINILM_TUNED: MINILM_TUNED}
 
 
 def stage_models(names: dict[str, str]) -> dict[str, str]:
@@ -91,6 +99,6 @@ def stage_models(names: dict[str, str]) -> dict[str, str]:
         >>> stage_models(model_names())["MiniLM contrastive"]
         'all-MiniLM-L6-v2'
     """
-    tiny = names.get("MLM only", f"{TINY}, MLM only").rsplit(",", 1)[0]
+    tiny = names.get(MLM_ONLY, f"{TINY}, MLM only").rsplit(",", 1)[0]
     return {"corpus": "– (data only)", "pretrain": tiny, "untrained baseline": tiny, "contrastive": tiny,
             "MiniLM contrastive": MINILM, "evaluate": "every model above"}

@@ -18,14 +18,26 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.charts import png_bytes, subplots
-from neobert_embed.demo.records import MINILM, SEARCH_STAGE, TINY, DemoReport
+from neobert_embed.demo.records import (
+    FINE_TUNED,
+    MINILM,
+    MINILM_TUNED,
+    MLM_ONLY,
+    MODEL_DIRS,
+    MODELS_DIR,
+    PRETRAIN_DIR,
+    SEARCH_STAGE,
+    SUMMARY_CHART,
+    TINY,
+    DemoReport,
+)
 from neobert_embed.files import atomic_write_bytes
 from neobert_embed.records import DEMO_SUMMARY
 from neobert_embed.runs import METRICS_FILE, read_metrics
 
 # curve label (without the tiny model's size) → the run directory under the demo's output
-LOSS_CURVES = {f"{TINY}: MLM": ("pretrain",), f"{TINY}: InfoNCE": ("models", "fine-tuned"),
-               f"{MINILM}: InfoNCE": ("models", "minilm-fine-tuned")}
+LOSS_CURVES = {f"{TINY}: MLM": (PRETRAIN_DIR,), f"{TINY}: InfoNCE": (MODELS_DIR, MODEL_DIRS[FINE_TUNED]),
+               f"{MINILM}: InfoNCE": (MODELS_DIR, MODEL_DIRS[MINILM_TUNED])}
 
 
 def read_losses(run_dir: Path) -> list[tuple[int, float]]:
@@ -41,7 +53,7 @@ def read_losses(run_dir: Path) -> list[tuple[int, float]]:
 
 def _loss_label(label: str, report: DemoReport) -> str:
     """Put the tiny model's size into its curve labels (``tiny NeoBERT (2×128): MLM``)."""
-    tiny = report.name("MLM only").rsplit(",", 1)[0]
+    tiny = report.name(MLM_ONLY).rsplit(",", 1)[0]
     return label.replace(TINY, tiny, 1) if label.startswith(TINY) else label
 
 
@@ -90,7 +102,7 @@ def write_demo_outputs(report: DemoReport) -> tuple[Path, Path]:
         "losses": {label: {"first": curve[0][1], "last": curve[-1][1], "steps": curve[-1][0]}
                    for label, curve in losses.items() if curve},
     }
-    json_path, png_path = DEMO_SUMMARY.write(output, summary), output / "summary.png"
+    json_path, png_path = DEMO_SUMMARY.write(output, summary), output / SUMMARY_CHART
     atomic_write_bytes(png_path, _chart({report.name(key): score for key, score in report.scores.items()}, losses))
     return json_path, png_path
 

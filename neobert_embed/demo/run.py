@@ -28,11 +28,21 @@ from typing import Any
 from neobert_embed.console import capture_third_party
 from neobert_embed.demo.docstring_data import collect_stdlib_docstrings, split_pairs, write_demo_data
 from neobert_embed.demo.records import (
+    DATA_DIR,
+    FINE_TUNED,
+    INDEXES_DIR,
     MINILM,
     MINILM_TUNED,
+    MLM_ONLY,
+    MODEL_DIRS,
     MODEL_KEYS,
+    MODELS_DIR,
+    MTEB_DIR,
+    PRETRAIN_DIR,
     SEARCH_STAGE,
     STARTING_POINTS,
+    SUMMARY_CHART,
+    UNTRAINED,
     DemoReport,
     Stage,
     model_names,
@@ -49,15 +59,13 @@ __all__ = ["DemoReport", "DemoSettings", "Stage", "run_demo"]
 
 LOG_NAME = "demo.log"
 # "index": the single tiny-model index of demos before the "search" stage (kept, so --fresh still clears it)
-DEMO_OWNED = ("data", "index", "indexes", "models", "mteb", "pretrain", DEMO_SUMMARY.name, "summary.png")
+DEMO_OWNED = (DATA_DIR, "index", INDEXES_DIR, MODELS_DIR, MTEB_DIR, PRETRAIN_DIR, DEMO_SUMMARY.name, SUMMARY_CHART)
 # The held-out docstrings whose summaries are the example searches, picked for readability before any
 # model searched them (never training pairs: their summaries are held-out queries). Missing ones (another
 # Python's stdlib, --quick's smaller corpus) are replaced by the first held-out queries.
 EXAMPLE_ANSWERS = ("gzip.compress", "subprocess.Popen", "heapq.merge", "queue.Queue.get_nowait")
 EXAMPLE_HITS = 3  # top hits kept per example and model
 SEARCH_DEPTH = 10  # where the answer's rank is looked for ("top10" in the stage data)
-INDEX_DIRS = {"untrained": "untrained", "MLM only": "mlm-only", "fine-tuned": "fine-tuned", MINILM: "minilm",
-              MINILM_TUNED: "minilm-fine-tuned"}
 
 
 @dataclass
@@ -109,7 +117,7 @@ def _prepare_data(output: Path, settings: DemoSettings) -> tuple[str, list[str],
     if settings.max_documents:
         docs = docs[: settings.max_documents]
     split = split_pairs(docs)
-    paths = write_demo_data(docs, split, output / "data")
+    paths = write_demo_data(docs, split, output / DATA_DIR)
     figure = f"{len(docs)} docstrings, {len(split.train)} train pairs, {len(split.heldout)} held-out queries"
     return figure, [str(p) for p in paths.values()], {k: str(v) for k, v in paths.items()}
 
@@ -126,7 +134,7 @@ def _pretrain(output: Path, corpus: str, settings: DemoSettings) -> tuple[str, l
     and must not turn the later fine-tuning in this process into a distributed run."""
     from neobert_embed.pretraining import export_checkpoint
 
-    run_dir = output / "pretrain"
+    run_dir = output / PRETRAIN_DIR
     command = [sys.executable, "-m", "neobert_embed.cli", "pretrain", "--recipe",
                str(recipe_path("pretrain-tiny.yaml")), "--corpus", corpus, "--output", str(run_dir),
                "--max-steps", str(settings.pretrain_steps)]
@@ -135,7 +143,7 @@ def _pretrain(output: Path, corpus: str, settings: DemoSettings) -> tuple[str, l
     finished = subprocess.run(command, check=False, stdout=sys.stdout, stderr=sys.stderr)  # the run's log
     if finished.returncode != 0:
         raise RuntimeError(f"pretraining failed (exit {finished.returncode}); rerun the demo to resume it")
-    model_dir = export_checkpoint(run_dir, output / "models" / "mlm-only", progress=False)
+    model_dir = export_checkpoint(run_dir, output / MODELS_DIR / MODEL_DIRS[MLM_ONLY], progress=False)
     losses = read_losses(run_dir)
     steps = losses[-1][0] if losses else settings.pretrain_steps
     figure = f"{steps} steps, " + _loss_figure(losses, "MLM loss")
@@ -148,7 +156,7 @@ def _untrained_copy(mlm_dir: str, output: Path) -> tuple[str, list[str], dict[st
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     torch.manual_seed(0)
-    target = output / "models" / "untrained"
+    target = output / MODELS_DIR / MODEL_DIRS[UNTRAINED]
     model = AutoModel.from_config(AutoConfig.from_pretrained(mlm_dir))
     tokenizer = AutoTokenizer.from_pretrained(mlm_dir)
     with atomic_directory(target) as staged:  # a stage cut short leaves no half-written model behind
@@ -163,7 +171,7 @@ def _finetune(output: Path, base: str, pairs: str, recipe_name: str, steps: int,
     from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
 
     recipe = load_contrastive_recipe(recipe_path(recipe_name), max_steps=steps)
-    target = output / "models" / name
+    target = output / MODELS_DIR / name
     model_dir = train_contrastive(model=base, data={"docstrings": pairs}, output=target, recipe=recipe,
                                   resume=True)
     figure = _loss_figure(read_losses(Path(model_dir)), "InfoNCE loss")
@@ -175,17 +183,17 @@ def _evaluate(output: Path, models: dict[str, str], task: str) -> tuple[str, lis
 
     scores = {}
     for label, model in models.items():
-        report = run_mteb(model, output=output / "mteb", task_dirs=[task], show_progress=False)
+        report = run_mteb(model, output=output / MTEB_DIR, task_dirs=[task], show_progress=False)
         if report.failures:
             raise RuntimeError(f"evaluation of {label} failed: {report.failures}")
         scores[label] = round(next(iter(report.scores.values())), 4)
-    return f"nDCG@10: {_scores_figure(scores, tiny_name(models.get('MLM only')))}", [str(output / "mteb")], \
+    return f"nDCG@10: {_scores_figure(scores, tiny_name(models.get(MLM_ONLY)))}", [str(output / MTEB_DIR)], \
         {"scores": scores}
 
 
 def _scores_figure(scores: dict[str, float], tiny: str) -> str:
     """``tiny NeoBERT (2×128): random init 0.061, …; all-MiniLM-L6-v2: as published 0.561, + contrastive 0.579``."""
-    groups = {tiny: (("untrained", "random init"), ("MLM only", "MLM only"), ("fine-tuned", "MLM + contrastive")),
+    groups = {tiny: ((UNTRAINED, "random init"), (MLM_ONLY, "MLM only"), (FINE_TUNED, "MLM + contrastive")),
               MINILM: ((MINILM, "as published"), (MINILM_TUNED, "+ contrastive"))}
     parts = [f"{model}: " + ", ".join(f"{label} {scores[key]:.3f}" for key, label in keys if key in scores)
              for model, keys in groups.items() if any(key in scores for key, _ in keys)]
@@ -215,7 +223,7 @@ def _search(output: Path, models: dict[str, str], base: str, tuned: str, corpus:
     ranked: dict[str, dict[str, list[str]]] = {}
     indexes = {}
     for key in (base, tuned):
-        target = output / "indexes" / INDEX_DIRS[key]
+        target = output / INDEXES_DIR / MODEL_DIRS[key]
         # fp32 as in the evaluate stage: the same vectors on every CPU, and no precision trials to wait for
         build_index(models[key], corpus, target, index_type="auto", compute_precision="fp32", overwrite=True,
                     show_progress=False)
@@ -234,7 +242,7 @@ def _search(output: Path, models: dict[str, str], base: str, tuned: str, corpus:
     top1 = {key: sum(rank(key, qid) == 1 for qid in query_ids) for key in (base, tuned)}
     top10 = {key: sum(rank(key, qid) is not None for qid in query_ids) for key in (base, tuned)}
     changed = [(rank(base, qid) == 1, rank(tuned, qid) == 1) for qid in query_ids]
-    names = model_names(tiny_name(models.get("MLM only")))
+    names = model_names(tiny_name(models.get(MLM_ONLY)))
     figure = (f"top-1 correct on {len(query_ids)} held-out queries: {names[base]} {top1[base]}, "
               f"{names[tuned]} {top1[tuned]}")
     data = {"base": base, "tuned": tuned, "queries": len(query_ids), "top1": top1, "top10": top10,
@@ -314,14 +322,14 @@ def _run_stages(output: Path, settings: DemoSettings, on_stage: Callable[[Stage]
     mlm = stage("pretrain", lambda: _pretrain(output, data["corpus"], settings)).data["model"]
     untrained = stage("untrained baseline", lambda: _untrained_copy(mlm, output)).data["model"]
     tuned = stage("contrastive", lambda: _finetune(output, mlm, data["pairs"], "contrastive-demo.yaml",
-                                                   settings.contrastive_steps, "fine-tuned")).data["model"]
-    models = {"untrained": untrained, "MLM only": mlm, "fine-tuned": tuned}
+                                                   settings.contrastive_steps, MODEL_DIRS[FINE_TUNED])).data["model"]
+    models = {UNTRAINED: untrained, MLM_ONLY: mlm, FINE_TUNED: tuned}
     minilm = _available_minilm() if settings.baselines else None
     if minilm:
         models[MINILM] = minilm
         models[MINILM_TUNED] = stage(
             "MiniLM contrastive", lambda: _finetune(output, minilm, data["pairs"], "contrastive-demo-minilm.yaml",
-                                                    settings.minilm_steps, "minilm-fine-tuned")).data["model"]
+                                                    settings.minilm_steps, MODEL_DIRS[MINILM_TUNED])).data["model"]
     scores = stage("evaluate", lambda: _evaluate(output, models, data["task"])).data["scores"]
     scores = {key: scores[key] for key in sorted(scores, key=_model_order)}  # the journal sorts its keys
     base, best = _best_fine_tuned(scores, models)

@@ -15,10 +15,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from neobert_embed.demo.records import (
+    FINE_TUNED,
     MINILM,
     MINILM_TUNED,
+    MLM_ONLY,
     SEARCH_STAGE,
     STARTING_POINTS,
+    UNTRAINED,
     DemoReport,
     stage_models,
 )
@@ -93,11 +96,11 @@ def _score_table(report: DemoReport) -> Table:
 
 def _print_verdicts(report: DemoReport, console: Console) -> None:
     scores = report.scores
-    tuned = scores.get("fine-tuned")
+    tuned = scores.get(FINE_TUNED)
     if tuned is not None:
-        beaten = [label for label in ("untrained", "MLM only") if label in scores and tuned > scores[label]]
+        beaten = [label for label in (UNTRAINED, MLM_ONLY) if label in scores and tuned > scores[label]]
         verdict = "beats" if len(beaten) == 2 else "does NOT beat"
-        console.print(f"held-out retrieval nDCG@10: {escape(report.name('fine-tuned'))} {tuned:.4f} {verdict} "
+        console.print(f"held-out retrieval nDCG@10: {escape(report.name(FINE_TUNED))} {tuned:.4f} {verdict} "
                       f"random init {scores.get('untrained', float('nan')):.4f} and MLM only "
                       f"{scores.get('MLM only', float('nan')):.4f}")
     base, adapted = scores.get(MINILM), scores.get(MINILM_TUNED)

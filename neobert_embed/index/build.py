@@ -91,6 +91,9 @@ INDEX_OWNED = (IVFDATA_NAME,)  # written beside the files the manifest lists (an
 log = logging.getLogger(__name__)
 
 
+SHARDS_DIR = "shards"  # an unfinished build's encoded chunks, inside its partial directory
+
+
 class BuildOptions(BaseModel):
     """Everything ``index build`` accepts, checked (the defaults are :func:`build_index`'s); the
     result-relevant part is saved for ``--resume``."""
@@ -134,6 +137,11 @@ class ChunkDone:
 #: ``(first_row, vectors)``: one block of a corpus's vectors, as the vector store hands them out.
 Block = tuple[int, np.ndarray]
 
+def _shards(partial: Path) -> ShardDirectory:
+    """The encoded chunks of the unfinished build in ``partial``."""
+    return ShardDirectory(partial / SHARDS_DIR)
+
+
 def _adopt_legacy_partial(output: Path) -> None:
     """Move a build interrupted under the earlier, visible name ``OUTPUT.partial`` to where builds
     resume from now (:func:`~neobert_embed.runs.partial_directory`), so its encoded chunks are kept."""
@@ -152,7 +160,8 @@ def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrit
         if resume and not overwrite and check_resume(
                 partial, state, record=INDEX_BUILD_STATE, hint="rerun with the same inputs, or use --overwrite to start over"):
             return partial
-        encoded = INDEX_BUILD_STATE.exists(partial) and any((partial / "shards").glob("chunk-*.npy"))
+        encoded = INDEX_BUILD_STATE.exists(partial) and (partial / SHARDS_DIR).is_dir() \
+            and bool(_shards(partial).finished())
         if encoded and not overwrite:
             raise UserInputError(f"{partial} holds an interrupted build with encoded chunks; pass --resume "
                                  "to continue it or --overwrite to discard it")
@@ -322,7 +331,7 @@ def _encode(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progr
     """Import (rank 0), then encode the missing chunks (every rank its share); returns (rows, chunks)."""
     total = on_main(world, lambda: _import_and_check(partial, opts, encoder.dimension, show_progress))
     with DocumentStore(partial / STORE_NAME, read_only=True) as store:
-        n_chunks = _encode_chunks(store, ShardDirectory(partial / "shards"), encoder, opts, total, show_progress,
+        n_chunks = _encode_chunks(store, _shards(partial), encoder, opts, total, show_progress,
                                   on_chunk, world)
     barrier(world)
     return total, n_chunks
@@ -331,7 +340,7 @@ def _encode(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progr
 def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: int,
                     n_chunks: int) -> tuple[IndexSpec, dict, Any, dict[str, Any]]:
     """Once every shard exists: train on a sample, fill, calibrate and write the FAISS index."""
-    shards = ShardDirectory(partial / "shards")
+    shards = _shards(partial)
     missing = sorted(set(range(n_chunks)) - shards.finished())
     if missing:
         raise RuntimeError(f"{partial}: chunks {missing[:10]} were not encoded (a rank failed); rerun with --resume")
@@ -372,7 +381,7 @@ def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncod
         vectors=total, sources=[opts.corpus], **details)
     manifest = with_checksums(partial, manifest)
     write_manifest(partial, manifest)
-    ShardDirectory(partial / "shards").remove()
+    _shards(partial).remove()
     INDEX_BUILD_STATE.path(partial).unlink()
     replace_directory(partial, output)
     return manifest
@@ -492,7 +501,7 @@ def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: boo
     except KeyboardInterrupt:
         with DocumentStore(partial / STORE_NAME, read_only=True) as store:
             total = store.total_rows()
-        encoded = min(total, len(ShardDirectory(partial / "shards").finished()) * opts.chunk_size)
+        encoded = min(total, len(_shards(partial).finished()) * opts.chunk_size)
         raise Interrupted(f"{encoded} of {total} documents encoded; finished chunks are kept in "
                           f"{partial}") from None
     return on_main(world, lambda: _finish(partial, output, opts, encoder, total, n_chunks))

@@ -36,9 +36,15 @@ from neobert_embed.console import progress_bar
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_directory, atomic_path, replace_directory
 from neobert_embed.pretraining.documents import iter_documents
-from neobert_embed.pretraining.prepared import PreparedCorpus, is_prepared, load_prepared
+from neobert_embed.pretraining.prepared import (
+    SHARDS_DIR,
+    TOKENIZER_DIR,
+    PreparedCorpus,
+    is_prepared,
+    load_prepared,
+)
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
-from neobert_embed.records import CORPUS_MANIFEST, PREPARE_STATE
+from neobert_embed.records import CORPUS_MANIFEST, CORPUS_SHARDS_KEY, PREPARE_STATE
 from neobert_embed.runs import Interrupted, check_resume, claimed_directory, partial_directory
 from neobert_embed.sources import fingerprint
 
@@ -84,7 +90,7 @@ def prepare_corpus(
     with claimed_directory(output, record=(CORPUS_MANIFEST, PREPARE_STATE), command="neobert-embed pretrain prepare",
                            inputs=[corpus], what="prepared corpus", wait=wait):  # it and its .partial
         final, output = output, _claim_partial(output, plan)
-        tokenizer_dir = output / "tokenizer"
+        tokenizer_dir = output / TOKENIZER_DIR
         if not tokenizer_dir.is_dir():
             if tokenizer == "train":
                 logger.info("learning a %d-piece WordPiece vocabulary on %s", vocab_size, corpus)
@@ -96,7 +102,7 @@ def prepare_corpus(
         try:
             shards = _tokenize_shards(documents(), output, shard_documents, num_proc, progress)
         except KeyboardInterrupt:
-            kept = len(list((output / "shards").glob("*.arrow")))
+            kept = len(list((output / SHARDS_DIR).glob("*.arrow")))
             raise Interrupted(f"{kept} finished shard(s) of {shard_documents} documents are kept in {output}; "
                               "rerunning skips them", resume_args=()) from None
         if not shards:
@@ -104,7 +110,7 @@ def prepare_corpus(
         num_documents = sum(count for _, count, _ in shards)
         num_tokens = sum(tokens for _, _, tokens in shards)
         CORPUS_MANIFEST.write(output, {
-            "shards": [name for name, _, _ in shards], "num_documents": num_documents,
+            CORPUS_SHARDS_KEY: [name for name, _, _ in shards], "num_documents": num_documents,
             "num_tokens": num_tokens, **plan})
         replace_directory(output, final)
         logger.info("prepared %s documents, %s tokens -> %s", f"{num_documents:,}", f"{num_tokens:,}", final)
@@ -139,7 +145,7 @@ def _chunks(documents: Iterator[str], size: int) -> Iterator[tuple[int, list[str
 def _tokenize_shards(documents: Iterator[str], output: Path, shard_documents: int, num_proc: int,
                      progress: bool) -> list[tuple[str, int, int]]:
     """Tokenize every missing shard; return (file name, documents, tokens) for all shards."""
-    shard_dir = output / "shards"
+    shard_dir = output / SHARDS_DIR
     shard_dir.mkdir(parents=True, exist_ok=True)
     jobs = ((index, chunk, str(output)) for index, chunk in _chunks(documents, shard_documents))
     results = []
@@ -155,7 +161,7 @@ def _tokenize_shards(documents: Iterator[str], output: Path, shard_documents: in
 @functools.cache
 def _worker_tokenizer(output: str):
     """The corpus's tokenizer, loaded once per (worker) process."""
-    return load_tokenizer(Path(output) / "tokenizer")
+    return load_tokenizer(Path(output) / TOKENIZER_DIR)
 
 
 def _tokenize_shard(job: tuple[int, list[str], str]) -> tuple[str, int, int]:
@@ -164,7 +170,7 @@ def _tokenize_shard(job: tuple[int, list[str], str]) -> tuple[str, int, int]:
 
     index, texts, output = job
     name = f"{index:06d}.arrow"
-    path = Path(output) / "shards" / name
+    path = Path(output) / SHARDS_DIR / name
     if path.is_file():
         lengths = _read_lengths(path)
         return name, len(lengths), int(sum(lengths))

@@ -19,7 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.records import CORPUS_MANIFEST
+from neobert_embed.records import CORPUS_MANIFEST, CORPUS_SHARDS_KEY
+
+SHARDS_DIR = "shards"  # a prepared corpus's Arrow shards of token ids
+TOKENIZER_DIR = "tokenizer"  # the tokenizer those ids come from, saved beside them
 
 
 def is_prepared(path: str | Path) -> bool:
@@ -56,7 +59,7 @@ class PreparedCorpus:
         """The tokenizer saved with the corpus."""
         from neobert_embed.pretraining.vocab import load_tokenizer
 
-        return load_tokenizer(self.path / "tokenizer")
+        return load_tokenizer(self.path / TOKENIZER_DIR)
 
 
 def load_prepared(path: str | Path) -> PreparedCorpus:
@@ -72,13 +75,13 @@ def load_prepared(path: str | Path) -> PreparedCorpus:
     if not is_prepared(path):
         raise UserInputError(f"{path}: not a prepared corpus (no {CORPUS_MANIFEST.name}); run "
                              "`neobert-embed pretrain prepare` on it, or finish the interrupted run")
-    names = CORPUS_MANIFEST.read(path).get("shards")
+    names = CORPUS_MANIFEST.read(path).get(CORPUS_SHARDS_KEY)
     if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
-        raise UserInputError(f"{CORPUS_MANIFEST.path(path)}: damaged {CORPUS_MANIFEST.holds} ('shards' must list "
-                             f"the shard files); {CORPUS_MANIFEST.fix}")
+        raise UserInputError(f"{CORPUS_MANIFEST.path(path)}: damaged {CORPUS_MANIFEST.holds} "
+                             f"({CORPUS_SHARDS_KEY!r} must list the shard files); {CORPUS_MANIFEST.fix}")
     flats, shard_ids, starts, lengths = [], [], [], []
     for shard_index, name in enumerate(names):
-        shard = path / "shards" / name
+        shard = path / SHARDS_DIR / name
         try:
             with pa.memory_map(str(shard)) as source:
                 table = pa.ipc.open_stream(source).read_all()
