@@ -143,6 +143,29 @@ def transformer_module(directory: str | Path) -> SavedModule | None:
     return next((module for module in saved_modules(directory) if module.is_transformer), None)
 
 
+def shard_files(index: str | Path) -> list[str]:
+    """The weight files a sharded checkpoint's index (``model.safetensors.index.json``) names, after
+    checking that it is an object whose ``weight_map`` maps tensor names to files that are there.
+
+    Why here: transformers reads this file with no check of its shape, and the converter reads it
+    too; a damaged one must be the same located error before either loads anything.
+
+    Example:
+        >>> shard_files("models/neobert/model.safetensors.index.json")
+        ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']
+    """
+    index = Path(index)
+    weight_map = read_record(index, "shard index", FIX).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(file, str) for file in weight_map.values()):
+        raise UserInputError(f"{index}: damaged shard index (no 'weight_map' of tensor names to files); {FIX}")
+    files = sorted(set(weight_map.values()))
+    missing = [file for file in files if not (index.parent / file).is_file()]
+    if missing:
+        raise UserInputError(f"{index}: names shard files that are not there ({', '.join(missing)}); {FIX}")
+    return files
+
+
 def _transformer_dir(directory: Path) -> Path:
     """Where the encoder's ``config.json`` lives: the directory, or a SentenceTransformer's module."""
     module = transformer_module(directory)
@@ -177,6 +200,9 @@ def check_model_files(name_or_path: str | Path) -> None:
     if not any((encoder_dir / name).is_file() for name in WEIGHT_NAMES) and not any(
             encoder_dir.glob("*.safetensors")):
         raise UserInputError(f"{encoder_dir}: no weights (model.safetensors or pytorch_model.bin); {FIX}")
+    if not any((encoder_dir / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
+        for index in sorted(encoder_dir.glob("*.index.json")):  # sharded: the index is what loads
+            shard_files(index)
     for weights in sorted({*directory.glob("*.safetensors"), *directory.glob("*/*.safetensors")}):
         check_safetensors(weights)
     for weights in sorted({*directory.glob("pytorch_model*.bin"), *directory.glob("*/pytorch_model*.bin")}):

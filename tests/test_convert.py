@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from official_checkpoint import HIDDEN, official_config, official_weights, write_official_checkpoint
 from transformers import AutoModelForMaskedLM, AutoTokenizer
@@ -92,3 +93,15 @@ def test_a_tokenizer_with_ids_beyond_the_vocabulary_is_refused(tmp_path):
     assert isinstance(result.exception, UserInputError), result.output
     assert "30,522 tokens" in str(result.exception) and "vocab_size is 1,000" in str(result.exception)
     assert not (tmp_path / "converted").exists()
+
+
+@pytest.mark.parametrize("index", ["[]", '{"weight_map": ', '{"metadata": {}}'], ids=["array", "cut short", "no map"])
+def test_a_damaged_shard_index_is_one_located_error(tmp_path, index):
+    """A sharded checkpoint's model.safetensors.index.json is read as a record: the wrong top level
+    (an AttributeError traceback before), a cut-short file or no weight_map name the file."""
+    source = write_official_checkpoint(tmp_path / "sharded", tokenizer=True)
+    (source / "model.safetensors.index.json").write_text(index, encoding="utf-8")
+    result = convert(source, "--output", tmp_path / "out")
+    assert isinstance(result.exception, UserInputError), result.exception
+    assert "model.safetensors.index.json" in str(result.exception)
+    assert not (tmp_path / "out").exists()

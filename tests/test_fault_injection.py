@@ -129,6 +129,16 @@ def _modules_listed(text: str) -> Callable[[dict[str, Path]], None]:
     return make
 
 
+def _sharded_model(index: str) -> Callable[[dict[str, Path]], None]:
+    """A copy of the model at ``{case}/model`` saved as one shard, with ``index`` as its shard index."""
+    def make(paths: dict[str, Path]) -> None:
+        model = paths["case"] / "model"
+        shutil.copytree(paths["model"], model)
+        (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
+        (model / "model.safetensors.index.json").write_text(index, encoding="utf-8")
+    return make
+
+
 def _both(*steps: Callable[[dict[str, Path]], None]) -> Callable[[dict[str, Path]], None]:
     def make(paths: dict[str, Path]) -> None:
         for step in steps:
@@ -351,6 +361,14 @@ CASES = [
     Case("serve modules.json kwargs not a list", ("serve", "--model", "{case}/model"), ("modules.json", "kwargs"),
          _modules_listed('[{"name": "0", "path": "", "type": "sentence_transformers.models.Transformer", '
                          '"kwargs": 1}]')),
+    Case("encode sharded model with a damaged index", ("encode", "--model", "{case}/model", "--input", T,
+                                                       "--output", "{case}/out.npy"),
+         ("model.safetensors.index.json", "object"), _sharded_model("[]")),
+    Case("build sharded model whose index names a missing shard", ("index", "build", "--model", "{case}/model",
+                                                                   "--corpus", "{corpus}", "--output", "{case}/i"),
+         ("model.safetensors.index.json", "model-00002-of-00002.safetensors"),
+         _sharded_model('{"weight_map": {"a": "model-00001-of-00001.safetensors", '
+                        '"b": "model-00002-of-00002.safetensors"}}')),
     Case("demo output under a file", ("demo", "--quick", "--output", "{file}/demo"), ("a-file",)),
     Case("demo output read-only", ("demo", "--quick", "--output", READ_ONLY), ("/proc/1",)),
     Case("demo damaged journal", ("demo", "--quick", "--output", "{case}/demo"), ("stages.json",),

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from neobert_embed.errors import UserInputError, listing
-from neobert_embed.files import atomic_directory, read_json
+from neobert_embed.files import atomic_directory
+from neobert_embed.model_files import shard_files
 from neobert_embed.modeling.configuration import NeoBERTConfig
 from neobert_embed.modeling.model import NeoBERTForMaskedLM, NeoBERTModel
 from neobert_embed.outputs import DirectoryState
@@ -87,11 +88,7 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = read_json(index, "shard index", "re-download the checkpoint").get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise UserInputError(f"{index}: no 'weight_map' object; re-download the checkpoint")
-        shards = sorted(set(weight_map.values()))
-        return {key: tensor for shard in shards for key, tensor in load_file(str(directory / shard)).items()}
+        return {key: tensor for shard in shard_files(index) for key, tensor in load_file(str(directory / shard)).items()}
     if (directory / "model.safetensors").is_file():
         return load_file(str(directory / "model.safetensors"))
     if (directory / "pytorch_model.bin").is_file():
