@@ -29,6 +29,9 @@ WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 FIX = "re-download the model, or re-convert/re-export it (`neobert-embed convert`, `pretrain export`)"
 MODULES_FILE = "modules.json"  # a SentenceTransformer directory's list of modules, in order
+# The JSON objects transformers and sentence-transformers read while loading a model or a module.
+SETTINGS_FILES = ("config.json", "config_sentence_transformers.json", "sentence_bert_config.json",
+                  "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 def local_model_dir(name_or_path: str | Path) -> Path | None:
@@ -172,6 +175,15 @@ def _transformer_dir(directory: Path) -> Path:
     return directory / module.path if module is not None else directory
 
 
+def _settings_files(directory: Path) -> list[Path]:
+    """The JSON settings that loading a model reads, in its folder and its modules' folders; each
+    is an object. Other JSON files a model repository carries are not read (all-MiniLM-L6-v2's
+    ``data_config.json`` is a list of its training sets), and ``modules.json`` is :func:`saved_modules`'."""
+    files = {*directory.glob("*.json"), *directory.glob("*/*.json")}
+    return sorted((file for file in files if file.name in SETTINGS_FILES and not file.parent.name.startswith(".")),
+                  key=lambda file: (file.name != "config.json", file))
+
+
 def check_model_files(name_or_path: str | Path) -> None:
     """Refuse a local model directory that cannot load: not a directory, empty, no or corrupt
     ``config.json``, no weights, or a corrupt/truncated ``.safetensors`` file. Hub ids and registry
@@ -195,8 +207,9 @@ def check_model_files(name_or_path: str | Path) -> None:
     if not config.is_file():
         raise UserInputError(f"{directory}: no config.json, so not a Hugging Face or SentenceTransformer "
                              f"model directory; {FIX}")
-    if not isinstance(_read_json(config), dict):
-        raise UserInputError(f"{config}: expected a JSON object; {FIX}")
+    for settings in _settings_files(directory):  # config.json first: the encoder's is the likeliest damaged
+        if not isinstance(_read_json(settings), dict):
+            raise UserInputError(f"{settings}: expected a JSON object; {FIX}")
     if not any((encoder_dir / name).is_file() for name in WEIGHT_NAMES) and not any(
             encoder_dir.glob("*.safetensors")):
         raise UserInputError(f"{encoder_dir}: no weights (model.safetensors or pytorch_model.bin); {FIX}")

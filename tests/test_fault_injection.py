@@ -113,19 +113,12 @@ def _copy_index(kind: str = "none") -> Callable[[dict[str, Path]], None]:
     return make
 
 
-def _damaged_model(file: str) -> Callable[[dict[str, Path]], None]:
-    """A copy of the model at ``{case}/model`` whose ``file`` (a record every loader reads) is cut short."""
+def _damaged_model(file: str, text: str = '[{"idx": 0, "name": ') -> Callable[[dict[str, Path]], None]:
+    """A copy of the model at ``{case}/model`` whose ``file`` (one its loaders read) holds ``text``
+    (by default: cut short)."""
     def make(paths: dict[str, Path]) -> None:
         shutil.copytree(paths["model"], paths["case"] / "model")
-        (paths["case"] / "model" / file).write_text('[{"idx": 0, "name": ', encoding="utf-8")
-    return make
-
-
-def _modules_listed(text: str) -> Callable[[dict[str, Path]], None]:
-    """A copy of the model at ``{case}/model`` whose ``modules.json`` holds ``text`` (valid JSON, wrong shape)."""
-    def make(paths: dict[str, Path]) -> None:
-        shutil.copytree(paths["model"], paths["case"] / "model")
-        (paths["case"] / "model" / "modules.json").write_text(text, encoding="utf-8")
+        (paths["case"] / "model" / file).write_text(text, encoding="utf-8")
     return make
 
 
@@ -348,18 +341,18 @@ CASES = [
          ("config.json", "damaged"), _damaged_model("config.json")),
     # --- a modules.json of the wrong shape: one reader (model_files.saved_modules) for every command
     Case("encode modules.json not a list", ("encode", "--model", "{case}/model", "--input", T, "--output",
-                                            "{case}/out.npy"), ("modules.json", "array"), _modules_listed("{}")),
+                                            "{case}/out.npy"), ("modules.json", "array"), _damaged_model("modules.json", "{}")),
     Case("encode modules.json empty", ("encode", "--model", "{case}/model", "--input", T, "--output",
-                                       "{case}/out.npy"), ("modules.json", "non-empty"), _modules_listed("[]")),
+                                       "{case}/out.npy"), ("modules.json", "non-empty"), _damaged_model("modules.json", "[]")),
     Case("build modules.json entry without a path", ("index", "build", "--model", "{case}/model", "--corpus",
                                                      "{corpus}", "--output", "{case}/new-index"),
-         ("modules.json", "module 0", "path"), _modules_listed('[{"name": "0", "type": "x.Transformer"}]')),
+         ("modules.json", "module 0", "path"), _damaged_model("modules.json", '[{"name": "0", "type": "x.Transformer"}]')),
     Case("glue modules.json entry not an object", ("glue", "--model", "{case}/model", "--task-dir", "{task}",
                                                    "--output", "{case}/glue"), ("modules.json", "module 1"),
-         _modules_listed('[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}, '
+         _damaged_model("modules.json", '[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}, '
                          '3]')),
     Case("serve modules.json kwargs not a list", ("serve", "--model", "{case}/model"), ("modules.json", "kwargs"),
-         _modules_listed('[{"name": "0", "path": "", "type": "sentence_transformers.models.Transformer", '
+         _damaged_model("modules.json", '[{"name": "0", "path": "", "type": "sentence_transformers.models.Transformer", '
                          '"kwargs": 1}]')),
     Case("encode sharded model with a damaged index", ("encode", "--model", "{case}/model", "--input", T,
                                                        "--output", "{case}/out.npy"),
@@ -369,6 +362,19 @@ CASES = [
          ("model.safetensors.index.json", "model-00002-of-00002.safetensors"),
          _sharded_model('{"weight_map": {"a": "model-00001-of-00001.safetensors", '
                         '"b": "model-00002-of-00002.safetensors"}}')),
+    # --- every JSON settings file of a model is an object, checked before loading (sentence-transformers'
+    # own reads gave tracebacks, and an array in sentence_bert_config.json was silently taken as no settings)
+    Case("encode damaged pooling config", ("encode", "--model", "{case}/model", "--input", T, "--output",
+                                           "{case}/out.npy"), ("1_Pooling/config.json", "damaged"),
+         _damaged_model("1_Pooling/config.json")),
+    Case("build sentence_bert_config.json not an object", ("index", "build", "--model", "{case}/model", "--corpus",
+                                                           "{corpus}", "--output", "{case}/i"),
+         ("sentence_bert_config.json", "object"), _damaged_model("sentence_bert_config.json", "[]")),
+    Case("serve damaged config_sentence_transformers.json", ("serve", "--model", "{case}/model"),
+         ("config_sentence_transformers.json", "object"), _damaged_model("config_sentence_transformers.json", "[1]")),
+    Case("mine damaged tokenizer.json", ("mine-negatives", "--model", "{case}/model", "--data", "{pairs}",
+                                         "--output", "{case}/mined.jsonl"), ("tokenizer.json", "damaged"),
+         _damaged_model("tokenizer.json")),
     Case("demo output under a file", ("demo", "--quick", "--output", "{file}/demo"), ("a-file",)),
     Case("demo output read-only", ("demo", "--quick", "--output", READ_ONLY), ("/proc/1",)),
     Case("demo damaged journal", ("demo", "--quick", "--output", "{case}/demo"), ("stages.json",),
