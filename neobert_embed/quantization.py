@@ -78,6 +78,9 @@ class Calibration:
         return cls(record.precision, record.dimension, ranges, record.model, record.vectors or 0)
 
 
+Ranges = list[list[float]]  # int8 minima and maxima per dimension, as JSON holds them
+
+
 class CalibrationRecord(BaseModel):
     """The JSON form of a :class:`Calibration` (a sidecar's ``calibration`` key, or a file of its own),
     checked field by field so a bad one is one error naming the file, line and key."""
@@ -89,15 +92,18 @@ class CalibrationRecord(BaseModel):
     model: str | None = None
     vectors: int | None = Field(default=None, ge=0)
     threshold: float | None = None
-    ranges: list[list[float]] | None = None
+    ranges: Ranges | None = Field(default=None, validate_default=True)  # int8 needs them: checked
 
     @field_validator("ranges")
     @classmethod
-    def _two_rows_of_the_dimension(cls, ranges: list[list[float]] | None, info: ValidationInfo) -> list[list[float]] | None:
+    def _two_rows_of_the_dimension(cls, ranges: Ranges | None, info: ValidationInfo) -> Ranges | None:
         dimension, precision = info.data.get("dimension"), info.data.get("precision")
-        if precision == "int8" and (ranges is None or len(ranges) != 2 or any(len(row) != dimension for row in ranges)):
-            raise ValueError(f"must be two rows of {dimension} finite numbers (minima, maxima); re-create it with "
-                             "`neobert-embed encode --store-precision int8`")
+        shape = f"two rows of {dimension} finite numbers (minima, maxima); re-create it with " \
+                "`neobert-embed encode --store-precision int8`"
+        if precision == "int8" and ranges is None:  # a missing key is no location of its own: name it
+            raise ValueError(f"'ranges' is missing: an int8 calibration needs {shape}")
+        if precision == "int8" and (len(ranges) != 2 or any(len(row) != dimension for row in ranges)):
+            raise ValueError(f"must be {shape}")
         return ranges
 
 
