@@ -249,3 +249,26 @@ def test_bad_format_fails_naming_the_flag(neobert_dir, tmp_path):
                              tmp_path / "x"])
     assert code == 2 and "--quantize" in err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_a_truncated_graph_is_one_located_error(neobert_dir, neobert_onnx, tmp_path, backend):
+    """An exported graph cut short (a full disk, an interrupted copy) is named with what to do, through
+    ``encode --backend``; the runtimes' own errors (onnxruntime's InvalidProtobuf) were tracebacks."""
+    import shutil
+
+    output = tmp_path / "export"
+    if backend == "onnx":
+        shutil.copytree(neobert_onnx, output)
+    else:
+        _export(neobert_dir, output, "openvino")
+    graph = next((output / backend).glob("*.onnx" if backend == "onnx" else "*.xml"))
+    graph.write_bytes(graph.read_bytes()[:100])
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a sentence\n", encoding="utf-8")
+    code, _, err = _main(["encode", "--model", output, "--backend", backend, "--input", texts, "--output",
+                          tmp_path / "out.npy"])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert lines[-1].startswith(f"error: {graph}: not a readable") and "export it again" in lines[-1], lines[-1]
+    assert not (tmp_path / "out.npy").exists()

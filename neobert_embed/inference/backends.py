@@ -73,6 +73,20 @@ def graph_file(directory: str | Path, backend: str, quantized: bool = False) -> 
     return Path(directory) / GRAPH_FILES[backend][int(quantized)]
 
 
+def unreadable_graph(file: Path, runtime: str, exc: Exception) -> UserInputError:
+    """One line for an exported graph its runtime cannot read (truncated, overwritten, another
+    runtime's), with the runtime's own reason cut to its last line.
+
+    Example:
+        >>> raise unreadable_graph(Path("runs/x-onnx/onnx/model.onnx"), "ONNX", exc)
+        Traceback (most recent call last):
+        UserInputError: runs/x-onnx/onnx/model.onnx: not a readable ONNX model (... Protobuf parsing failed.); ...
+    """
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+    return UserInputError(f"{file}: not a readable {runtime} model ({reason}); export it again with "
+                          f"`neobert-embed export MODEL --format {runtime.lower()} --output DIR --overwrite`")
+
+
 class OnnxRunner:
     """An ONNX Runtime session: named int64 arrays in, ``last_hidden_state`` out (thread-safe)."""
 
@@ -92,7 +106,12 @@ class OnnxRunner:
         else:
             raise UserInputError(f"device {device!r}: this onnxruntime runs on {', '.join(ort.get_available_providers())}"
                                  "; use device='cpu' (or install onnxruntime-gpu for 'cuda')")
-        self.session = ort.InferenceSession(str(file), options, providers=providers)
+        from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf
+
+        try:
+            self.session = ort.InferenceSession(str(file), options, providers=providers)
+        except (InvalidProtobuf, InvalidGraph, Fail) as exc:  # a graph cut short, or not this runtime's
+            raise unreadable_graph(file, "ONNX", exc) from None
         self.input_names = tuple(node.name for node in self.session.get_inputs())
         self.output_names = [OUTPUT_NAME if OUTPUT_NAME in {o.name for o in self.session.get_outputs()}
                              else self.session.get_outputs()[0].name]
@@ -118,8 +137,8 @@ class OpenVINORunner:
         try:
             self.compiled = core.compile_model(str(file), target, config)
         except RuntimeError as exc:
-            if target in core.available_devices:
-                raise
+            if target in core.available_devices:  # the device is there: the files are what failed
+                raise unreadable_graph(file, "OpenVINO", exc) from None
             raise UserInputError(f"device {device!r}: OpenVINO sees {', '.join(core.available_devices)} here; "
                                  "use one of them (default CPU)") from exc
         self.input_names = tuple(port.get_any_name() for port in self.compiled.inputs)
