@@ -30,14 +30,18 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import atomic_write_bytes
-from neobert_embed.quantization import check_storage_precision
+from neobert_embed.quantization import (
+    Calibration,
+    check_storage_precision,
+    fit_calibration,
+    load_calibration,
+    quantize_with,
+)
 from neobert_embed.sentence import DOCUMENT_PROMPT
 from neobert_embed.sources import iter_records, source_format
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
-
-    from neobert_embed.quantization import Calibration
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T", bound=Sized)  # an input encode_longest_first orders by len()
@@ -79,16 +83,12 @@ def quantize(embeddings: np.ndarray, precision: str, calibration: Calibration | 
         >>> quantize(np.ones((2, 16), dtype=np.float32), "binary").shape
         (2, 2)
     """
+    check_storage_precision(precision)
     if precision == "float32":
         return embeddings.astype(np.float32, copy=False)
     if precision == "float16":
         return embeddings.astype(np.float16)
-    if precision in {"int8", "binary"}:
-        from neobert_embed.quantization import fit_calibration, quantize_with
-
-        return quantize_with(embeddings, calibration or fit_calibration(embeddings, precision))
-    check_storage_precision(precision)
-    raise AssertionError(f"{precision} is a storage precision that quantize does not handle")
+    return quantize_with(embeddings, calibration or fit_calibration(embeddings, precision))  # int8, binary
 
 
 def encode_texts(
@@ -294,7 +294,6 @@ def encode_file(
     from neobert_embed.machine import check_compute_precision
     from neobert_embed.model_files import check_length_flag, check_model_files
     from neobert_embed.outputs import check_output_file, sidecar_path
-    from neobert_embed.quantization import load_calibration
     from neobert_embed.sentence import resolve_prompt
 
     check_compute_precision(compute_precision)
@@ -363,7 +362,6 @@ def _store_matrix(output_path: Path, embeddings: np.ndarray, precision: str, cal
     import io
 
     from neobert_embed.outputs import sidecar_path, write_sidecar
-    from neobert_embed.quantization import fit_calibration
 
     fitted = calibration
     if fitted is None and precision in ("int8", "binary"):

@@ -208,8 +208,7 @@ def check_model_files(name_or_path: str | Path) -> None:
         raise UserInputError(f"{directory}: no config.json, so not a Hugging Face or SentenceTransformer "
                              f"model directory; {FIX}")
     for settings in _settings_files(directory):  # config.json first: the encoder's is the likeliest damaged
-        if not isinstance(_read_json(settings), dict):
-            raise UserInputError(f"{settings}: expected a JSON object; {FIX}")
+        read_record(settings, "model file", FIX)  # each an object, or one located error
     if not any((encoder_dir / name).is_file() for name in WEIGHT_NAMES) and not any(
             encoder_dir.glob("*.safetensors")):
         raise UserInputError(f"{encoder_dir}: no weights (model.safetensors or pytorch_model.bin); {FIX}")
