@@ -106,6 +106,19 @@ def partial_directory(output: str | Path) -> Path:
     return output.with_name(f".{output.name}.partial")
 
 
+def adopt_unfinished(earlier: Path, output: Path, record: RecordFile[Any]) -> None:
+    """Move an unfinished job that an earlier version left at ``earlier`` (it carries the job's
+    state ``record``) to where jobs resume from now, :func:`partial_directory` of ``output``, so its
+    finished work is kept; nothing when there is none, or when a newer unfinished job is there.
+
+    Example:
+        >>> adopt_unfinished(Path("runs/news-index.partial"), Path("runs/news-index"), INDEX_BUILD_STATE)
+    """
+    partial = partial_directory(output)
+    if record.exists(earlier) and not partial.exists():
+        os.replace(earlier, partial)
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C stopped a run after its state was saved; rerunning with ``resume_args`` continues it.
 

@@ -357,3 +357,22 @@ def test_updated_directory_replaces_a_finished_output_whole_or_not_at_all(tmp_pa
                                                                                  command="test"):
         pass
     assert (foreign / "notes.txt").read_text(encoding="utf-8") == "a user's"
+
+
+def test_an_earlier_versions_unfinished_output_is_adopted_once(tmp_path):
+    """runs.adopt_unfinished: an index build's visible OUT.partial and a preparation kept in place
+    (earlier versions) move to the hidden partial directory; a newer one there is never replaced."""
+    from neobert_embed.runs import adopt_unfinished
+
+    output = tmp_path / "prepared"
+    PREPARE_STATE.write(output, {"fingerprint": "old"})
+    (output / "shards").mkdir()
+    (output / "shards" / "000000.arrow").write_bytes(b"kept")
+    adopt_unfinished(output, output, PREPARE_STATE)
+    partial = partial_directory(output)
+    assert not output.exists() and (partial / "shards" / "000000.arrow").read_bytes() == b"kept"
+    PREPARE_STATE.write(output, {"fingerprint": "older"})
+    adopt_unfinished(output, output, PREPARE_STATE)  # a newer unfinished job is there: left alone
+    assert PREPARE_STATE.read(partial) == {"fingerprint": "old"} and PREPARE_STATE.exists(output)
+    adopt_unfinished(tmp_path / "absent", tmp_path / "absent", PREPARE_STATE)  # nothing to adopt
+    assert not partial_directory(tmp_path / "absent").exists()

@@ -21,7 +21,6 @@ import functools
 import itertools
 import logging
 import math
-import os
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -70,7 +69,13 @@ from neobert_embed.machine import COMPUTE_PRECISIONS, check_compute_precision
 from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
-from neobert_embed.runs import Interrupted, check_resume, claimed_directory, partial_directory
+from neobert_embed.runs import (
+    Interrupted,
+    adopt_unfinished,
+    check_resume,
+    claimed_directory,
+    partial_directory,
+)
 from neobert_embed.sentence import DOCUMENT_PROMPT
 from neobert_embed.shards import ShardDirectory
 from neobert_embed.sources import fingerprint
@@ -143,11 +148,8 @@ def _shards(partial: Path) -> ShardDirectory:
 
 
 def _adopt_legacy_partial(output: Path) -> None:
-    """Move a build interrupted under the earlier, visible name ``OUTPUT.partial`` to where builds
-    resume from now (:func:`~neobert_embed.runs.partial_directory`), so its encoded chunks are kept."""
-    legacy, partial = output.with_name(output.name + ".partial"), partial_directory(output)
-    if INDEX_BUILD_STATE.exists(legacy) and not partial.exists():
-        os.replace(legacy, partial)
+    """A build interrupted under the earlier, visible name ``OUTPUT.partial`` resumes with its encoded chunks."""
+    adopt_unfinished(output.with_name(output.name + ".partial"), output, INDEX_BUILD_STATE)
 
 
 def _prepare_partial(output: Path, state: dict[str, Any], resume: bool, overwrite: bool) -> Path:

@@ -27,7 +27,6 @@ import functools
 import itertools
 import logging
 import multiprocessing
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +44,13 @@ from neobert_embed.pretraining.prepared import (
 )
 from neobert_embed.pretraining.vocab import load_tokenizer, train_wordpiece
 from neobert_embed.records import CORPUS_MANIFEST, CORPUS_SHARDS_KEY, PREPARE_STATE
-from neobert_embed.runs import Interrupted, check_resume, claimed_directory, partial_directory
+from neobert_embed.runs import (
+    Interrupted,
+    adopt_unfinished,
+    check_resume,
+    claimed_directory,
+    partial_directory,
+)
 from neobert_embed.sources import fingerprint
 
 __all__ = ["prepare_corpus", "load_prepared", "is_prepared", "PreparedCorpus"]
@@ -122,8 +127,7 @@ def _claim_partial(output: Path, plan: dict) -> Path:
     with other options is refused (naming them); shards of a corpus that changed since (fixed
     after a bad line, say) are stale debris of this command, so they are deleted and it starts over."""
     partial = partial_directory(output)
-    if PREPARE_STATE.exists(output):  # an unfinished preparation of an earlier version, kept in place
-        os.replace(output, partial)
+    adopt_unfinished(output, output, PREPARE_STATE)  # an earlier version kept an unfinished one in place
     saved = PREPARE_STATE.read(partial)
     if saved is not None and saved.get("fingerprint") != plan["fingerprint"]:
         logger.info("%s changed since the unfinished preparation in %s; starting over", plan["corpus"], partial)
