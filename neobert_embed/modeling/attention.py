@@ -403,9 +403,10 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Varle
     return out if batch.restore is None else out[batch.restore]
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch) -> torch.Tensor:
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch,
+                     scale: float | None = None) -> torch.Tensor:
     """Bidirectional attention within each document of un-padded (tokens, heads, head_dim) q/k/v,
-    with the kernel the plan was built for (``batch.backend``); scale 1/√head_dim.
+    with the kernel the plan was built for (``batch.backend``); ``scale`` defaults to 1/√head_dim.
 
     Example:
         >>> plan = build_varlen_batch(torch.tensor([[1, 0], [1, 1]]), None, (2, 2))
@@ -413,7 +414,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: V
         >>> varlen_attention(q, q, q, plan).shape
         torch.Size([3, 2, 4])
     """
-    scale = q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     if batch.backend in ("native_varlen", "flash_attn"):
         # q/k are strided views of the rotated [q | k] pairs; the flash kernels need only a unit
         # last stride, but a contiguous copy (tokens × hidden, small next to the GEMMs) keeps every
