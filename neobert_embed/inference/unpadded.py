@@ -113,8 +113,13 @@ def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
     from transformers.modeling_outputs import BaseModelOutput
 
     batch, length = input_ids.shape
-    plan = build_varlen_batch(attention_mask, None, (batch, length), backend="sdpa_varlen", layout="documents")
-    real = plan.token_index  # positions of real tokens in batch*length (not None: the batch has padding)
+    # texts longest first, so that texts of one length are neighbours and each attention call takes a
+    # view of the token matrix (no gather, no restoring permutation)
+    order = torch.argsort(attention_mask.sum(1), descending=True, stable=True)
+    plan = build_varlen_batch(attention_mask[order], None, (batch, length), backend="sdpa_varlen",
+                              layout="documents")
+    grid = order[:, None] * length + torch.arange(length, device=order.device)  # sorted slot -> batch*length
+    real = grid.reshape(-1).index_select(0, plan.token_index)  # the real tokens, in the plan's order
     embedded = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
     width = embedded.shape[-1]
     hidden = embedded.reshape(batch * length, width).index_select(0, real)
