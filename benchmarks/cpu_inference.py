@@ -199,13 +199,13 @@ def neobert_fraction_of_peak(precision: str, repeats: int) -> dict[str, object]:
     torch.manual_seed(0)
     model = NeoBERTModel(NeoBERTConfig(hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
                                        intermediate_size=3072)).eval()
-    packed = precision == "bf16" and replaces_layers(precision, describe_machine("cpu"))
-    if packed:
-        pack_linears_bf16(model)  # what apply_precision does to a model loaded at bf16 here
     lengths = [16 + round(i * (512 - 16) / 31) for i in range(32)]
     mask = (torch.arange(512)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = torch.randint(1000, 30000, (32, 512)).masked_fill(mask == 0, 0)
-    flops = forward_flops(model, lengths)
+    flops = forward_flops(model, lengths)  # from the model's shapes, before its Linear layers are replaced
+    packed = precision == "bf16" and replaces_layers(precision, describe_machine("cpu"))
+    if packed:
+        pack_linears_bf16(model)  # what apply_precision does to a model loaded at bf16 here
 
     def peak() -> float:
         return max(measured_matmul_tflops(dtype, size=size, repeats=3) for size in (1024, 2048))
