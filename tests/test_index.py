@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from index_helpers import auto_without_candidates  # noqa: F401  (module-wide: one precision for compared builds)
 from tiny_models import build_tiny_model
 from typer.testing import CliRunner
 
@@ -95,6 +96,24 @@ def test_exact_top10_equals_numpy_brute_force(fp32_model, fp32_documents, flat_i
         assert [h.doc_id for h in hits] == [f"d{i}" for i in expected]
         np.testing.assert_allclose([h.score for h in hits], scores[expected], rtol=1e-5, atol=1e-5)
         assert [h.rank for h in hits] == list(range(1, 11))
+
+
+def test_a_resumed_auto_build_keeps_the_precision_its_first_chunks_were_encoded_at(tiny_bert, corpus, tmp_path):
+    """Chunks encoded at one precision are never joined by chunks of another: ``auto`` on resume takes the
+    recorded precision instead of measuring again (this machine's ``auto`` would take fp32 here)."""
+    output = tmp_path / "index"
+
+    def stop_after_first_chunk(done):
+        if done.chunk == 0:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted):
+        build_index(tiny_bert, corpus, output, index_type="flat", chunk_size=16, show_progress=False,
+                    compute_precision="int8", on_chunk=stop_after_first_chunk)
+    manifest = build_index(tiny_bert, corpus, output, index_type="flat", chunk_size=16, show_progress=False,
+                           resume=True)
+    assert manifest.documents == 120
+    assert read_manifest(output).compute_precision == "int8"
 
 
 @pytest.mark.parametrize("kept_as", ["hidden", "legacy"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from index_helpers import tiny_bert_with_prompts, write_corpus
+from index_helpers import auto_without_candidates, tiny_bert_with_prompts, write_corpus  # noqa: F401
 from typer.testing import CliRunner
 
 from neobert_embed.cli import app
