@@ -204,7 +204,7 @@ def pack_linears_bf16(model: nn.Module) -> int:
         >>> pack_linears_bf16(model)
         36
     """
-    for module in model.modules():
+    for module in list(model.modules()):
         dense, act = getattr(module, "dense", None), getattr(module, "intermediate_act_fn", None)
         if type(dense) is nn.Linear and _is_exact_gelu(act):
             module.dense = PackedBf16Linear.from_linear(dense, activation="gelu")
