@@ -204,19 +204,17 @@ def pack_linears_bf16(model: nn.Module) -> int:
         >>> pack_linears_bf16(model)
         36
     """
-    for module in list(model.modules()):
-        dense, act = getattr(module, "dense", None), getattr(module, "intermediate_act_fn", None)
-        if type(dense) is nn.Linear and _is_exact_gelu(act):
-            module.dense = PackedBf16Linear.from_linear(dense, activation="gelu")
-            module.intermediate_act_fn = nn.Identity()
-    fused = sum(isinstance(m, PackedBf16Linear) for m in model.modules())
     replaced = 0
     for parent in list(model.modules()):
+        gelu_follows_dense = _is_exact_gelu(getattr(parent, "intermediate_act_fn", None))
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedBf16Linear.from_linear(child))
+                fused = gelu_follows_dense and name == "dense"
+                setattr(parent, name, PackedBf16Linear.from_linear(child, activation="gelu" if fused else "none"))
                 replaced += 1
-    return fused + replaced
+                if fused:
+                    parent.intermediate_act_fn = nn.Identity()
+    return replaced
 
 
 @contextlib.contextmanager
