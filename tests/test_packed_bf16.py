@@ -38,6 +38,19 @@ def test_a_packed_layer_computes_autocasts_bf16_product(activation, bias):
 
 
 @needs_packing
+def test_a_packed_layer_adds_the_residual_inside_its_product():
+    torch.manual_seed(0)
+    linear = nn.Linear(1536, 384)
+    x, residual = torch.randn(2, 9, 1536), torch.randn(2, 9, 384).to(torch.bfloat16)
+    with torch.autocast("cpu", torch.bfloat16):
+        expected = linear(x).float() + residual.float()
+    out = PackedBf16Linear.from_linear(linear).forward_add(x, residual)
+    assert out.shape == (2, 9, 384) and out.dtype == torch.bfloat16
+    # one bf16 rounding of the sum instead of one of the product: within bf16's step at these magnitudes
+    assert torch.allclose(out.float(), expected, atol=0.1, rtol=0.02), (out.float() - expected).abs().max()
+
+
+@needs_packing
 def test_packing_fuses_only_an_exact_gelu_that_follows_a_dense_product():
     class Block(nn.Module):
         def __init__(self, act: nn.Module) -> None:
@@ -64,6 +77,28 @@ def test_bf16_loads_minilm_packed_with_its_vectors_at_fp32s(minilm_path, shared_
     assert isinstance(layer.intermediate.dense, PackedBf16Linear) and layer.intermediate.dense.activation == "gelu"
     assert isinstance(layer.attention.self.query, PackedBf16Linear)
     cosine = cosine_to(fp32, loaded.model.encode(texts, batch_size=16))
+    assert cosine.mean() >= 0.9999 and cosine.min() >= 0.999, (cosine.mean(), cosine.min())
+
+
+@needs_packing
+def test_packed_minilm_runs_a_bf16_residual_stream_whatever_a_text_s_batch(minilm_path, shared_data):
+    """With packed layers every batch, padded or not, runs the fused blocks on a bf16 residual stream:
+    a text's vector is the same alone as beside longer texts, and within bf16's tolerance of fp32."""
+    import json
+
+    rows = [json.loads(line) for line in (shared_data / "stsb" / "dev.jsonl").open(encoding="utf-8")]
+    texts = [row["sentence1"] for row in rows[:8]]
+    model = load_inference_model(str(minilm_path), "bf16").model
+    stream = []
+    norm = model[0].auto_model.encoder.layer[1].attention.output.LayerNorm
+    handle = norm.register_forward_hook(lambda module, inputs, output: stream.append(inputs[0].dtype))
+    alone = np.stack([model.encode([text])[0] for text in texts])  # one text: a batch without padding
+    handle.remove()
+    together = model.encode(texts + [" ".join(texts)], batch_size=16)[:len(texts)]
+    assert stream == [torch.bfloat16] * len(texts)
+    assert cosine_to(alone, together).min() >= 0.99999
+    fp32 = load_inference_model(str(minilm_path), "fp32").model.encode(texts)
+    cosine = cosine_to(fp32, together)
     assert cosine.mean() >= 0.9999 and cosine.min() >= 0.999, (cosine.mean(), cosine.min())
 
 

@@ -5,7 +5,11 @@ rounds the residual stream, the norms and the softmax to 8 bits of mantissa, whi
 accuracy than the matrix products do. Under ``torch.autocast`` the matrix products (Linear layers
 and attention) run in bf16 on the CPU's matrix units while layer norms, softmax and the residual
 additions stay fp32; on all-MiniLM-L6-v2 that keeps every sentence vector at cosine ≥ 0.99997 to
-fp32 (a plain cast: 0.9999 mean), and it is as fast (see ``benchmarks/cpu_inference.py``).
+fp32 (a plain cast: 0.9999 mean), and it is as fast (see ``benchmarks/cpu_inference.py``). On a
+CPU with bf16 units the Linear layers are instead packed once for oneDNN (:class:`PackedBf16Linear`):
+the products' bf16 inputs and outputs are the same, and the un-padded BERT forward then keeps its
+residual stream in bf16 too, each block's sum formed in fp32 and rounded once, as OpenVINO runs it
+(mean cosine 0.999975 to fp32; see :mod:`~neobert_embed.inference.unpadded`).
 
 Why this int8: ``torch.ao.quantization.quantize_dynamic`` (deprecated upstream) quantizes each
 activation matrix with ONE scale, so a few outlier features flatten every other token's values,
@@ -162,6 +166,21 @@ class PackedBf16Linear(nn.Module):
                                                  "none" if self.activation == "gelu" else "")
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T + b + residual`` in one oneDNN call (its binary post-op), as bf16: BERT's output
+        blocks add the residual stream to their product before the LayerNorm, and doing that inside the
+        product spares a pass over the activation and a cast (see :mod:`~neobert_embed.inference.unpadded`).
+
+        Example:
+            >>> layer = PackedBf16Linear.from_linear(nn.Linear(1536, 384))
+            >>> layer.forward_add(torch.randn(7, 1536), torch.randn(7, 384)).shape
+            torch.Size([7, 384])
+        """
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        other = residual.reshape(-1, self.out_features).to(torch.bfloat16)
+        out = torch.ops.mkldnn._linear_pointwise.binary(rows, other, self.packed_weight, self.bias, "add")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
     def extra_repr(self) -> str:
         fused = f", {self.activation} fused" if self.activation != "none" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16 oneDNN-packed{fused}"
@@ -182,7 +201,8 @@ def packed_bf16_available() -> bool:
         return False
     try:
         probe = PackedBf16Linear.from_linear(nn.Linear(16, 16), activation="gelu")
-        return bool(torch.isfinite(probe(torch.ones(2, 16)).float()).all())
+        outputs = (probe(torch.ones(2, 16)), probe.forward_add(torch.ones(2, 16), torch.ones(2, 16)))
+        return all(bool(torch.isfinite(out.float()).all()) for out in outputs)
     except RuntimeError:  # oneDNN: "bf16 path needs the cpu support avx512bw, avx512vl and avx512dq"
         return False
 

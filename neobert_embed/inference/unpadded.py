@@ -20,9 +20,12 @@ at 1 thread on an AMD EPYC with avx512_bf16 (interleaved A/B, medians of 5), the
 It is applied by :func:`~neobert_embed.inference.runtime.load_inference_model`, so every command
 that encodes (``encode``, ``index``, ``mine-negatives``, ``serve``, ``mteb``, ``compare``) runs it,
 at every compute precision: the layers' own modules are called, so autocast and
-:class:`~neobert_embed.inference.kernels.Int8Linear` apply as in the padded forward. A batch without
-padding, or a call asking for anything beyond the last hidden state (hidden states of every layer,
-attentions, ``inputs_embeds``, ``position_ids``), runs the library's forward unchanged.
+:class:`~neobert_embed.inference.kernels.Int8Linear` apply as in the padded forward. Where the
+Linear layers are packed bf16 ones (``bf16`` on a CPU with bf16 units), each output block adds the
+residual inside its product and the residual stream between blocks is bf16 (:func:`_residual_block`).
+A call asking for anything beyond the last hidden state (hidden states of every layer, attentions,
+``inputs_embeds``, ``position_ids``) runs the library's forward unchanged, and so does a batch without
+padding, except with packed layers (its texts then get the same bf16 stream as any other batch's).
 
 Example:
     >>> unpad_encoders(sentence_model)          # in place; the encoders it changed
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from neobert_embed.inference.kernels import PackedBf16Linear
 from neobert_embed.modeling.attention import VarlenBatch, build_varlen_batch, varlen_attention
 
 if TYPE_CHECKING:
@@ -107,7 +111,10 @@ def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
     """The encoder's forward on the real tokens only (see the module docstring)."""
     padded_forward = type(self).forward
     asks_more = any(kwargs.get(name) not in (None, False) for name in _PADDED_ONLY)
-    if input_ids is None or attention_mask is None or asks_more or bool(attention_mask.all()):
+    packed = _runs_packed_bf16(self)
+    # a batch without padding gains nothing here, except where the layers are packed: it then runs the
+    # same bf16 residual stream as every other batch, so a text's vector does not depend on its neighbours
+    if input_ids is None or attention_mask is None or asks_more or (bool(attention_mask.all()) and not packed):
         return padded_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                               token_type_ids=token_type_ids, **kwargs)
     from transformers.modeling_outputs import BaseModelOutput
@@ -119,16 +126,43 @@ def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
     plan = build_varlen_batch(attention_mask[order], None, (batch, length), backend="sdpa_varlen",
                               layout="documents")
     grid = order[:, None] * length + torch.arange(length, device=order.device)  # sorted slot -> batch*length
-    real = grid.reshape(-1).index_select(0, plan.token_index)  # the real tokens, in the plan's order
+    real = grid.reshape(-1)  # the real tokens, in the plan's order (all of them in a batch without padding)
+    if plan.token_index is not None:
+        real = real.index_select(0, plan.token_index)
     embedded = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
     width = embedded.shape[-1]
     hidden = embedded.reshape(batch * length, width).index_select(0, real)
+    if packed:
+        hidden = hidden.to(torch.bfloat16)  # the residual stream (see _residual_block)
     for layer in self.encoder.layer:
         attended = _attend(layer.attention.self, hidden, plan)
-        hidden = layer.attention.output(attended, hidden)
-        hidden = layer.output(layer.intermediate(hidden), hidden)
-    full = hidden.new_zeros(batch * length, width).index_copy_(0, real, hidden)
+        hidden = _residual_block(layer.attention.output, attended, hidden)
+        hidden = _residual_block(layer.output, layer.intermediate(hidden), hidden)
+    full = embedded.new_zeros(batch * length, width).index_copy_(0, real, hidden.to(embedded.dtype))
     return BaseModelOutput(last_hidden_state=full.view(batch, length, width))
+
+
+def _runs_packed_bf16(encoder: nn.Module) -> bool:
+    """Whether every output block's product of ``encoder`` is a packed bf16 layer (``--precision bf16``
+    on a CPU with bf16 units: inference only, so the blocks' dropout is the identity)."""
+    return all(isinstance(block.dense, PackedBf16Linear)
+               for layer in encoder.encoder.layer for block in (layer.attention.output, layer.output))
+
+
+def _residual_block(block: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """BERT's output block, ``LayerNorm(dense(x) + residual)`` (``BertSelfOutput``, ``BertOutput``).
+
+    Where the product is a packed bf16 layer, the bias and the residual addition run inside it
+    (:meth:`~neobert_embed.inference.kernels.PackedBf16Linear.forward_add`) and the residual stream
+    between blocks is kept in bf16, as OpenVINO keeps it: each block's sum is formed in fp32 and rounded
+    once, and the LayerNorm computes in fp32 on it. That removes a mixed-dtype addition and the casts
+    of each block's input; on all-MiniLM-L6-v2 (1,024 texts, AMD EPYC with avx512_bf16) 1.03× the
+    texts/s at 1 thread and 1.02× at 2 (medians of 7 interleaved passes), with every vector at cosine
+    ≥ 0.99995 of fp32 (mean 0.999975; the fp32 stream: 0.999987). Elsewhere the block runs as is.
+    """
+    if isinstance(block.dense, PackedBf16Linear):
+        return block.LayerNorm(block.dense.forward_add(x, residual))
+    return block(x, residual)
 
 
 def _attend(attention: nn.Module, hidden: torch.Tensor, plan: VarlenBatch) -> torch.Tensor:
