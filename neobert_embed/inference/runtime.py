@@ -15,7 +15,8 @@ The precisions (``--precision`` on every command that runs a model forward):
 ``fp32``   the weights as saved, fp32 everywhere.
 ``bf16``   matrix products in bf16 under autocast; norms, softmax, residual stream in fp32. On a
            CPU with bf16 units the Linear layers run oneDNN-packed, BERT's GELU fused
-           (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`).
+           (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`), and un-padded BERT
+           layers add the residual inside the product, keeping the stream in bf16 between blocks.
 ``fp16``   the same with fp16 (GPUs; CPUs have no fp16 units).
 ``int8``   Linear layers on int8 units (per-channel weights, per-token activations,
            :class:`~neobert_embed.inference.kernels.Int8Linear`); attention in bf16 where the
