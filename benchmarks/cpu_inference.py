@@ -183,8 +183,8 @@ def unavailable_peers() -> dict[str, str]:
 
 def neobert_fraction_of_peak(precision: str, repeats: int) -> dict[str, object]:
     """NeoBERT 4 × 768 un-padded at ``precision`` (bf16: this toolkit's autocast, its Linear layers
-    oneDNN-packed where ``--precision bf16`` packs them) on 32 sequences of 16-512 tokens, against the
-    matmul peak of that precision measured around each pass.
+    oneDNN-packed with the SwiGLU fused where ``--precision bf16`` packs them) on 32 sequences of
+    16-512 tokens, against the matmul peak of that precision measured around each pass.
 
     Why around each pass: on a shared host the peak itself moves (2× between two runs on the GPU
     machine's AMX host), so a peak timed minutes earlier decides the fraction. Each round times the
@@ -225,7 +225,7 @@ def neobert_fraction_of_peak(precision: str, repeats: int) -> dict[str, object]:
                            "peak_tflops": round(best_peak, 4),
                            "fraction_of_peak": round(flops / seconds / 1e12 / best_peak, 3)})
     median = sorted(rounds, key=lambda row: row["fraction_of_peak"])[len(rounds) // 2]
-    return {"precision": precision, "linear_layers": "oneDNN-packed bf16" if packed else "autocast",
+    return {"precision": precision, "linear_layers": "oneDNN-packed bf16, SwiGLU fused" if packed else "autocast",
             "real_tokens_per_s": round(sum(lengths) / median["seconds"], 1),
             "useful_tflops": median["useful_tflops"], "peak_tflops": median["peak_tflops"],
             "fraction_of_peak": median["fraction_of_peak"], "rounds": rounds}

@@ -1,5 +1,6 @@
-"""bf16 Linear layers packed for oneDNN, BERT's GELU fused: same products as autocast's, on every path
-that loads a model at bf16 on a CPU with bf16 units, and never where it cannot run."""
+"""bf16 Linear layers packed for oneDNN, BERT's GELU and NeoBERT's SwiGLU fused: same products as
+autocast's, on every path that loads a model at bf16 on a CPU with bf16 units, and never where it
+cannot run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from neobert_embed.inference import runtime
-from neobert_embed.inference.kernels import PackedBf16Linear, pack_linears_bf16, packed_bf16_available
+from neobert_embed.inference.kernels import (
+    PackedBf16Linear,
+    PackedSwiGLU,
+    RMSNormToBf16,
+    pack_linears_bf16,
+    packed_bf16_available,
+)
 from neobert_embed.inference.runtime import choose_precision, cosine_to, load_inference_model, replaces_layers
 from neobert_embed.machine import Machine, describe_machine
 
@@ -48,6 +55,55 @@ def test_a_packed_layer_adds_the_residual_inside_its_product():
     assert out.shape == (2, 9, 384) and out.dtype == torch.bfloat16
     # one bf16 rounding of the sum instead of one of the product: within bf16's step at these magnitudes
     assert torch.allclose(out.float(), expected, atol=0.1, rtol=0.02), (out.float() - expected).abs().max()
+
+
+@needs_packing
+def test_a_packed_swiglu_computes_neoberts_feed_forward_block():
+    from neobert_embed.modeling.model import SwiGLU
+
+    torch.manual_seed(0)
+    block = SwiGLU(96, 256)
+    x = torch.randn(3, 7, 96)
+    exact = block(x)  # fp32
+    with torch.autocast("cpu", torch.bfloat16):
+        autocast = block(x).float()
+    out = PackedSwiGLU.from_swiglu(block)(x)
+    assert out.shape == (3, 7, 96) and out.dtype == torch.bfloat16
+    # the SiLU and the halves' product inside the products: no further from fp32 than autocast's block
+    error, autocast_error = (out.float() - exact).norm() / exact.norm(), (autocast - exact).norm() / exact.norm()
+    assert error <= 1.1 * autocast_error and error < 0.01, (error, autocast_error)
+
+
+def test_a_bf16_rmsnorm_is_the_fp32_norm_rounded_once():
+    torch.manual_seed(0)
+    norm = nn.RMSNorm(64, eps=1e-5)
+    nn.init.uniform_(norm.weight, 0.5, 1.5)
+    x = 3 * torch.randn(10, 64)
+    out = RMSNormToBf16.from_norm(norm)(x)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), norm(x).to(torch.bfloat16).float(), rtol=2 ** -8, atol=0)
+    default_eps = RMSNormToBf16.from_norm(nn.RMSNorm(64, elementwise_affine=False))(x)
+    assert torch.allclose(default_eps.float(), nn.RMSNorm(64, elementwise_affine=False)(x), rtol=2 ** -8, atol=0)
+
+
+@needs_packing
+def test_bf16_loads_neobert_with_its_feed_forward_and_norms_fused(tmp_path):
+    from tiny_models import build_tiny_model
+
+    from neobert_embed.modeling.model import NeoBERTLayer
+
+    path = build_tiny_model("neobert", tmp_path / "neobert", hidden=64, heads=4)
+    texts = ["a short text", "a somewhat longer text about the weather in the mountains", "x " * 60]
+    fp32 = load_inference_model(str(path), "fp32").model.encode(texts)
+    model = load_inference_model(str(path), "bf16").model
+    layers = [module for module in model.modules() if isinstance(module, NeoBERTLayer)]
+    assert layers and all(isinstance(layer.ffn, PackedSwiGLU) and isinstance(layer.qkv, PackedBf16Linear)
+                          and isinstance(layer.attention_norm, RMSNormToBf16)
+                          and isinstance(layer.ffn_norm, RMSNormToBf16) for layer in layers)
+    final_norms = [module for name, module in model.named_modules() if name.endswith(".layer_norm")]
+    assert final_norms and all(type(norm) is nn.RMSNorm for norm in final_norms)  # gives the hidden state: fp32
+    cosine = cosine_to(fp32, model.encode(texts))
+    assert cosine.mean() >= 0.9999 and cosine.min() >= 0.999, (cosine.mean(), cosine.min())
 
 
 @needs_packing

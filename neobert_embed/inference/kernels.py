@@ -124,9 +124,14 @@ def quantize_linears_int8(model: nn.Module, keep: Callable[[str], bool] = lambda
     return replaced
 
 
+#: oneDNN's name and algorithm for each activation a packed product can apply to its output
+_ONEDNN_ACTIVATIONS = {"none": ("none", ""), "gelu": ("gelu", "none"), "silu": ("swish", "")}
+
+
 class PackedBf16Linear(nn.Module):
     """A Linear layer computing ``x @ W.T + b`` in bf16 on oneDNN, its weight packed once into oneDNN's
-    blocked layout, optionally with the exact (erf) GELU that follows it fused into the product.
+    blocked layout, optionally with the activation that follows it fused into the product (the exact
+    (erf) GELU of BERT, the SiLU of NeoBERT's SwiGLU gate).
 
     Why: under autocast every call of an ``nn.Linear`` casts its fp32 weight to bf16 and hands
     PyTorch's matmul a plain row-major weight, and BERT's GELU then reads and writes the whole
@@ -147,6 +152,8 @@ class PackedBf16Linear(nn.Module):
     def __init__(self, packed_weight: torch.Tensor, bias: torch.Tensor | None, in_features: int,
                  out_features: int, activation: str = "none") -> None:
         super().__init__()
+        if activation not in _ONEDNN_ACTIVATIONS:
+            raise ValueError(f"activation {activation!r}: expected one of {sorted(_ONEDNN_ACTIVATIONS)}")
         self.in_features, self.out_features, self.activation = in_features, out_features, activation
         # attributes, not buffers: an opaque oneDNN tensor has no place in a state dict
         self.packed_weight, self.bias = packed_weight, bias
@@ -154,16 +161,21 @@ class PackedBf16Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, activation: str = "none") -> PackedBf16Linear:
         """Pack ``linear``'s weight (rounded to bf16, as autocast rounds it) for any number of rows."""
-        weight = linear.weight.detach().to(torch.bfloat16)
-        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16).clone()
+        return cls.from_weight(linear.weight, linear.bias, activation)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None,
+                    activation: str = "none") -> PackedBf16Linear:
+        """Pack a Linear weight ``(out_features, in_features)`` and its bias (or None)."""
+        weight = weight.detach().to(torch.bfloat16).contiguous()
+        bias = None if bias is None else bias.detach().to(torch.bfloat16).clone()
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        return cls(packed, bias, linear.in_features, linear.out_features, activation)
+        return cls(packed, bias, weight.shape[1], weight.shape[0], activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        # algorithm "none": the exact erf GELU (nn.functional.gelu's default), not the tanh approximation
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, self.activation, [],
-                                                 "none" if self.activation == "gelu" else "")
+        attribute, algorithm = _ONEDNN_ACTIVATIONS[self.activation]
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, attribute, [], algorithm)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -176,14 +188,98 @@ class PackedBf16Linear(nn.Module):
             >>> layer.forward_add(torch.randn(7, 1536), torch.randn(7, 384)).shape
             torch.Size([7, 384])
         """
+        return self._forward_binary(x, residual, "add")
+
+    def forward_mul(self, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        """``(x @ W.T + b) * factor`` in one oneDNN call, as bf16: the product of a SwiGLU's value half
+        with its activated gate (:class:`PackedSwiGLU`).
+
+        Example:
+            >>> layer = PackedBf16Linear.from_linear(nn.Linear(768, 2048, bias=False))
+            >>> layer.forward_mul(torch.randn(7, 768), torch.randn(7, 2048)).shape
+            torch.Size([7, 2048])
+        """
+        return self._forward_binary(x, factor, "mul")
+
+    def _forward_binary(self, x: torch.Tensor, other: torch.Tensor, operation: str) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        other = residual.reshape(-1, self.out_features).to(torch.bfloat16)
-        out = torch.ops.mkldnn._linear_pointwise.binary(rows, other, self.packed_weight, self.bias, "add")
+        other = other.reshape(-1, self.out_features).to(torch.bfloat16)
+        out = torch.ops.mkldnn._linear_pointwise.binary(rows, other, self.packed_weight, self.bias, operation)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         fused = f", {self.activation} fused" if self.activation != "none" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16 oneDNN-packed{fused}"
+
+
+class PackedSwiGLU(nn.Module):
+    """NeoBERT's feed-forward block ``w3(silu(gate) * value)`` as three packed bf16 products, the SiLU
+    and the product of the two halves computed inside oneDNN's products.
+
+    Why: the SwiGLU's own forward makes one product for both halves, then reads and writes the
+    intermediate activation three more times (the halves' split, the SiLU, their product) in bf16.
+    Here ``w12`` is split into its gate and value halves: the gate's product applies the SiLU on its
+    fp32 sums, and the value's product multiplies by the activated gate before rounding once. On
+    NeoBERT 4 × 768 (32 texts of 16-512 tokens, 1 thread, AMD EPYC with avx512_bf16) the forward
+    took 0.96× the time (1.037× tokens/s, median of 6 interleaved passes); the block's output is
+    closer to the exact one than the unfused bf16 block's (relative error 0.0024 against 0.0036).
+
+    Example:
+        >>> block = PackedSwiGLU.from_swiglu(SwiGLU(768, 2048))
+        >>> block(torch.randn(5, 768)).dtype
+        torch.bfloat16
+    """
+
+    def __init__(self, gate: PackedBf16Linear, value: PackedBf16Linear, w3: PackedBf16Linear) -> None:
+        super().__init__()
+        self.gate, self.value, self.w3 = gate, value, w3
+
+    @classmethod
+    def from_swiglu(cls, swiglu: nn.Module) -> PackedSwiGLU:
+        """Pack a SwiGLU holding ``w12`` (gate rows first, then value rows) and ``w3``."""
+        gate_weight, value_weight = swiglu.w12.weight.chunk(2, dim=0)
+        gate_bias, value_bias = (None, None) if swiglu.w12.bias is None else swiglu.w12.bias.chunk(2)
+        return cls(PackedBf16Linear.from_weight(gate_weight, gate_bias, activation="silu"),
+                   PackedBf16Linear.from_weight(value_weight, value_bias),
+                   PackedBf16Linear.from_linear(swiglu.w3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.to(torch.bfloat16)  # cast once for both halves
+        return self.w3(self.value.forward_mul(rows, self.gate(rows)))
+
+
+class RMSNormToBf16(nn.Module):
+    """An RMSNorm computed in fp32 whose output is rounded to bf16, for a norm whose only reader is a
+    packed bf16 product (NeoBERT's ``attention_norm`` and ``ffn_norm``).
+
+    Why: the product rounds its input to bf16 anyway, so the vectors are those of ``nn.RMSNorm``
+    followed by that cast; computing the root mean square with one reduction
+    (``torch.linalg.vector_norm``) instead of the square, mean and two products of PyTorch's CPU
+    ``rms_norm`` took 0.6× its time on NeoBERT's (8448, 768) activations at 1 thread, and NeoBERT
+    4 × 768 ran at 1.03× the tokens/s on top of :class:`PackedSwiGLU` (1 thread, AMD EPYC).
+
+    Example:
+        >>> RMSNormToBf16.from_norm(nn.RMSNorm(768, eps=1e-5))(torch.randn(3, 768)).dtype
+        torch.bfloat16
+    """
+
+    def __init__(self, weight: torch.Tensor | None, eps: float | None) -> None:
+        super().__init__()
+        self.weight, self.eps = weight, eps  # attributes: the module exists only at inference
+
+    @classmethod
+    def from_norm(cls, norm: nn.RMSNorm) -> RMSNormToBf16:
+        weight = None if norm.weight is None else norm.weight.detach().float().clone()
+        return cls(weight, norm.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm's default
+        inverse_rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+        inverse_rms = inverse_rms.mul_(x.shape[-1] ** -0.5).square_().add_(eps).rsqrt_()
+        normed = torch.mul(x, inverse_rms)
+        if self.weight is not None:
+            normed.mul_(self.weight)
+        return normed.to(torch.bfloat16)
 
 
 @functools.cache
@@ -201,7 +297,9 @@ def packed_bf16_available() -> bool:
         return False
     try:
         probe = PackedBf16Linear.from_linear(nn.Linear(16, 16), activation="gelu")
-        outputs = (probe(torch.ones(2, 16)), probe.forward_add(torch.ones(2, 16), torch.ones(2, 16)))
+        silu = PackedBf16Linear.from_linear(nn.Linear(16, 16), activation="silu")
+        outputs = (probe(torch.ones(2, 16)), probe.forward_add(torch.ones(2, 16), torch.ones(2, 16)),
+                   probe.forward_mul(torch.ones(2, 16), silu(torch.ones(2, 16))))
         return all(bool(torch.isfinite(out.float()).all()) for out in outputs)
     except RuntimeError:  # oneDNN: "bf16 path needs the cpu support avx512bw, avx512vl and avx512dq"
         return False
@@ -219,12 +317,15 @@ def pack_linears_bf16(model: nn.Module) -> int:
     many were replaced. Where a block holds its product as ``dense`` and applies an exact GELU as
     ``intermediate_act_fn`` (BERT's intermediate block, in the library's forward and the un-padded
     one alike), the GELU is fused into the product and the block's own activation becomes identity.
+    In NeoBERT's layers the SwiGLU becomes a :class:`PackedSwiGLU` (its two Linear layers count as
+    replaced) and the two norms that feed the layer's products become :class:`RMSNormToBf16`; the
+    final norm, whose output is the hidden state, stays as it is.
 
     Example:
         >>> pack_linears_bf16(model)
         36
     """
-    replaced = 0
+    replaced = _pack_neobert_layers(model)
     for parent in list(model.modules()):
         gelu_follows_dense = _is_exact_gelu(getattr(parent, "intermediate_act_fn", None))
         for name, child in list(parent.named_children()):
@@ -234,6 +335,25 @@ def pack_linears_bf16(model: nn.Module) -> int:
                 replaced += 1
                 if fused:
                     parent.intermediate_act_fn = nn.Identity()
+    return replaced
+
+
+def _pack_neobert_layers(model: nn.Module) -> int:
+    """NeoBERT's feed-forward blocks and product-feeding norms (see :func:`pack_linears_bf16`); returns
+    how many Linear layers the packed SwiGLUs replaced."""
+    from neobert_embed.modeling.model import NeoBERTLayer, SwiGLU
+
+    replaced = 0
+    for layer in list(model.modules()):
+        if not isinstance(layer, NeoBERTLayer):
+            continue
+        if isinstance(layer.ffn, SwiGLU):
+            layer.ffn = PackedSwiGLU.from_swiglu(layer.ffn)
+            replaced += 2
+        for name in ("attention_norm", "ffn_norm"):  # read by qkv and by the SwiGLU only
+            norm = getattr(layer, name)
+            if isinstance(norm, nn.RMSNorm):
+                setattr(layer, name, RMSNormToBf16.from_norm(norm))
     return replaced
 
 
