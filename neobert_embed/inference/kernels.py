@@ -9,7 +9,8 @@ fp32 (a plain cast: 0.9999 mean), and it is as fast (see ``benchmarks/cpu_infere
 CPU with bf16 units the Linear layers are instead packed once for oneDNN (:class:`PackedBf16Linear`):
 the products' bf16 inputs and outputs are the same, and the un-padded BERT forward then keeps its
 residual stream in bf16 too, each block's sum formed in fp32 and rounded once (mean cosine
-0.999975 to fp32; see :mod:`~neobert_embed.inference.unpadded`).
+0.999975 to fp32; see :mod:`~neobert_embed.inference.unpadded`); NeoBERT's SwiGLU runs as
+:class:`PackedSwiGLU` and the norms before its products as :class:`RMSNormToBf16`.
 
 Why this int8: ``torch.ao.quantization.quantize_dynamic`` (deprecated upstream) quantizes each
 activation matrix with ONE scale, so a few outlier features flatten every other token's values,

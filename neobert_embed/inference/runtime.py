@@ -211,8 +211,8 @@ def apply_precision(model: SentenceTransformer, precision: str, machine: Machine
 def replaces_layers(precision: str, machine: Machine) -> bool:
     """True when :func:`apply_precision` swaps the model's Linear layers for its own, which cannot be
     undone (``auto`` tries such a precision on a copy): int8 (:class:`~neobert_embed.inference.kernels.Int8Linear`),
-    and bf16 on a CPU with bf16 units, whose Linear layers run oneDNN-packed with BERT's GELU fused
-    (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`: 1.10× the texts/s of autocast's
+    and bf16 on a CPU with bf16 units, whose Linear layers run oneDNN-packed with BERT's GELU and
+    NeoBERT's SwiGLU fused (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`: 1.10× the texts/s of autocast's
     Linear at 1 thread on an avx512_bf16 EPYC; on a CPU without bf16 units bf16 stays autocast).
     """
     from neobert_embed.inference.kernels import packed_bf16_available
