@@ -32,10 +32,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+
+if TYPE_CHECKING:
+    from neobert_embed.modeling.model import SwiGLU
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 INT8_MAX = 127.0
@@ -236,7 +240,7 @@ class PackedSwiGLU(nn.Module):
         self.gate, self.value, self.w3 = gate, value, w3
 
     @classmethod
-    def from_swiglu(cls, swiglu: nn.Module) -> PackedSwiGLU:
+    def from_swiglu(cls, swiglu: SwiGLU) -> PackedSwiGLU:
         """Pack a SwiGLU holding ``w12`` (gate rows first, then value rows) and ``w3``."""
         gate_weight, value_weight = swiglu.w12.weight.chunk(2, dim=0)
         gate_bias, value_bias = (None, None) if swiglu.w12.bias is None else swiglu.w12.bias.chunk(2)
