@@ -33,10 +33,12 @@ def encode(
                                     "'document' when the model saved one; '' for none)."),
     as_json: opt.AsJson = False,
     calibration: Path = typer.Option(None, "--calibration", help="int8/binary calibration to reuse: the "
-                                     "OUTPUT.npy.json of an earlier encode (identical texts, identical codes)."),
+                                     "OUTPUT.npy.json of an earlier encode (identical texts, identical codes; "
+                                     "the model then computes at that encode's precision unless --precision "
+                                     "is given)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output written by encode."),
     verbose: opt.Verbose = False,
-    precision: opt.ComputePrecision = "auto",
+    precision: opt.ComputePrecision = None,  # None: auto, or the precision --calibration's vectors came from
     backend: opt.Backend = "torch",
     blank: str = typer.Option("error", "--blank", help="A blank text is an error (default, naming its row), "
                               "skip (left out; OUTPUT.json lists the rows) or keep (encoded as an empty text, "

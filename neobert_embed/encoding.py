@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence, Sized
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -262,7 +262,7 @@ def encode_file(
     show_progress: bool = True,
     calibration: str | Path | None = None,
     overwrite: bool = False,
-    compute_precision: str = "auto",
+    compute_precision: str | None = None,
     backend: str = "torch",
     blank: str = "error",
 ) -> EncodeReport:
@@ -277,7 +277,9 @@ def encode_file(
     and binary, the calibration; pass that file as ``calibration`` when encoding more texts so
     identical texts get identical codes. ``compute_precision`` is the precision the model's forward
     runs in (:mod:`neobert_embed.inference.runtime`; ``auto`` measures on the first texts of the
-    file) and ``backend`` runs an ``export`` output through ONNX Runtime or OpenVINO. ``blank``
+    file). Its default is ``auto``, except with a ``calibration`` whose sidecar records the precision
+    its vectors were computed at: that one, since two runs of ``auto`` may choose differently and a
+    text's codes then differ by a step. ``backend`` runs an ``export`` output through ONNX Runtime or OpenVINO. ``blank``
     says what a blank text is (:data:`BLANK_POLICIES`): ``error`` (default: refused, naming its
     row), ``skip`` (left out; the sidecar's ``skipped_rows`` lists them) or ``keep`` (the empty text
     is encoded, so row ``i`` is always line ``i + 1``). Everything a user can get wrong (output path, calibration,
@@ -296,7 +298,8 @@ def encode_file(
     from neobert_embed.outputs import check_output_file, sidecar_path
     from neobert_embed.sentence import resolve_prompt
 
-    check_compute_precision(compute_precision)
+    if compute_precision is not None:
+        check_compute_precision(compute_precision)
     check_storage_precision(precision)
     if batch_size < 1:
         raise UserInputError(f"--batch-size must be positive, got {batch_size}")
@@ -318,10 +321,14 @@ def encode_file(
 
     saved = on_main(world, preflight)
     texts, skipped = apply_blank_policy(read_texts(input_path, field), blank, input_path)
-    loaded = load_inference_model(model_name, compute_precision, device=world.device(None), backend=backend,
-                                  max_seq_length=max_seq_length, sample_texts=texts, batch_size=batch_size,
-                                  agree=functools.partial(on_main, world))
+    recorded = saved.computed_at if saved is not None and compute_precision is None else None
+    loaded = load_inference_model(model_name, compute_precision or recorded or "auto", device=world.device(None),
+                                  backend=backend, max_seq_length=max_seq_length, sample_texts=texts,
+                                  batch_size=batch_size, agree=functools.partial(on_main, world))
     model, compute = loaded.model, loaded.choice
+    if recorded is not None:  # nobody asked: the used: line says where the precision came from
+        compute = replace(compute, requested="calibration",
+                          reason=f"the calibration's own: {calibration} was encoded at it")
     prompt_name = prompt_name or ""  # None, like '', is no prompt here
     prompt = resolve_prompt(model, prompt_name, required=None if prompt_name == DOCUMENT_PROMPT else "--prompt-name")
     start = time.perf_counter()

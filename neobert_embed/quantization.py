@@ -21,7 +21,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -57,6 +57,9 @@ class Calibration:
         ranges: ``(2, dimension)`` minima and maxima for int8; None for binary.
         model: the model whose vectors were calibrated (informative; dimension is enforced).
         vectors: how many vectors the ranges were computed from.
+        computed_at: the compute precision those vectors came from, when the ``encode`` sidecar it was
+            read from records one (``encode --calibration`` computes at it unless ``--precision`` is given:
+            the same text then gets the same float vector, hence the same codes).
     """
 
     precision: str
@@ -64,6 +67,7 @@ class Calibration:
     ranges: np.ndarray | None
     model: str | None = None
     vectors: int = 0
+    computed_at: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form stored in sidecars and manifests."""
@@ -107,10 +111,17 @@ class CalibrationRecord(BaseModel):
         return ranges
 
 
+class _ComputeRecord(BaseModel):
+    """The compute precision an ``encode`` sidecar records (its ``compute`` key, as far as it matters here)."""
+
+    precision: Literal["fp32", "bf16", "fp16", "int8"]
+
+
 class _SidecarCalibration(BaseModel):
     """An ``encode`` sidecar, as far as its calibration goes (None: encoded at float precision)."""
 
     calibration: CalibrationRecord | None
+    compute: _ComputeRecord | None = None  # absent in sidecars written before compute precisions existed
 
 
 def fit_calibration(embeddings: np.ndarray, precision: str, model: str | None = None) -> Calibration:
@@ -165,8 +176,9 @@ def load_calibration(path: str | Path) -> Calibration:
                      "`neobert-embed encode` output")
     if "calibration" not in spec.data:
         return Calibration.from_record(spec.validate(CalibrationRecord))
-    record = spec.validate(_SidecarCalibration).calibration
-    if record is None:
+    sidecar = spec.validate(_SidecarCalibration)
+    if sidecar.calibration is None:
         raise UserInputError(f"--calibration {path}: this output was encoded at float precision and has "
                              "no calibration; use the sidecar of an int8 or binary encode")
-    return Calibration.from_record(record)
+    computed_at = sidecar.compute.precision if sidecar.compute is not None else None
+    return replace(Calibration.from_record(sidecar.calibration), computed_at=computed_at)

@@ -229,6 +229,40 @@ def test_int8_codes_of_the_same_text_match_across_files_with_the_saved_calibrati
     assert code == 2 and "--store-precision int8" in err
 
 
+def test_encode_with_a_calibration_computes_at_the_precision_its_vectors_came_from(model, tmp_path, capsys):
+    """Two runs of ``auto`` may choose two precisions (a tiny model sits near the bar on a CPU with bf16
+    units), and codes of one text then differ by a step: a calibration carries its vectors' precision."""
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("\n".join(_texts(30)) + "\n", encoding="utf-8")
+    second.write_text("\n".join(_texts(30, offset=10)) + "\n", encoding="utf-8")
+    encode = ["encode", "--model", model, "--store-precision", "int8", "--json", "--batch-size", "1"]
+    assert run_main([*encode, "--input", first, "--output", tmp_path / "first.npy", "--precision", "bf16"],
+                    capsys)[0] == 0
+    code, _, err = run_main([*encode, "--input", second, "--output", tmp_path / "second.npy", "--calibration",
+                             tmp_path / "first.npy.json"], capsys)
+    assert code == 0 and "precision bf16 (the calibration's own" in err
+    compute = json.loads((tmp_path / "second.npy.json").read_text())["compute"]
+    assert compute["precision"] == "bf16" and compute["requested"] == "calibration"
+    a, b = np.load(tmp_path / "first.npy"), np.load(tmp_path / "second.npy")
+    assert np.array_equal(a[10:30], b[:20])
+    # --precision still decides when given
+    assert run_main([*encode, "--input", second, "--output", tmp_path / "fp32.npy", "--calibration",
+                     tmp_path / "first.npy.json", "--precision", "fp32"], capsys)[0] == 0
+    assert json.loads((tmp_path / "fp32.npy.json").read_text())["compute"]["requested"] == "fp32"
+    # a calibration file of its own records no compute precision: auto, as without one
+    sidecar = json.loads((tmp_path / "first.npy.json").read_text())
+    (tmp_path / "plain.json").write_text(json.dumps(sidecar["calibration"]), encoding="utf-8")
+    assert run_main([*encode, "--input", second, "--output", tmp_path / "plain.npy", "--calibration",
+                     tmp_path / "plain.json"], capsys)[0] == 0
+    assert json.loads((tmp_path / "plain.npy.json").read_text())["compute"]["requested"] == "auto"
+    # a damaged record is one line naming the file and the key, before the model loads
+    sidecar["compute"]["precision"] = "int4"
+    (tmp_path / "damaged.npy.json").write_text(json.dumps(sidecar), encoding="utf-8")
+    code, _, err = run_main([*encode, "--input", second, "--output", tmp_path / "damaged_out.npy",
+                             "--calibration", tmp_path / "damaged.npy.json"], capsys)
+    assert code == 2 and "damaged.npy.json" in err and "compute" in err and "precision" in err
+
+
 # 5. replace that destroys --------------------------------------------------------------------------
 
 
