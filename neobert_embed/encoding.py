@@ -278,8 +278,8 @@ def encode_file(
     identical texts get identical codes. ``compute_precision`` is the precision the model's forward
     runs in (:mod:`neobert_embed.inference.runtime`; ``auto`` measures on the first texts of the
     file). Its default is ``auto``, except with a ``calibration`` whose sidecar records the precision
-    its vectors were computed at: that one, since two runs of ``auto`` may choose differently and a
-    text's codes then differ by a step. ``backend`` runs an ``export`` output through ONNX Runtime or OpenVINO. ``blank``
+    its vectors were computed at: that one (on the torch backend), since two runs of ``auto`` may
+    choose differently and a text's codes then differ by a step. ``backend`` runs an ``export`` output through ONNX Runtime or OpenVINO. ``blank``
     says what a blank text is (:data:`BLANK_POLICIES`): ``error`` (default: refused, naming its
     row), ``skip`` (left out; the sidecar's ``skipped_rows`` lists them) or ``keep`` (the empty text
     is encoded, so row ``i`` is always line ``i + 1``). Everything a user can get wrong (output path, calibration,
@@ -321,7 +321,9 @@ def encode_file(
 
     saved = on_main(world, preflight)
     texts, skipped = apply_blank_policy(read_texts(input_path, field), blank, input_path)
-    recorded = saved.computed_at if saved is not None and compute_precision is None else None
+    # an exported graph (--backend onnx/openvino) computes as it was saved: no recorded precision applies
+    follows = saved is not None and compute_precision is None and backend == "torch"
+    recorded = saved.computed_at if follows else None
     loaded = load_inference_model(model_name, compute_precision or recorded or "auto", device=world.device(None),
                                   backend=backend, max_seq_length=max_seq_length, sample_texts=texts,
                                   batch_size=batch_size, agree=functools.partial(on_main, world))

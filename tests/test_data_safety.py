@@ -255,6 +255,11 @@ def test_encode_with_a_calibration_computes_at_the_precision_its_vectors_came_fr
     assert run_main([*encode, "--input", second, "--output", tmp_path / "plain.npy", "--calibration",
                      tmp_path / "plain.json"], capsys)[0] == 0
     assert json.loads((tmp_path / "plain.npy.json").read_text())["compute"]["requested"] == "auto"
+    # an exported graph computes as saved: the recorded bf16 does not apply there (and is no error)
+    assert run_main(["export", model, "--format", "onnx", "--output", tmp_path / "onnx"], capsys)[0] == 0
+    assert run_main([*encode[:2], tmp_path / "onnx", *encode[3:], "--backend", "onnx", "--input", second,
+                     "--output", tmp_path / "onnx.npy", "--calibration", tmp_path / "first.npy.json"], capsys)[0] == 0
+    assert json.loads((tmp_path / "onnx.npy.json").read_text())["compute"]["precision"] == "fp32"
     # a damaged record is one line naming the file and the key, before the model loads
     sidecar["compute"]["precision"] = "int4"
     (tmp_path / "damaged.npy.json").write_text(json.dumps(sidecar), encoding="utf-8")
