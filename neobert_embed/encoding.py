@@ -21,10 +21,10 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T", bound=Sized)  # an input encode_longest_first orders by len()
-SLICE_BATCHES = 16  # batches per slice of a long-first encoding: the progress bar moves once per slice
 
 def check_texts(texts: Sequence[object]) -> list[str]:
     """Return ``texts`` as a list of strings, or raise ``TypeError`` naming the first bad index.
@@ -62,14 +60,6 @@ def check_texts(texts: Sequence[object]) -> list[str]:
         if not isinstance(text, str):
             raise TypeError(f"texts[{index}] is {type(text).__name__}, not str: every input must be a string")
     return checked
-
-
-def count_truncated(model: SentenceTransformer, texts: Sequence[str]) -> int:
-    """How many texts exceed the model's ``max_seq_length`` once tokenized with special tokens."""
-    limit = model.max_seq_length
-    lengths = model.tokenizer(list(texts), add_special_tokens=True, truncation=False,
-                              return_attention_mask=False, verbose=False)["input_ids"]
-    return sum(len(ids) > limit for ids in lengths)
 
 
 def quantize(embeddings: np.ndarray, precision: str, calibration: Calibration | None = None) -> np.ndarray:
@@ -101,8 +91,9 @@ def encode_texts(
 ) -> np.ndarray:
     """Encode ``texts`` with a SentenceTransformer after validating them; returns float32 (n, dim).
 
-    Batches are formed from length-sorted texts (sentence-transformers sorts by length) so
-    little compute goes to padding; NeoBERT additionally skips pad tokens inside the model.
+    Every text is tokenized once, ahead of the model, and batches are formed from length-sorted
+    texts (:mod:`neobert_embed.inference.pipeline`); NeoBERT and the BERT family also skip pad
+    tokens inside the model. The truncation warning comes from the same tokenization.
 
     Example:
         >>> encode_texts(model, ["", "a long text ..."], prompt_name="document").shape
@@ -111,50 +102,22 @@ def encode_texts(
     checked = check_texts(texts)
     if not checked:
         return np.zeros((0, model.get_embedding_dimension()), dtype=np.float32)
-    truncated = count_truncated(model, checked)
-    if truncated:
-        logger.warning("%d of %d texts are longer than max_seq_length=%d tokens and were truncated",
-                       truncated, len(checked), model.max_seq_length)
     from neobert_embed.console import document_progress
+    from neobert_embed.inference.pipeline import pipeline_for
     from neobert_embed.sentence import resolve_prompt
 
     prompt = resolve_prompt(model, prompt_name)
-
     with document_progress(show_progress) as bar:
         task = bar.add_task("encoding", total=len(checked))
-        return encode_longest_first(
-            lambda part: model.encode(part, batch_size=batch_size, prompt=prompt, show_progress_bar=False,
-                                      convert_to_numpy=True),
-            checked, model.get_embedding_dimension(), batch_size * SLICE_BATCHES,
-            lambda done: bar.advance(task, done))
+        return pipeline_for(model).encode(checked, prompt=prompt or None, batch_size=batch_size,
+                                          advance=lambda done: bar.advance(task, done),
+                                          on_truncated=functools.partial(_warn_truncated, model, len(checked)))
 
 
-def encode_longest_first(encode: Callable[[list[T]], np.ndarray], texts: Sequence[T], dimension: int,
-                         step: int, advance: Callable[[int], None] | None = None) -> np.ndarray:
-    """Encode ``texts`` longest-first in slices of ``step``, telling ``advance``; rows in input order (float32).
-
-    Why: one length sort over all texts keeps padding as low as a single ``encode`` call would,
-    while the slices let a progress bar move during a long job.
-
-    Example:
-        >>> encode_longest_first(model.encode, ["a", "bb"], 384, step=512).shape
-        (2, 384)
-    """
-    order = np.argsort([-len(text) for text in texts], kind="stable")
-    out = np.empty((len(texts), dimension), dtype=np.float32)
-    for start in range(0, len(texts), step):
-        rows = order[start:start + step]
-        vectors = encode([texts[i] for i in rows])
-        finite = np.isfinite(vectors).all(axis=1)
-        if not finite.all():  # fp16 overflow, damaged weights: stop rather than store or index NaN
-            row = int(rows[int(np.argmin(finite))])
-            raise UserInputError(f"input row {row + 1} ({str(texts[row])[:60]!r}): the model produced NaN or Inf "
-                                 "values; nothing was written. Encode in --precision fp32, or check the model's "
-                                 "weights")
-        out[rows] = vectors
-        if advance is not None:
-            advance(len(rows))
-    return out
+def _warn_truncated(model: SentenceTransformer, total: int, truncated: int) -> None:
+    if truncated:
+        logger.warning("%d of %d texts are longer than max_seq_length=%d tokens and were truncated",
+                       truncated, total, model.max_seq_length)
 
 
 def used_line(model: SentenceTransformer, prompt_names: Sequence[str | None], field: str | None = None,

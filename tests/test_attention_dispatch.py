@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.modeling import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTModel, attention
-from neobert_embed.modeling import model as model_module
 from neobert_embed.modeling.attention import build_varlen_batch, choose_attention_backend, varlen_attention
 
 HEADS, HEAD_DIM = 2, 16
@@ -34,13 +33,15 @@ def mixed_batch(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize(("requested", "device", "dtype", "options", "expected"), [
     ("auto", "cpu", torch.float32, {}, "sdpa_varlen"),
     ("auto", "cpu", torch.bfloat16, {}, "sdpa_varlen"),
-    ("auto", "cuda", torch.float32, {}, "sdpa_varlen"),
+    ("auto", "cuda", torch.float32, {}, "padded"),  # a GPU pays per call: one masked call, not one per length
+    ("auto", "cuda", torch.float32, {"packed": True}, "sdpa_varlen"),  # packed documents need their blocks
     ("auto", "cuda", torch.bfloat16, {}, "native_varlen"),
     ("auto", "cuda", torch.float16, {}, "native_varlen"),
     ("auto", "cuda", torch.bfloat16, {"flash_attn_available": False}, "native_varlen"),  # flash-attn not needed
     ("auto", "cuda", torch.bfloat16, {"flash_attn_available": True}, "native_varlen"),  # nor used unless asked
-    ("auto", "cuda", torch.bfloat16, {"flash_capable_gpu": False}, "sdpa_varlen"),  # e.g. a T4 (sm75)
-    ("auto", "cuda", torch.bfloat16, {"native_available": False}, "sdpa_varlen"),  # torch < 2.10
+    ("auto", "cuda", torch.bfloat16, {"flash_capable_gpu": False}, "padded"),  # e.g. a T4 (sm75)
+    ("auto", "cuda", torch.bfloat16, {"native_available": False}, "padded"),  # torch < 2.10, no flash-attn
+    ("auto", "cuda", torch.bfloat16, {"native_available": False, "flash_attn_available": True}, "flash_attn"),
     ("auto", "cuda", torch.bfloat16, {"unpad": False}, "padded"),  # nothing to un-pad: plain SDPA
     ("varlen", "cpu", torch.float32, {"unpad": False}, "sdpa_varlen"),
     ("padded", "cuda", torch.bfloat16, {}, "padded"),
@@ -103,13 +104,13 @@ def simulated_gpu(monkeypatch):
     """Dispatch as on a CUDA sm80+ GPU in bf16 (the real choice function decides), with the
     reference kernel in place of the CUDA one; tensors stay fp32 on this CPU."""
     kernel = ReferenceVarlen()
-    real_choice = model_module.choose_attention_backend
+    real_choice = attention.choose_attention_backend
 
     def on_gpu(requested, device_type, dtype, **options):
         options.update(flash_capable_gpu=True, native_available=True)
         return real_choice(requested, "cuda", torch.bfloat16, **options)
 
-    monkeypatch.setattr(model_module, "choose_attention_backend", on_gpu)
+    monkeypatch.setattr(attention, "choose_attention_backend", on_gpu)
     monkeypatch.setattr(attention, "load_native_varlen", lambda: kernel)
     return kernel
 

@@ -152,7 +152,9 @@ def test_packed_minilm_runs_a_bf16_residual_stream_whatever_a_text_s_batch(minil
     handle.remove()
     together = model.encode(texts + [" ".join(texts)], batch_size=16)[:len(texts)]
     assert stream == [torch.bfloat16] * len(texts)
-    assert cosine_to(alone, together).min() >= 0.99999
+    # oneDNN blocks a product by its row count, so a text's sums are rounded in another order beside
+    # other texts: 0.999995+ on an avx512_bf16 EPYC, 0.999982 on an AMX Xeon (2026-11-28)
+    assert cosine_to(alone, together).min() >= 0.99995
     fp32 = load_inference_model(str(minilm_path), "fp32").model.encode(texts)
     cosine = cosine_to(fp32, together)
     assert cosine.mean() >= 0.9999 and cosine.min() >= 0.999, (cosine.mean(), cosine.min())

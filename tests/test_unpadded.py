@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
 
-from neobert_embed.inference.parallel import spreads_batches
-from neobert_embed.inference.runtime import SPREAD_LAYOUT, cosine_to, load_inference_model
+from neobert_embed.inference.pipeline import SIDE_BY_SIDE, pipeline_of
+from neobert_embed.inference.runtime import cosine_to, load_inference_model
 from neobert_embed.inference.unpadded import restore_padded, supports_unpadded, unpad_encoders
 from neobert_embed.machine import describe_machine
 
@@ -63,6 +63,54 @@ def test_a_batch_without_padding_or_asking_for_every_layer_runs_the_library_forw
     assert layers.hidden_states is not None and len(layers.hidden_states) == SMALL["num_hidden_layers"] + 1
 
 
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """Dispatch as on a CUDA sm80+ GPU in bf16 (the real choice function decides), with the reference
+    kernel of tests/test_attention_dispatch.py in place of PyTorch's CUDA ``varlen_attn``."""
+    from test_attention_dispatch import ReferenceVarlen
+
+    from neobert_embed.modeling import attention
+
+    kernel = ReferenceVarlen()
+    real_choice = attention.choose_attention_backend
+    monkeypatch.setattr(attention, "choose_attention_backend", lambda requested, device_type, dtype, **options:
+                        real_choice(requested, "cuda", torch.bfloat16,
+                                    **{**options, "flash_capable_gpu": True, "native_available": True}))
+    monkeypatch.setattr(attention, "load_native_varlen", lambda: kernel)
+    return kernel
+
+
+def test_on_a_gpu_bert_layers_attend_through_one_varlen_call_per_layer(simulated_gpu):
+    """Never a call per group of equal-length texts on CUDA (6-18x slower there than plain sdpa)."""
+    torch.manual_seed(0)
+    encoder = BertModel(BertConfig(**SMALL)).eval()
+    ids, mask = _batch([3, 17, 9, 17, 1, 5])
+    with torch.inference_mode():
+        expected = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        unpad_encoders(encoder)
+        got = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert len(simulated_gpu.calls) == SMALL["num_hidden_layers"]
+    call = simulated_gpu.calls[0].arguments
+    assert call["cu_seq_q"].tolist() == [0, 17, 34, 43, 48, 51, 52] and call["max_q"] == 17  # longest first
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=2e-5, rtol=1e-4)
+
+
+def test_on_a_gpu_in_fp32_bert_runs_the_library_forward(monkeypatch):
+    """No flash kernel for fp32: one masked SDPA call (the library's forward), not a call per length."""
+    from neobert_embed.modeling import attention
+
+    real_choice = attention.choose_attention_backend
+    monkeypatch.setattr(attention, "choose_attention_backend", lambda requested, device_type, dtype, **options:
+                        real_choice(requested, "cuda", dtype, **options))
+    monkeypatch.setattr(attention, "_sdpa_varlen", lambda *a, **k: pytest.fail("per-length SDPA on a GPU"))
+    encoder = BertModel(BertConfig(**SMALL)).eval()
+    unpad_encoders(encoder)
+    ids, mask = _batch([3, 17, 9])
+    with torch.inference_mode():
+        output = encoder(input_ids=ids, attention_mask=mask)
+    assert output.pooler_output is not None  # the library's own output
+
+
 def test_only_encoders_with_bert_layers_are_changed():
     from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
 
@@ -98,7 +146,7 @@ def mixed_texts(shared_data) -> list[str]:
 def test_the_commands_loader_runs_minilm_unpadded_with_the_padded_vectors(minilm_path, mixed_texts, precision):
     padded = load_inference_model(str(minilm_path), precision, unpadded=False)
     loaded = load_inference_model(str(minilm_path), precision)
-    spread = f"; {SPREAD_LAYOUT}" if spreads_batches(loaded.model) else ""  # more than one thread here
+    spread = f"; {SIDE_BY_SIDE}" if pipeline_of(loaded.model).side_by_side else ""  # more than one thread here
     assert padded.choice.description == f"{precision} (asked for){spread}"
     assert loaded.choice.description == f"{precision} (asked for); un-padded BertModel layers{spread}"
     assert loaded.choice.to_json()["layout"] == f"un-padded BertModel layers{spread}"

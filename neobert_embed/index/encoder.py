@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from neobert_embed.encoding import SLICE_BATCHES, encode_longest_first
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.manifest import IndexManifest
 from neobert_embed.inference.runtime import model_fingerprint
@@ -87,17 +86,21 @@ class IndexEncoder:
 
     def encode_in_length_order(self, texts: list[str], kind: str,
                                advance: Callable[[int], None] | None = None) -> np.ndarray:
-        """Encode a chunk longest-first in slices of ``SLICE_BATCHES`` batches, reporting progress.
-
-        Why: sorting the whole chunk by length keeps padding as low as one ``encode`` call over the
-        chunk would, while the slices let the progress bar move during a long chunk.
+        """Encode a chunk through the model's pipeline (tokenized once and ahead, length-batched,
+        :mod:`neobert_embed.inference.pipeline`), reporting progress as its parts are done.
 
         Example:
             >>> encoder.encode_in_length_order(chunk_texts, "document", advance=bar.advance).shape
             (8192, 384)
         """
-        return encode_longest_first(lambda part: self.encode(part, kind), texts, self.dimension,
-                                    self.batch_size * SLICE_BATCHES, advance)
+        from neobert_embed.inference.pipeline import pipeline_for
+        from neobert_embed.sentence import resolve_prompt
+
+        prompt = self.prompts.get(kind)  # None (an old manifest): the model's default, as encode applies it
+        prompt = resolve_prompt(self.model, None) if prompt is None else prompt
+        return pipeline_for(self.model).encode(texts, prompt=prompt or None,
+                                               batch_size=self.batch_size, normalize=self.normalized,
+                                               advance=advance)
 
     def check_matches(self, manifest: IndexManifest, index_dir: str | Path) -> None:
         """Refuse to use this model with an index built by another one.

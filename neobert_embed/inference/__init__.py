@@ -13,7 +13,8 @@ Modules:
     kernels: int8 Linear layers (per-channel weights, per-token activations) and bf16 autocast.
     runtime: loading a model at a compute precision, and ``auto``'s measured choice.
     unpadded: BERT-family layers run on the real tokens only.
-    parallel: the batches of a long ``encode`` side by side on a multi-core CPU, one thread each.
+    pipeline: the one path from texts to vectors: tokenized once and ahead of the model, batched by
+        length and tokens, batches side by side on a multi-core CPU, pinned copies on a GPU.
     export: the ONNX / OpenVINO files of ``neobert-embed export`` (sentence-transformers' layout).
     backends: running those files through ONNX Runtime or OpenVINO behind the same ``encode``.
 """

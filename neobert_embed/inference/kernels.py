@@ -378,6 +378,27 @@ def autocast_context(device_type: str, precision: str) -> Iterator[None]:
         yield
 
 
+def hold_linears_in(model: nn.Module, precision: str) -> int:
+    """Keep every ``nn.Linear``'s weight and bias in ``precision``'s dtype (bf16 / fp16), in place;
+    returns how many were converted.
+
+    Why: under autocast a GPU casts each fp32 weight to the compute dtype inside every forward (a
+    copy of the whole model per batch); held in that dtype, autocast finds nothing to cast. The
+    products see the same rounded weights as autocast's cast, so vectors do not change; norms and
+    embeddings stay fp32 and autocast still runs them in fp32. Not undoable (the fp32 values are
+    gone): ``auto`` tries it on a copy.
+
+    Example:
+        >>> hold_linears_in(model, "bf16")
+        36
+    """
+    dtype = AUTOCAST_DTYPES[precision]
+    linears = [module for module in model.modules() if type(module) is nn.Linear]
+    for module in linears:
+        module.to(dtype)
+    return len(linears)
+
+
 def run_forward_in(module: nn.Module, device_type: str, precision: str) -> None:
     """Make every call of ``module`` run under :func:`autocast_context` (in place, undone by
     :func:`restore_forward`); the output is returned in fp32 so callers see the dtype they expect.

@@ -60,7 +60,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "onnx", "openvino")
-AUTO_SAMPLE = 32  # texts auto encodes per candidate (twice: the faster pass counts)
+AUTO_SAMPLE = 32  # texts auto encodes per candidate on a CPU (twice: the faster pass counts)
+#: Texts ``auto`` encodes per candidate on a GPU: a batch of 32 texts is all kernel launches there
+#: (bf16 timed at 0.87× fp32 on an H200 that runs BERT-base's bf16 forward at ~5× its fp32 one), so the
+#: sample is repeated up to a few of the pipeline's token-budgeted batches.
+AUTO_SAMPLE_GPU = 4096
 #: A precision other than fp32 must be at least this much faster than fp32 on the sample to be taken:
 #: timing noise must not flip a job between two precisions that are nearly as fast (tiny models,
 #: short texts), so that reruns of the same job on the same machine compute the same vectors.
@@ -80,8 +84,6 @@ class Tolerance:
 
 
 AUTO_TOLERANCE = Tolerance(mean=0.9999, minimum=0.999)
-#: How a CPU model runs the batches of a long ``encode`` call (:mod:`neobert_embed.inference.parallel`).
-SPREAD_LAYOUT = "batches side by side, one per thread"
 
 #: Texts ``auto`` measures on when a command has none of its own yet (``serve`` without an index):
 #: short questions to paragraph-length passages, so the trial sees the lengths a server sees.
@@ -130,7 +132,8 @@ class PrecisionChoice:
         trials: what ``auto`` measured (empty when a precision was asked for).
         layout: how this toolkit runs the model's batches, where it changed that:
             ``un-padded BertModel layers`` (:mod:`neobert_embed.inference.unpadded`) and, on a CPU,
-            :data:`SPREAD_LAYOUT` (:mod:`neobert_embed.inference.parallel`); None when neither applies.
+            :data:`~neobert_embed.inference.pipeline.SIDE_BY_SIDE` (:mod:`neobert_embed.inference.pipeline`);
+            None when neither applies.
     """
 
     precision: str
@@ -196,7 +199,12 @@ def apply_precision(model: SentenceTransformer, precision: str, machine: Machine
     Example:
         >>> apply_precision(model, "int8", describe_machine())
     """
-    from neobert_embed.inference.kernels import pack_linears_bf16, quantize_linears_int8, run_forward_in
+    from neobert_embed.inference.kernels import (
+        hold_linears_in,
+        pack_linears_bf16,
+        quantize_linears_int8,
+        run_forward_in,
+    )
 
     device_type = "cpu" if machine.is_cpu else machine.device.split(":")[0]
     if precision == "int8":
@@ -204,28 +212,39 @@ def apply_precision(model: SentenceTransformer, precision: str, machine: Machine
         run_forward_in(model, device_type, "bf16" if machine.bf16_units else "fp32")
         return
     if replaces_layers(precision, machine):
-        pack_linears_bf16(model)
+        if machine.is_cpu:
+            pack_linears_bf16(model)
+        else:  # a GPU: the weights in the compute dtype, no cast inside each forward
+            hold_linears_in(model, precision)
     run_forward_in(model, device_type, precision)
 
 
 def replaces_layers(precision: str, machine: Machine) -> bool:
     """True when :func:`apply_precision` swaps the model's Linear layers for its own, which cannot be
     undone (``auto`` tries such a precision on a copy): int8 (:class:`~neobert_embed.inference.kernels.Int8Linear`),
-    and bf16 on a CPU with bf16 units, whose Linear layers run oneDNN-packed with BERT's GELU and
+    bf16 on a CPU with bf16 units, whose Linear layers run oneDNN-packed with BERT's GELU and
     NeoBERT's SwiGLU fused (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`: 1.10× the texts/s of autocast's
-    Linear at 1 thread on an avx512_bf16 EPYC; on a CPU without bf16 units bf16 stays autocast).
+    Linear at 1 thread on an avx512_bf16 EPYC; on a CPU without bf16 units bf16 stays autocast), and
+    bf16/fp16 on a GPU, whose Linear weights are held in that dtype (:func:`~neobert_embed.inference.kernels.hold_linears_in`).
     """
     from neobert_embed.inference.kernels import packed_bf16_available
 
     if precision == "int8":
         return True
-    return precision == "bf16" and machine.is_cpu and bool(machine.bf16_units) and packed_bf16_available()
+    if not machine.is_cpu:  # a GPU holds its Linear weights in bf16/fp16 (kernels.hold_linears_in)
+        return precision in ("bf16", "fp16")
+    return precision == "bf16" and bool(machine.bf16_units) and packed_bf16_available()
 
 
 def spreads_on(machine: Machine, precision: str) -> bool:
     """True when a model computing at ``precision`` on ``machine`` runs long ``encode`` calls as batches
-    side by side (:mod:`neobert_embed.inference.parallel`): on a CPU with more than one torch thread
+    side by side (:mod:`neobert_embed.inference.pipeline`): on a CPU with more than one torch thread
     when the model is loaded, except int8 on int8 units.
+
+    Why side by side: a small encoder's batch is too little work to keep several threads busy inside
+    each operator (PyTorch runs most element-wise operators on one thread below its 32,768-element
+    grain, and every parallel region makes its threads wait for each other); all-MiniLM-L6-v2 on 2
+    cores (AMD EPYC, AVX2, fp32): 133.9 → 150.8 texts/s, median of 9 interleaved passes.
 
     Why not int8 there: ``torch._int_mm`` on an AMX Xeon (16 threads, MiniLM-shaped BERT, 1,024
     texts) measured 0.81× one batch after another, while fp32 gained 1.15× and bf16 1.42× on the same
@@ -241,6 +260,20 @@ def _taken_evenly(texts: Sequence[str], count: int) -> list[str]:
         return list(texts)
     step = len(texts) / count
     return [texts[int(i * step)] for i in range(count)]
+
+
+def trial_texts(sample_texts: Sequence[str], machine: Machine) -> list[str]:
+    """What ``auto`` times each precision on: :data:`AUTO_SAMPLE` of the texts on a CPU; on a GPU
+    :data:`AUTO_SAMPLE_GPU`, the texts repeated, so the trial runs batches of the size real jobs run.
+
+    Example:
+        >>> len(trial_texts(["a", "b"], describe_machine("cuda")))
+        4096
+    """
+    texts = [text for text in sample_texts if text.strip()] or list(BUILTIN_SAMPLE)
+    if machine.is_cpu:
+        return _taken_evenly(texts, AUTO_SAMPLE)
+    return [texts[i % len(texts)] for i in range(AUTO_SAMPLE_GPU)]
 
 
 def _timed_encode(model: SentenceTransformer, texts: list[str], batch_size: int) -> tuple[np.ndarray, float]:
@@ -297,7 +330,7 @@ def choose_precision(model: SentenceTransformer, sample_texts: Sequence[str], ma
     if not candidates:
         return PrecisionChoice("fp32", "auto", "no bf16 or int8 matrix units on this "
                                f"{'CPU' if machine.is_cpu else 'device'}", machine.summary())
-    texts = _taken_evenly([text for text in sample_texts if text.strip()] or list(BUILTIN_SAMPLE), AUTO_SAMPLE)
+    texts = trial_texts(sample_texts, machine)
     reference, fp32_speed = _timed_encode(model, texts, batch_size)
     trials = [Trial("fp32", round(fp32_speed, 1), 1.0, 1.0)]
     for precision in candidates:
@@ -350,12 +383,13 @@ def load_inference_model(
     ``auto``/``fp32`` there, or ``int8`` for the quantized file). ``agree`` makes several processes
     of one job take one choice: it runs the measurement on one of them and hands its result to all
     (``functools.partial(on_main, world)`` under torchrun), so every rank's vectors come from the
-    same arithmetic. ``unpadded`` runs BERT-family encoders on their real tokens only
+    same arithmetic. Every torch model encodes through :mod:`neobert_embed.inference.pipeline` (tokenized once, ahead of
+    the model, length-batched). ``unpadded`` runs BERT-family encoders on their real tokens only
     (:mod:`neobert_embed.inference.unpadded`: the same vectors up to fp32 rounding, fewer FLOPs);
     ``False`` keeps the library's padded forward (what the benchmarks compare against). ``spread``
     runs the batches of a long ``encode`` side by side on a multi-core CPU (:func:`spreads_on` says
-    where; :mod:`neobert_embed.inference.parallel`); ``serve`` passes ``False``, its batcher forms one
-    forward per token-budgeted batch of requests and never calls ``encode`` for them.
+    where); ``serve`` passes ``False``: its batcher forms one forward per token-budgeted batch of
+    requests.
 
     Example:
         >>> loaded = load_inference_model("runs/my-embedder", "bf16")
@@ -381,17 +415,18 @@ def load_inference_model(
 
     encoders = unpad_encoders(model) if unpadded else []
     layout = f"un-padded {', '.join(sorted(set(encoders)))} layers" if encoders else None
+    from neobert_embed.inference.pipeline import SIDE_BY_SIDE, install
+
+    pipeline = install(model, side_by_side=spread and spreads_on(machine, "fp32"))  # auto measures through it
     if precision == "auto":
         measure = functools.partial(choose_precision, model, sample_texts or BUILTIN_SAMPLE, machine, batch_size)
         choice = agree(measure) if agree is not None else measure()
     else:
         choice = PrecisionChoice(precision, precision, "asked for", machine.summary())
     apply_precision(model, choice.precision, machine)
-    if spread and spreads_on(machine, choice.precision):
-        from neobert_embed.inference.parallel import spread_batches
-
-        spread_batches(model)
-        layout = "; ".join(filter(None, (layout, SPREAD_LAYOUT)))
+    pipeline.side_by_side = spread and spreads_on(machine, choice.precision)
+    if pipeline.side_by_side:
+        layout = "; ".join(filter(None, (layout, SIDE_BY_SIDE)))
     choice = replace(choice, layout=layout)
     logger.debug("compute precision: %s on %s", choice.description, machine.summary())
     return InferenceModel(model, choice, "torch", digest)

@@ -10,7 +10,8 @@ hidden states of the real tokens are gathered into one ``(tokens, hidden)`` matr
 its own Linear/LayerNorm/activation modules on that matrix, and attention runs on it too, each
 text attending to its own tokens through NeoBERT's un-padded kernel
 (:func:`~neobert_embed.modeling.attention.varlen_attention`: one SDPA call per group of equal-length
-texts, no mask). The result is the library's padded forward up to fp32 rounding (every MiniLM
+texts, no mask; on a CUDA GPU in fp16/bf16, PyTorch's ``varlen_attn``, one call per layer, and in
+fp32 there the library's own forward). The result is the library's padded forward up to fp32 rounding (every MiniLM
 sentence vector at cosine 1.0000000), at 1.30× the texts/s on the 1,024 texts above (1 thread, AMD
 EPYC, fp32; see ``benchmarks/cpu_inference.py``). Attending per text instead of over the padded
 batch with a padding mask skips the padded scores: half the attention work on those texts (Σ n²
@@ -42,7 +43,13 @@ import torch
 from torch import nn
 
 from neobert_embed.inference.kernels import PackedBf16Linear
-from neobert_embed.modeling.attention import VarlenBatch, build_varlen_batch, varlen_attention
+from neobert_embed.modeling.attention import (
+    VarlenBatch,
+    attention_kernel_for,
+    build_varlen_batch,
+    compute_dtype,
+    varlen_attention,
+)
 
 if TYPE_CHECKING:
     from transformers.modeling_outputs import BaseModelOutput
@@ -114,7 +121,8 @@ def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
     packed = _runs_packed_bf16(self)
     # a batch without padding gains nothing here, except where the layers are packed: it then runs the
     # same bf16 residual stream as every other batch, so a text's vector does not depend on its neighbours
-    if input_ids is None or attention_mask is None or asks_more or (bool(attention_mask.all()) and not packed):
+    kernel = None if input_ids is None or attention_mask is None or asks_more else _kernel(self, attention_mask)
+    if kernel in (None, "padded") or (bool(attention_mask.all()) and not packed):
         return padded_forward(self, input_ids=input_ids, attention_mask=attention_mask,
                               token_type_ids=token_type_ids, **kwargs)
     from transformers.modeling_outputs import BaseModelOutput
@@ -123,8 +131,7 @@ def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
     # texts longest first, so that texts of one length are neighbours and each attention call takes a
     # view of the token matrix (no gather, no restoring permutation)
     order = torch.argsort(attention_mask.sum(1), descending=True, stable=True)
-    plan = build_varlen_batch(attention_mask[order], None, (batch, length), backend="sdpa_varlen",
-                              layout="documents")
+    plan = build_varlen_batch(attention_mask[order], None, (batch, length), backend=kernel, layout="documents")
     grid = order[:, None] * length + torch.arange(length, device=order.device)  # sorted slot -> batch*length
     real = grid.reshape(-1)  # the real tokens, in the plan's order (all of them in a batch without padding)
     if plan.token_index is not None:
@@ -140,6 +147,16 @@ def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
         hidden = _residual_block(layer.output, layer.intermediate(hidden), hidden)
     full = embedded.new_zeros(batch * length, width).index_copy_(0, real, hidden.to(embedded.dtype))
     return BaseModelOutput(last_hidden_state=full.view(batch, length, width))
+
+
+def _kernel(encoder: nn.Module, attention_mask: torch.Tensor) -> str:
+    """The attention kernel for this batch (NeoBERT's dispatch, :func:`attention_kernel_for`): on a CUDA
+    GPU in fp16/bf16 PyTorch's ``varlen_attn``, one call per layer; other CUDA inputs ``padded``, which
+    runs the library's own forward (one masked SDPA call, never a call per length); the CPU
+    ``sdpa_varlen``, one call per group of equal-length texts."""
+    dtype = compute_dtype(attention_mask.device, encoder.embeddings.word_embeddings.weight.dtype)
+    head_dim = encoder.encoder.layer[0].attention.self.attention_head_size
+    return attention_kernel_for("auto", attention_mask.device, dtype, head_dim, unpad=True)
 
 
 def _runs_packed_bf16(encoder: nn.Module) -> bool:

@@ -12,8 +12,12 @@ type, compute dtype and what is installed) from ``config.attention_backend``:
 ========================  =============================================================
 ``auto`` (default)        no padding and no packing: ``padded`` (plain SDPA, no mask);
                           otherwise CUDA fp16/bf16 on a flash-capable GPU (sm80+, head
-                          size ≤ 256 and a multiple of 8): ``native_varlen``; anything
-                          else (CPU, CUDA fp32, older GPUs): ``sdpa_varlen``
+                          size ≤ 256 and a multiple of 8): ``native_varlen`` (``flash_attn``
+                          where only the flash-attn package has a varlen kernel); other
+                          CUDA inputs (fp32, older GPUs): ``padded`` with its key mask
+                          when they are only padded (one SDPA call: a GPU pays per call,
+                          not per masked score), ``sdpa_varlen`` when they hold packed
+                          documents; the CPU: ``sdpa_varlen``
 ``varlen``                always un-pad, kernel as ``auto`` would pick for padded input
 ``padded``                the reference: SDPA over the padded batch, key-padding mask
 ``sdpa_varlen``           un-padded SDPA in the cheaper layout (see below), any device
@@ -109,6 +113,7 @@ def choose_attention_backend(
     dtype: torch.dtype,
     *,
     unpad: bool,
+    packed: bool = False,
     flash_capable_gpu: bool = True,
     native_available: bool = True,
     flash_attn_available: bool = False,
@@ -122,6 +127,7 @@ def choose_attention_backend(
         device_type: ``"cpu"``, ``"cuda"`` …: where the weights are.
         dtype: the compute dtype (the autocast dtype when autocast is on, else the weights').
         unpad: the input has padding or packed documents (``auto`` runs plain SDPA otherwise).
+        packed: the input holds packed documents (``cu_seqlens``), which a key mask cannot express.
         flash_capable_gpu: the GPU runs flash kernels (sm80+, head size ≤ 256, multiple of 8).
         native_available: PyTorch ships ``torch.nn.attention.varlen``.
         flash_attn_available: the ``flash-attn`` package is installed.
@@ -133,6 +139,8 @@ def choose_attention_backend(
         >>> choose_attention_backend("auto", "cuda", torch.bfloat16, unpad=True)
         'native_varlen'
         >>> choose_attention_backend("auto", "cuda", torch.float32, unpad=True)
+        'padded'
+        >>> choose_attention_backend("auto", "cpu", torch.bfloat16, unpad=True)
         'sdpa_varlen'
     """
     if requested not in ATTENTION_BACKENDS:
@@ -155,7 +163,33 @@ def choose_attention_backend(
         return requested
     if requested == "auto" and not unpad:
         return "padded"
-    return "native_varlen" if gpu_half and native_available else "sdpa_varlen"
+    if gpu_half and (native_available or flash_attn_available):
+        return "native_varlen" if native_available else "flash_attn"
+    # one call per distinct length is cheap on a CPU and hundreds of launches per layer on a GPU
+    if requested == "auto" and device_type == "cuda" and not packed:
+        return "padded"
+    return "sdpa_varlen"
+
+
+def compute_dtype(device: torch.device, weight_dtype: torch.dtype) -> torch.dtype:
+    """The dtype matrix products run in on ``device``: autocast's when it is on, else the weights'."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else weight_dtype
+
+
+def attention_kernel_for(requested: str, device: torch.device, dtype: torch.dtype, head_dim: int, *,
+                         unpad: bool, packed: bool = False) -> str:
+    """:func:`choose_attention_backend` with what this machine has filled in (the GPU's capability,
+    PyTorch's varlen kernel, the flash-attn package): the one dispatch NeoBERT's forward and the
+    un-padded BERT-family forward (:mod:`neobert_embed.inference.unpadded`) share.
+
+    Example:
+        >>> attention_kernel_for("auto", torch.device("cpu"), torch.float32, 64, unpad=True)
+        'sdpa_varlen'
+    """
+    return choose_attention_backend(
+        requested, device.type, dtype, unpad=unpad, packed=packed,
+        flash_capable_gpu=flash_capable(device, head_dim), native_available=native_varlen_available(),
+        flash_attn_available=flash_attn_installed())
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,9 @@ from transformers.utils import ModelOutput, logging
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.modeling.attention import (
+    attention_kernel_for,
     build_varlen_batch,
-    choose_attention_backend,
-    flash_attn_installed,
-    flash_capable,
-    native_varlen_available,
+    compute_dtype,
     padded_attention,
     varlen_attention,
 )
@@ -173,14 +171,10 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             raise ValueError("packed documents (cu_seqlens) need the varlen attention path; "
                              "set config.attention_backend to 'auto' or 'varlen'")
         device = self.encoder.weight.device
-        autocast = torch.is_autocast_enabled(device.type)
-        dtype = torch.get_autocast_dtype(device.type) if autocast else self.encoder.weight.dtype
+        dtype = compute_dtype(device, self.encoder.weight.dtype)
         unpad = cu_seqlens is not None or (attention_mask is not None and not bool(attention_mask.all()))
-        return choose_attention_backend(
-            requested, device.type, dtype, unpad=unpad,
-            flash_capable_gpu=flash_capable(device, self.config.head_dim),
-            native_available=native_varlen_available(),
-            flash_attn_available=requested == "flash_attn" and flash_attn_installed())
+        return attention_kernel_for(requested, device, dtype, self.config.head_dim, unpad=unpad,
+                                    packed=cu_seqlens is not None)
 
     def forward(
         self,

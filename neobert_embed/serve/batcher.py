@@ -3,7 +3,8 @@
 Why: one request at a time wastes the hardware (a forward pass over one short text costs almost
 as much as over thirty), and a naive merge wastes it on padding. Waiting inputs are sorted by
 token count and cut into batches whose padded size (inputs × longest) stays within
-``max_batch_tokens``; while a batch runs, new requests queue up and form the next one, so under
+``max_batch_tokens`` (:func:`~neobert_embed.inference.pipeline.plan_batches`, the rule every
+command's encoding follows); while a batch runs, new requests queue up and form the next one, so under
 load batches fill by themselves and ``max_wait_ms`` only matters when the model is idle. For a
 model that computes over padding (BERT, MiniLM…), ``min_fill`` keeps a paragraph from padding a batch
 of short sentences to its length (4x the compute in a measured 8-text batch); NeoBERT drops
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from neobert_embed.inference.pipeline import plan_batches
 
 ForwardFn = Callable[[Sequence[str], Sequence[str | None]], np.ndarray]
 
@@ -131,15 +134,10 @@ class DynamicBatcher:
         ``min_fill`` x its batch's longest starts a new batch (padding then wastes at most
         1/min_fill of the compute). Later arrivals wait for the next window, so a short input is
         never starved by a stream of long ones."""
-        window, self._waiting = sorted(self._waiting, reverse=True), []
-        batches: list[list[_Item]] = []
-        for item in window:
-            if (batches and (len(batches[-1]) + 1) * batches[-1][0].tokens <= self.max_batch_tokens
-                    and item.tokens >= self.min_fill * batches[-1][0].tokens):
-                batches[-1].append(item)
-            else:
-                batches.append([item])
-        return batches
+        window, self._waiting = self._waiting, []
+        cuts = plan_batches([item.tokens for item in window], max_tokens=self.max_batch_tokens,
+                            min_fill=self.min_fill)
+        return [[window[row] for row in rows] for rows in cuts]
 
     def _budget_filled(self) -> bool:
         waiting = self._waiting

@@ -3,8 +3,9 @@
 Why: every request must be encoded exactly as ``SentenceTransformer.encode`` would encode it (the
 model's own prompts, max_seq_length, pooling and Normalize module), yet requests from many clients
 share one forward pass. The forward pass therefore goes through the model's own ``preprocess`` and
-``forward`` (as ``encode`` does inside), once per prompt present in a merged batch; NeoBERT drops
-the padding of a mixed-length batch inside the model (its un-padded path).
+modules, as ``encode`` does inside (:meth:`~neobert_embed.inference.pipeline.EncodePipeline.embed_batch`,
+the bulk commands' pipeline), once per prompt present in a merged batch; NeoBERT and the BERT family
+drop the padding of a mixed-length batch inside the model (their un-padded path).
 
 Example:
     >>> engine = Embedder(load_inference_model("sentence-transformers/all-MiniLM-L6-v2", "fp32"), "minilm")
@@ -100,19 +101,13 @@ class Embedder:
             >>> engine.forward(["what is faiss?", "FAISS is a library"], ["query: ", None]).shape
             (2, 384)
         """
-        import torch
-        from sentence_transformers.util import batch_to_device
+        from neobert_embed.inference.pipeline import pipeline_for
 
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
         groups: dict[str | None, list[int]] = {}
         for row, prompt in enumerate(prompts):
             groups.setdefault(prompt, []).append(row)
-        with torch.inference_mode():
-            for prompt, rows in groups.items():
-                features = self.model.preprocess([texts[r] for r in rows], prompt=prompt)
-                features = batch_to_device(features, self.model.device)
-                embeddings = self.model(features)["sentence_embedding"]
-                if self.model.truncate_dim:
-                    embeddings = embeddings[:, :self.model.truncate_dim]
-                out[rows] = embeddings.float().cpu().numpy()
+        pipeline = pipeline_for(self.model)
+        for prompt, rows in groups.items():
+            out[rows] = pipeline.embed_batch([texts[r] for r in rows], prompt)
         return out

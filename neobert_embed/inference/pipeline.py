@@ -1,0 +1,507 @@
+"""The one path from texts to vectors: tokenize once, ahead of the model; batch by length and tokens; rows back in order.
+
+Why: a forward pass is only as fast as what feeds it. sentence-transformers' ``encode`` tokenizes each
+batch just before its forward, so the model waits for the tokenizer and the tokenizer for the model,
+and this toolkit used to tokenize every text a second time to count what was truncated. On a GPU that
+costs most of the job: the forward of BERT-base in bf16 runs ~2.2M tokens/s on an H200, one
+tokenizer call ~550k. This module does what text-embeddings-inference's queue and infinity's batch
+handler do, once, for every command that encodes:
+
+1. :func:`tokenize` runs the model's own ``preprocess`` (its prompts, lower-casing, truncation at
+   ``max_seq_length``) once per text, in chunks of input order, on a worker thread that stays
+   :data:`CHUNKS_AHEAD` chunks ahead of the model (a bounded queue). The same call says which texts
+   were cut (the tokenizer's overflow rows), so truncation is counted without tokenizing again.
+2. :func:`plan_batches` orders a chunk's texts by token count and cuts them into batches: at most
+   ``max_texts`` texts (the ``--batch-size`` on a CPU), at most ``max_tokens`` padded tokens (the
+   budget on a GPU and in the server), and with ``min_fill`` a short text never pads up to a long one.
+3. :meth:`EncodePipeline.forward` pads one batch to its longest text and runs the model's modules
+   (its pooling, ``Normalize`` and ``truncate_dim`` as ``encode`` applies them). On a GPU the inputs go
+   from pinned memory without waiting, the vectors come back into pinned memory, and the host waits
+   once per chunk, not once per batch. On a CPU with several threads, batches run side by side, one
+   thread each (:data:`SIDE_BY_SIDE`; why: see :func:`~neobert_embed.inference.runtime.spreads_on`).
+4. Rows are written back in input order; a row that is not finite stops the job, naming it.
+
+The vectors are those of ``SentenceTransformer.encode`` up to the rounding of a different batch
+composition (exactly the same arithmetic per text for NeoBERT and the un-padded BERT family, whose
+texts attend to their own tokens only).
+
+:func:`install` makes it ``model.encode`` of a loaded model, for the calls where each row depends on its
+own text only (float32 sentence embeddings, a prompt, normalization); other calls (int8 output, token
+embeddings, a process pool) run sentence-transformers' ``encode`` unchanged. The server uses
+:func:`plan_batches` and :meth:`EncodePipeline.forward` for its merged requests.
+
+Example:
+    >>> pipeline = EncodePipeline(model)
+    >>> pipeline.encode(["a cat", "a dog on a mat"], prompt=None, batch_size=32).shape
+    (2, 384)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import types
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from neobert_embed.errors import UserInputError
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+logger = logging.getLogger(__name__)
+
+#: Texts tokenized per call: enough for the tokenizer's own threads to share the work and for a
+#: length sort to leave little padding, few enough that the first forward starts early.
+CHUNK_TEXTS = 4096
+#: Tokenized chunks waiting for the model at most (the queue's bound: memory stays flat).
+CHUNKS_AHEAD = 2
+#: Padded tokens per batch on a GPU when batches are cut by tokens (text-embeddings-inference's
+#: ``max_batch_tokens`` is 16,384; a larger batch amortizes the per-layer kernel launches).
+GPU_BATCH_TOKENS = 65536
+#: How batches run on a multi-core CPU (what ``used:`` lines and records say).
+SIDE_BY_SIDE = "batches side by side, one per thread"
+#: ``encode`` arguments and the values under which each row depends on its own text only; a call
+#: with any other value runs sentence-transformers' ``encode``. ``prompt``, ``prompt_name``,
+#: ``normalize_embeddings``, ``batch_size``, ``show_progress_bar``, ``convert_to_*`` are handled here.
+PIPELINED_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "output_value": ("sentence_embedding",),
+    "precision": ("float32",),
+    "pool": (None,),
+    "device": (None,),
+    "chunk_size": (None,),
+    "task": (None,),
+    "truncate_dim": (None,),
+}
+#: The other ``encode`` arguments the pipeline honours; a call with an argument outside both runs
+#: sentence-transformers' ``encode`` (which names what it does not know).
+HANDLED_ARGUMENTS = ("prompt", "prompt_name", "batch_size", "show_progress_bar", "convert_to_numpy",
+                     "convert_to_tensor", "normalize_embeddings")
+#: The tokenizer's output that maps overflow rows to their text (dropped before the forward).
+_OVERFLOW_KEY = "overflow_to_sample_mapping"
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """The output of one tokenization call, one row per text, rows in the order the texts were given.
+
+    Attributes:
+        rows: per-text arrays (texts, width) of ``preprocess``'s row-wise outputs (``input_ids``,
+            ``attention_mask``, ``token_type_ids``), padded on the tokenizer's side.
+        lengths: real tokens of each text after truncation.
+        shared: what ``preprocess`` returned for the whole call (``modality``, ``prompt_length``).
+        truncated: how many texts were longer than the model reads (cut at ``max_seq_length``).
+        left_padded: the tokenizer pads on the left (a batch keeps the rightmost columns).
+    """
+
+    rows: dict[str, np.ndarray]
+    lengths: np.ndarray
+    shared: dict[str, object] = field(default_factory=dict)
+    truncated: int = 0
+    left_padded: bool = False
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batch(self, rows: Sequence[int] | np.ndarray) -> dict[str, np.ndarray | object]:
+        """The features of ``rows`` as one padded batch, as wide as its longest text.
+
+        Example:
+            >>> tokenized.batch([2, 0])["input_ids"].shape
+            (2, 7)
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        width = int(self.lengths[rows].max()) if len(rows) else 0
+        columns = slice(-width, None) if self.left_padded else slice(0, width)
+        return {**{key: values[rows][:, columns] for key, values in self.rows.items()}, **self.shared}
+
+
+def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | None = None) -> Tokenized:
+    """Tokenize ``texts`` with ``prompt`` exactly as ``model.encode`` would, once, counting truncation.
+
+    The model's ``preprocess`` is asked for the tokenizer's overflow rows, which mark the texts that
+    were longer than ``max_seq_length`` (their first row is the truncated text ``encode`` reads). An
+    input module that cannot return them is tokenized plainly and a text filling ``max_seq_length``
+    is counted as cut.
+
+    Example:
+        >>> tokenize(model, ["a cat", "word " * 600]).truncated
+        1
+    """
+    features = _preprocess(model, list(texts), prompt)
+    mapping = features.pop(_OVERFLOW_KEY, None)
+    arrays = {key: value.numpy() for key, value in features.items() if _is_row_tensor(value)}
+    shared = {key: value for key, value in features.items() if key not in arrays}
+    mask = arrays.get("attention_mask")
+    if mapping is not None:
+        samples = mapping.numpy()
+        _, first = np.unique(samples, return_index=True)  # each text's first row: what encode reads
+        truncated = int((np.bincount(samples) > 1).sum())  # a text cut once or more: its overflow rows
+        arrays = {key: values[first] for key, values in arrays.items()}
+        mask = arrays.get("attention_mask")
+    if mask is None:
+        raise UserInputError(f"{type(model[0]).__name__} returns no attention_mask: this model's inputs "
+                             "cannot be batched by length; encode it with sentence-transformers directly")
+    lengths = mask.sum(axis=1).astype(np.int64)
+    if mapping is None:
+        truncated = int((lengths >= int(model.max_seq_length or 1 << 30)).sum())
+    tokenizer = getattr(model, "tokenizer", None)
+    left = getattr(tokenizer, "padding_side", "right") == "left"
+    return Tokenized(arrays, lengths, shared, int(truncated), left)
+
+
+def _preprocess(model: SentenceTransformer, texts: list[str], prompt: str | None) -> dict[str, object]:
+    try:
+        return dict(model.preprocess(texts, prompt=prompt,
+                                     processing_kwargs={"text": {"return_overflowing_tokens": True}}))
+    except TypeError:  # an input module whose preprocess takes no processing_kwargs
+        return dict(model.preprocess(texts, prompt=prompt))
+
+
+def _is_row_tensor(value: object) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.dim() == 2
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None = None,
+                 max_tokens: int | None = None, min_fill: float = 0.0) -> list[np.ndarray]:
+    """Cut texts of token counts ``lengths`` into batches, longest first: the one batching rule.
+
+    A batch takes the next text while it holds fewer than ``max_texts`` texts, its padded size
+    (texts × its longest) stays within ``max_tokens``, and the text is at least ``min_fill`` × its
+    longest (padding then wastes at most 1/``min_fill`` of a padded model's compute). Every batch holds
+    at least one text; equal lengths keep their input order.
+
+    Example:
+        >>> [b.tolist() for b in plan_batches([3, 9, 4, 9], max_tokens=20)]
+        [[1, 3], [2, 0]]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    batches: list[list[int]] = []
+    longest = 0
+    for row in order.tolist():
+        count = len(batches[-1]) if batches else 0
+        fits = (bool(batches) and (max_texts is None or count < max_texts)
+                and (max_tokens is None or (count + 1) * longest <= max_tokens)
+                and lengths[row] >= min_fill * longest)
+        if fits:
+            batches[-1].append(row)
+        else:
+            batches.append([row])
+            longest = int(lengths[row])
+    return [np.asarray(batch, dtype=np.int64) for batch in batches]
+
+
+class EncodePipeline:
+    """Tokenize-ahead, length-batched encoding for one loaded SentenceTransformer (see the module docstring).
+
+    Args:
+        model: the model, at its compute precision (:func:`~neobert_embed.inference.runtime.load_inference_model`).
+        side_by_side: on a multi-core CPU, run batches side by side, one thread each.
+        max_batch_tokens: the padded-token budget of a batch on a GPU (:data:`GPU_BATCH_TOKENS`).
+    """
+
+    def __init__(self, model: SentenceTransformer, *, side_by_side: bool = False,
+                 max_batch_tokens: int = GPU_BATCH_TOKENS) -> None:
+        self.model = model
+        self.side_by_side = side_by_side
+        self.max_batch_tokens = max_batch_tokens
+        #: one fast tokenizer must not be entered by two threads at once ("Already borrowed")
+        self.tokenizer_lock = threading.RLock()
+
+    def __deepcopy__(self, memo: dict[int, object]) -> EncodePipeline:
+        """A copy of the model (``auto``'s trial of a precision that replaces layers) gets its own pipeline."""
+        import copy
+
+        return EncodePipeline(copy.deepcopy(self.model, memo), side_by_side=self.side_by_side,
+                              max_batch_tokens=self.max_batch_tokens)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.model.device.type != "cpu"
+
+    def plan(self, tokenized: Tokenized, batch_size: int) -> list[np.ndarray]:
+        """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``); by tokens on a GPU."""
+        if self.on_gpu:
+            return plan_batches(tokenized.lengths, max_tokens=max(self.max_batch_tokens, batch_size))
+        return plan_batches(tokenized.lengths, max_texts=batch_size)
+
+    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
+        """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host)."""
+        import torch
+        from torch.nn import functional
+
+        device = self.model.device
+        inputs = {key: _to_device(value, device) for key, value in features.items()}
+        with torch.inference_mode():
+            embeddings = self.model(inputs)["sentence_embedding"]
+            if self.model.truncate_dim:
+                embeddings = embeddings[:, :self.model.truncate_dim]
+            if normalize:
+                embeddings = functional.normalize(embeddings.float(), p=2, dim=1)
+            return embeddings.float()
+
+    def embed_batch(self, texts: Sequence[str], prompt: str | None = None) -> np.ndarray:
+        """Vectors of ``texts`` as ONE batch (float32, input order): what a server runs for a batch of
+        merged requests it has already cut to its token budget with :func:`plan_batches`."""
+        vectors = self.forward(tokenize(self.model, texts, prompt).batch(np.arange(len(texts))))
+        return vectors.cpu().numpy()
+
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
+               normalize: bool = False, advance: Callable[[int], None] | None = None,
+               on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
+        """Vectors of ``texts`` (float32, (n, dimension), rows in input order); see the module docstring.
+
+        ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut.
+        """
+        out = np.empty((len(texts), int(self.model.get_embedding_dimension())), dtype=np.float32)
+        truncated = 0
+        for start, tokenized in self._tokenized_chunks(texts, prompt):
+            truncated += tokenized.truncated
+            vectors = self._encode_chunk(tokenized, batch_size, normalize)
+            _check_finite(vectors, texts, start)
+            out[start:start + len(tokenized)] = vectors
+            if advance is not None:
+                advance(len(tokenized))
+        if on_truncated is not None:
+            on_truncated(truncated)
+        return out
+
+    def _tokenized_chunks(self, texts: Sequence[str], prompt: str | None) -> Iterator[tuple[int, Tokenized]]:
+        """(first row, tokenized chunk) in input order, tokenized on a worker thread ahead of the caller."""
+        starts = list(range(0, len(texts), CHUNK_TEXTS))
+        if len(starts) <= 1:  # one chunk: nothing to overlap
+            yield from ((start, tokenize(self.model, texts[start:start + CHUNK_TEXTS], prompt))
+                        for start in starts)
+            return
+        ready: queue.Queue[tuple[int, Tokenized] | BaseException | None] = queue.Queue(maxsize=CHUNKS_AHEAD)
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for start in starts:
+                    if stop.is_set():
+                        return
+                    ready.put((start, tokenize(self.model, texts[start:start + CHUNK_TEXTS], prompt)))
+                ready.put(None)
+            except BaseException as exc:  # handed to the consumer, which raises it
+                ready.put(exc)
+
+        worker = threading.Thread(target=produce, name="neobert-embed-tokenize", daemon=True)
+        worker.start()
+        try:
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a producer waiting on a full queue
+                with _suppress_empty():
+                    ready.get_nowait()
+                worker.join(timeout=0.05)
+
+    def _encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
+        batches = self.plan(tokenized, batch_size)
+        if self.on_gpu:
+            return self._run_on_gpu(tokenized, batches, normalize)
+        out = np.empty((len(tokenized), int(self.model.get_embedding_dimension())), dtype=np.float32)
+        if self.side_by_side and len(batches) > 1 and _threads() > 1:
+            results = _run_side_by_side(lambda rows: self._host_vectors(tokenized, rows, normalize), batches)
+        else:
+            results = [self._host_vectors(tokenized, rows, normalize) for rows in batches]
+        for rows, vectors in zip(batches, results, strict=True):
+            out[rows] = vectors
+        return out
+
+    def _host_vectors(self, tokenized: Tokenized, rows: np.ndarray, normalize: bool) -> np.ndarray:
+        return self.forward(tokenized.batch(rows), normalize=normalize).numpy()
+
+    def _run_on_gpu(self, tokenized: Tokenized, batches: list[np.ndarray], normalize: bool) -> np.ndarray:
+        """Every batch of a chunk queued on the GPU, each result copied into one pinned host buffer without
+        waiting; the host waits once, for the chunk's last copy."""
+        import torch
+
+        width = int(self.model.get_embedding_dimension())
+        staged = torch.empty((len(tokenized), width), dtype=torch.float32).pin_memory()
+        order = np.concatenate(batches)
+        cursor = 0
+        for rows in batches:
+            vectors = self.forward(_pinned(tokenized.batch(rows)), normalize=normalize)
+            staged[cursor:cursor + len(rows)].copy_(vectors, non_blocking=True)
+            cursor += len(rows)
+        torch.cuda.synchronize(self.model.device)
+        out = np.empty_like(staged.numpy())
+        out[order] = staged.numpy()
+        return out
+
+
+def _to_device(value: object, device: torch.device) -> object:
+    import torch
+
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    return value
+
+
+def _pinned(features: dict[str, np.ndarray | object]) -> dict[str, object]:
+    """Row arrays as pinned host tensors, so their copy to the GPU does not make the host wait."""
+    import torch
+
+    return {key: torch.from_numpy(np.ascontiguousarray(value)).pin_memory() if isinstance(value, np.ndarray)
+            else value for key, value in features.items()}
+
+
+def _check_finite(vectors: np.ndarray, texts: Sequence[str], start: int) -> None:
+    finite = np.isfinite(vectors).all(axis=1)
+    if finite.all():
+        return
+    row = start + int(np.argmin(finite))  # fp16 overflow, damaged weights: stop rather than store NaN
+    raise UserInputError(f"input row {row + 1} ({str(texts[row])[:60]!r}): the model produced NaN or Inf "
+                         "values; nothing was written. Encode in --precision fp32, or check the model's weights")
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _run_side_by_side(run: Callable[[np.ndarray], np.ndarray], batches: list[np.ndarray]) -> list[np.ndarray]:
+    """``run`` over ``batches`` on the CPU's threads, each batch on one thread of its own."""
+    import torch
+
+    threads = torch.get_num_threads()
+    workers = min(threads, len(batches))
+
+    def one(rows: np.ndarray) -> np.ndarray:
+        torch.set_num_threads(max(1, threads // workers))  # this worker's own operators
+        return run(rows)
+
+    try:
+        return list(_pool(workers).map(one, batches))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """One pool per worker count, kept for the process (its threads idle between calls)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neobert-embed-batch")
+
+
+class _suppress_empty:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
+        return kind is queue.Empty
+
+
+# --- model.encode through the pipeline ----------------------------------------------------------
+
+
+def install(model: SentenceTransformer, *, side_by_side: bool = False,
+            max_batch_tokens: int = GPU_BATCH_TOKENS) -> EncodePipeline:
+    """Make ``model.encode`` (and so ``encode_query``/``encode_document``, mteb's and the index's calls)
+    run through an :class:`EncodePipeline` where each row depends on its own text only (in place).
+
+    The method is bound to ``model``, so ``copy.deepcopy(model)`` gets a copy that runs its own
+    pipeline. :func:`uninstall` undoes it.
+
+    Example:
+        >>> pipeline = install(model, side_by_side=True)
+        >>> model.encode(texts, batch_size=32).shape   # tokenized once, ahead, length-batched
+        (1024, 384)
+    """
+    pipeline = EncodePipeline(model, side_by_side=side_by_side, max_batch_tokens=max_batch_tokens)
+    model.encode = types.MethodType(_pipelined_encode, model)  # type: ignore[method-assign]
+    model.preprocess = types.MethodType(_locked_preprocess, model)  # type: ignore[method-assign]
+    vars(model)["_neobert_embed_pipeline"] = pipeline
+    return pipeline
+
+
+def uninstall(model: SentenceTransformer) -> None:
+    """Undo :func:`install`: ``model.encode`` is sentence-transformers' own again."""
+    for name in ("encode", "preprocess", "_neobert_embed_pipeline"):
+        vars(model).pop(name, None)
+
+
+def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
+    """The model's installed pipeline, or a plain one (no batches side by side) for a model loaded elsewhere."""
+    return pipeline_of(model) or EncodePipeline(model)
+
+
+def pipeline_of(model: SentenceTransformer) -> EncodePipeline | None:
+    """The pipeline :func:`install` gave ``model`` (the one bound to this very object), else None."""
+    pipeline = vars(model).get("_neobert_embed_pipeline")
+    return pipeline if isinstance(pipeline, EncodePipeline) and pipeline.model is model else None
+
+
+def _locked_preprocess(self: SentenceTransformer, *args: object, **kwargs: object) -> dict[str, object]:
+    """``preprocess`` under the pipeline's tokenizer lock (side-by-side batches share one tokenizer)."""
+    pipeline = pipeline_of(self)
+    with pipeline.tokenizer_lock if pipeline is not None else _NO_LOCK:
+        return type(self).preprocess(self, *args, **kwargs)  # type: ignore[arg-type]
+
+
+def _pipelined_encode(self: SentenceTransformer, inputs: object, *args: object, **kwargs: object) -> object:
+    """``SentenceTransformer.encode`` through the pipeline for a list of texts and plain arguments."""
+    pipeline = pipeline_of(self)
+    if pipeline is None or args or not _pipelined(inputs, kwargs):
+        return type(self).encode(self, inputs, *args, **kwargs)  # type: ignore[arg-type]
+    texts: list[str] = inputs  # type: ignore[assignment]
+    batch_size = kwargs.get("batch_size", 32)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        return type(self).encode(self, inputs, **kwargs)  # type: ignore[arg-type]
+    vectors = pipeline.encode(texts, prompt=_prompt(self, kwargs), batch_size=batch_size,
+                              normalize=bool(kwargs.get("normalize_embeddings", False)))
+    if kwargs.get("convert_to_tensor"):
+        import torch
+
+        return torch.from_numpy(vectors)
+    if kwargs.get("convert_to_numpy", True):
+        return vectors
+    import torch
+
+    return list(torch.from_numpy(vectors))
+
+
+def _pipelined(inputs: object, kwargs: dict[str, object]) -> bool:
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(text, str) for text in inputs):
+        return False
+    if any(name not in PIPELINED_DEFAULTS and name not in HANDLED_ARGUMENTS for name in kwargs):
+        return False
+    return all(kwargs.get(name, allowed[0]) in allowed for name, allowed in PIPELINED_DEFAULTS.items())
+
+
+def _prompt(model: SentenceTransformer, kwargs: dict[str, object]) -> str | None:
+    """The prompt ``encode`` would prepend: ``prompt``, else ``prompt_name``'s, else the model's default."""
+    from neobert_embed.sentence import resolve_prompt
+
+    if kwargs.get("prompt") is not None:
+        return str(kwargs["prompt"])
+    name = kwargs.get("prompt_name")
+    return resolve_prompt(model, name if isinstance(name, str) else None, required="prompt_name") or None
