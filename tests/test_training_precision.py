@@ -65,7 +65,7 @@ def test_auto_is_bf16_autocast_on_this_cpu_when_it_has_bf16_units(monkeypatch):
     assert chosen_precision("auto", "cpu") == TrainingPrecision("bf16", unit)
     assert chosen_precision("auto", "cpu").label == f"bf16 autocast: {unit}"
     assert device_flags("auto", "cpu") == {"bf16": True, "fp16": False, "dataloader_pin_memory": False,
-                                           "optim": "adamw_torch", "use_cpu": True}
+                                           "optim": "adamw_torch", "use_cpu": True, "dataloader_num_workers": 0}
 
 
 @pytest.mark.parametrize(("features", "dtype", "label"), [
@@ -91,11 +91,15 @@ def test_asked_precisions_are_kept_and_fp16_on_the_cpu_is_refused(plain_cpu):
         device_flags("fp16", "cpu")
 
 
+#: On a GPU, worker processes tokenize and collate the next batches while the GPU computes.
+GPU_LOADER = {"dataloader_num_workers": 2, "dataloader_prefetch_factor": 4, "dataloader_persistent_workers": True}
+
+
 @pytest.mark.parametrize(("bf16_gpu", "flags"), [
     (True, {"bf16": True, "fp16": False, "dataloader_pin_memory": True, "optim": "adamw_torch_fused",
-            "use_cpu": False}),
+            "use_cpu": False, **GPU_LOADER}),
     (False, {"bf16": False, "fp16": False, "dataloader_pin_memory": True, "optim": "adamw_torch_fused",
-             "use_cpu": False}),
+             "use_cpu": False, **GPU_LOADER}),
 ])
 def test_gpu_behaviour_is_kept(monkeypatch, bf16_gpu, flags):
     """On a GPU ``auto`` is bf16 exactly when the GPU supports it, as before (a fake GPU: this suite runs

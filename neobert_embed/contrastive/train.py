@@ -162,7 +162,7 @@ def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, pro
         max_grad_norm=recipe.max_grad_norm, seed=recipe.seed, data_seed=recipe.seed,
         logging_steps=recipe.logging_steps, save_strategy="steps", save_steps=recipe.save_steps,
         save_total_limit=recipe.save_total_limit, report_to="none", deepspeed=recipe.deepspeed,
-        dataloader_num_workers=0, prompts=prompts, **device_flags(recipe.precision))
+        prompts=prompts, **device_flags(recipe.precision))
 
 
 def _instruction(recipe: ContrastiveRecipe, source: DataSource, side: str) -> str:

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 logger = logging.getLogger(__name__)
+#: DataLoader worker processes that tokenize and collate batches ahead of a GPU (see :func:`device_flags`).
+GPU_LOADER_WORKERS = 2
 
 
 def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
@@ -47,17 +49,22 @@ def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
     weights either way, and on the CPU ``bf16`` with ``use_cpu`` is torch's CPU autocast. fp16 on the
     CPU is refused (:class:`UserInputError`). The fused AdamW kernel is the trainer's default but is
     several times slower than the multi-tensor one on CPU, so it is used only on GPUs. ``use_cpu`` on
-    a CPU-only machine lets torchrun run DDP over gloo.
+    a CPU-only machine lets torchrun run DDP over gloo. On a GPU, :data:`GPU_LOADER_WORKERS` worker
+    processes tokenize and collate the next batches while the GPU runs this one (in the main process
+    the GPU would wait for the tokenizer every step); on a CPU they would take the cores the step
+    computes on, so batches are made in the main process there.
 
     Example:
         >>> device_flags("auto", "cpu")   # NEOBERT_EMBED_CPU_FEATURES=none
-        {'bf16': False, 'fp16': False, 'dataloader_pin_memory': False, 'optim': 'adamw_torch', 'use_cpu': True}
+        {'bf16': False, 'fp16': False, 'dataloader_pin_memory': False, 'optim': 'adamw_torch', 'use_cpu': True, 'dataloader_num_workers': 0}
     """
     kind = training_device(device)
     chosen = resolve_training_precision(precision, kind)
     cuda = kind == "cuda"
+    loader = ({"dataloader_num_workers": GPU_LOADER_WORKERS, "dataloader_prefetch_factor": 4,
+               "dataloader_persistent_workers": True} if cuda else {"dataloader_num_workers": 0})
     return {"bf16": chosen.dtype == "bf16", "fp16": chosen.dtype == "fp16", "dataloader_pin_memory": cuda,
-            "optim": "adamw_torch_fused" if cuda else "adamw_torch", "use_cpu": kind == "cpu"}
+            "optim": "adamw_torch_fused" if cuda else "adamw_torch", "use_cpu": kind == "cpu", **loader}
 
 
 def texts_per_example(dataset: Dataset) -> int:

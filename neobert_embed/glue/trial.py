@@ -172,7 +172,7 @@ def training_arguments(preset: GluePreset, trial: Trial, task: GlueTask, train_r
         weight_decay=trial.weight_decay, lr_scheduler_type=preset.lr_scheduler, warmup_steps=preset.warmup_ratio,
         seed=trial.seed, eval_strategy="steps", eval_steps=every, save_strategy="no", logging_steps=every,
         metric_for_best_model=task.selection_metric, greater_is_better=True, report_to="none",
-        disable_tqdm=True, dataloader_num_workers=0, **device_flags(preset.precision, device))
+        disable_tqdm=True, **device_flags(preset.precision, device))
 
 
 _ANNOUNCED: set[str] = set()

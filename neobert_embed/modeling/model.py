@@ -226,9 +226,10 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         kernel = self.attention_kernel(attention_mask, cu_seqlens)
         if kernel == "padded":
             hidden = self.encoder(input_ids) if inputs_embeds is None else inputs_embeds
+            last = length - 1 if position_ids is None else None  # known here: no read back from the device
             if position_ids is None:
                 position_ids = torch.arange(length, device=device).expand(batch, length)
-            rotations = self._rotations(position_ids)
+            rotations = self._rotations(position_ids, last)
             if attention_mask is not None and bool(attention_mask.all()):
                 attention_mask = None  # same result, lets SDPA pick its fastest kernel
             attend = functools.partial(padded_attention, attention_mask=attention_mask)
@@ -238,7 +239,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             plan = build_varlen_batch(attention_mask, cu_seqlens, (batch, length), position_ids, device,
                                       backend=kernel)
             tokens = self._embed_real_tokens(input_ids, inputs_embeds, plan.token_index)
-            rotations = self._rotations(plan.position_ids)
+            rotations = self._rotations(plan.position_ids, plan.max_seqlen - 1 if position_ids is None else None)
             attend = functools.partial(varlen_attention, batch=plan)
             token_states: list[torch.Tensor] = []
             tokens = self._run_layers(tokens, rotations, attend, token_states if output_hidden_states else None)
@@ -248,13 +249,19 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         result = BaseModelOutput(last_hidden_state=hidden, hidden_states=hidden_states)
         return result if return_dict else result.to_tuple()  # a tuple of the fields that are set
 
-    def _rotations(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """RoPE rotations; warns once when positions exceed the trained context without scaling."""
+    def _rotations(self, position_ids: torch.Tensor, last: int | None = None) -> torch.Tensor:
+        """RoPE rotations; warns once when positions exceed the trained context without scaling.
+
+        ``last`` is the largest position when the caller knows it on the host (positions it made
+        itself): reading it from a GPU tensor would make the host wait for the device every forward.
+        """
         limit = self.config.max_position_embeddings
-        if (self.rotary.rope_type == "default" and position_ids.numel()
-                and int(position_ids.max()) >= limit):
+        if self.rotary.rope_type != "default" or not position_ids.numel():
+            return self.rotary(position_ids)
+        last = int(position_ids.max()) if last is None else last
+        if last >= limit:
             logger.warning_once(
-                f"NeoBERT got positions up to {int(position_ids.max())} but was trained on {limit}; "
+                f"NeoBERT got positions up to {last} but was trained on {limit}; "
                 "quality degrades beyond that. Truncate inputs, or set rope_scaling "
                 '(e.g. {"rope_type": "yarn", "factor": 2.0}) in the config.'
             )
