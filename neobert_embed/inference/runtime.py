@@ -371,7 +371,7 @@ def load_inference_model(
     if backend not in BACKENDS:
         raise UserInputError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if backend != "torch":  # the light runtime: no torch, transformers or sentence-transformers
-        return _load_exported(source, precision, backend, device)
+        return _load_exported(source, precision, backend, device, max_seq_length)
     require_torch_stack()
     # torch runs on the toolkit's default device (devices.default_device: a GPU when there is one),
     # the one training and index ranks use too, and the one the precision is chosen for
@@ -421,7 +421,8 @@ def require_torch_stack() -> None:
                              "run a model written by `neobert-embed export` with --backend onnx|openvino") from None
 
 
-def _load_exported(source: str | Path, precision: str, backend: str, device: str | None) -> InferenceModel:
+def _load_exported(source: str | Path, precision: str, backend: str, device: str | None,
+                   max_seq_length: int | None) -> InferenceModel:
     """An ``export`` output run by ONNX Runtime or OpenVINO through the light runtime (fp32 graph, or its
     int8 file) on ``device`` (their CPU device when None); no torch is imported for it."""
     from neobert_embed.inference.light import default_threads, load_light_model
@@ -431,6 +432,8 @@ def _load_exported(source: str | Path, precision: str, backend: str, device: str
                              "for the torch backend (use auto, fp32, or int8 for the quantized export)")
     threads = default_threads()
     model = load_light_model(str(source), backend, threads=threads, device=device, quantized=precision == "int8")
+    if max_seq_length is not None:
+        model.max_seq_length = max_seq_length
     runtime = model.runner.description.split(" (")[0]
     machine = describe_cpu(threads, runtime) if device in (None, "cpu") else describe_machine(device)
     choice = PrecisionChoice("int8" if precision == "int8" else "fp32", precision,
