@@ -10,7 +10,14 @@ imports and model loading. This measures, in fresh processes, what a user waits 
 * ``serve_ready``: ``neobert-embed serve`` until ``/health`` answers; ``serve_first_vector``: until a
   first ``/embed`` request has answered too (127.0.0.1 only; the server is stopped right after);
 * ``floor_*``: ``import torch`` and ``import torch, transformers, sentence_transformers`` alone, which
-  no command that runs the model can avoid;
+  no command that runs the torch model can avoid, and ``floor_light``: ``import numpy, tokenizers,
+  onnxruntime``, what the light runtime imports instead;
+* the light rows, with the model exported to ONNX (``neobert-embed export``) by each checkout:
+  ``encode_onnx``: ``encode --backend onnx`` of the same 10 texts; ``search_export``: ``index search``
+  of one query on a ``--documents`` (default 10,000) document flat index built with the torch model,
+  through ``--model EXPORT``; ``serve_onnx_ready`` / ``serve_onnx_first_vector``: ``serve --backend
+  onnx`` until ``/health`` and until a first ``/embed``. A checkout before the light runtime runs the
+  same command lines through torch, which is the "before" of these rows;
 
 and a breakdown of ``encode`` inside one fresh process: importing the command line, importing the
 third-party stack, loading the model, the ``--precision auto`` probe, applying the precision, and
@@ -51,7 +58,8 @@ CLI = [sys.executable, "-c", "import os, sys, time\nsys.argv[0] = 'neobert-embed
        "try:\n    main()\nfinally:\n    mark = os.environ.get('STARTUP_MARK')\n"
        "    if mark:\n        open(mark, 'w').write(repr(time.time()))"]
 FLOORS = {"floor_torch": "import os, torch; os._exit(0)",  # imports only: no teardown
-          "floor_torch_transformers_st": "import os, torch, transformers, sentence_transformers; os._exit(0)"}
+          "floor_torch_transformers_st": "import os, torch, transformers, sentence_transformers; os._exit(0)",
+          "floor_light": "import os, numpy, tokenizers, onnxruntime; os._exit(0)"}
 HEAVY = ("transformers", "sentence_transformers", "torch", "mteb", "datasets", "faiss", "fastapi", "uvicorn",
          "optimum", "openvino", "onnxruntime", "matplotlib", "deepspeed", "sklearn", "pandas", "scipy")
 TEXTS = [f"Sample sentence number {i} about text embeddings, vector search and sentence similarity."
@@ -120,7 +128,7 @@ def _free_port() -> int:
 
 
 def _serve(model: Path, env: dict[str, str], cwd: Path, python_flags: tuple[str, ...] = (),
-           timeout: float = 600.0) -> tuple[float, float, float, str]:
+           timeout: float = 600.0, options: tuple[str, ...] = ()) -> tuple[float, float, float, str]:
     """Seconds until ``/health`` answers and until a first ``/embed`` has answered, the server's CPU
     seconds, and its stderr."""
     port = _free_port()
@@ -128,7 +136,7 @@ def _serve(model: Path, env: dict[str, str], cwd: Path, python_flags: tuple[str,
     start = time.perf_counter()
     with open(log, "w", encoding="utf-8") as stderr:
         process = subprocess.Popen([sys.executable, *python_flags, *CLI[1:], "serve", "--model", str(model),
-                                    "--host", "127.0.0.1", "--port", str(port)],
+                                    "--host", "127.0.0.1", "--port", str(port), *options],
                                    env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -206,10 +214,11 @@ def _measure(source: Path | None, model: Path, work: Path, repeat_slot: dict, sk
         repeat_slot["wall"].setdefault(name, []).append(seconds)
         repeat_slot["cpu"].setdefault(name, []).append(used)
     if not skip_serve:
-        ready, first, used, _ = _serve(model, env, work)
-        repeat_slot["wall"].setdefault("serve_ready", []).append(ready)
-        repeat_slot["wall"].setdefault("serve_first_vector", []).append(first)
-        repeat_slot["cpu"].setdefault("serve_first_vector", []).append(used)
+        for name, served, options in (("serve", model, ()), ("serve_onnx", work / "onnx", ("--backend", "onnx"))):
+            ready, first, used, _ = _serve(served, env, work, options=options)
+            repeat_slot["wall"].setdefault(f"{name}_ready", []).append(ready)
+            repeat_slot["wall"].setdefault(f"{name}_first_vector", []).append(first)
+            repeat_slot["cpu"].setdefault(f"{name}_first_vector", []).append(used)
     _, _, out = _timed([sys.executable, "-c", BREAKDOWN, str(model), str(work / "texts.txt")], env, work)
     repeat_slot["breakdowns"].append(json.loads(out))
 
@@ -220,6 +229,10 @@ def _commands(model: Path, work: Path) -> dict[str, list[str]]:
         "encode": ["encode", "--model", str(model), "--input", str(work / "texts.txt"), "--output",
                    str(work / "x.npy"), "--overwrite"],
         "search": ["index", "search", str(work / "index"), "sentence similarity", "--json"],
+        "encode_onnx": ["encode", "--model", str(work / "onnx"), "--backend", "onnx", "--input",
+                        str(work / "texts.txt"), "--output", str(work / "x-onnx.npy"), "--overwrite"],
+        "search_export": ["index", "search", str(work / "index"), "sentence similarity", "--json", "--model",
+                          str(work / "onnx")],
     }
 
 
@@ -231,6 +244,7 @@ def main() -> None:
                         "checkouts run by run, interleaved (default: this one)")
     parser.add_argument("--model", type=Path, default=None, help="default: the installed all-MiniLM-L6-v2")
     parser.add_argument("--top", type=int, default=12, help="importtime entries to list")
+    parser.add_argument("--documents", type=int, default=10_000, help="documents in the index searched")
     parser.add_argument("--skip-serve", action="store_true")
     parser.add_argument("--skip-importtime", action="store_true")
     args = parser.parse_args()
@@ -248,11 +262,13 @@ def main() -> None:
             work.mkdir()
             (work / "texts.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
             with open(work / "corpus.jsonl", "w", encoding="utf-8") as corpus:
-                for i in range(200):
+                for i in range(args.documents):
                     corpus.write(json.dumps({"_id": f"d{i}", "text": f"Document {i}: {TEXTS[i % 10]} words {i * 7}."})
                                  + "\n")
             _timed([*CLI, "index", "build", "--model", str(args.model), "--corpus", str(work / "corpus.jsonl"),
                     "--output", str(work / "index"), "--index-type", "flat", "--precision", "fp32"], _env(source), work)
+            _timed([*CLI, "export", str(args.model), "--format", "onnx", "--output", str(work / "onnx")], _env(source),
+                   work)
         slots = {source: {"wall": {}, "cpu": {}, "breakdowns": []} for source in sources}
         for _ in range(args.repeats):
             for source in sources:  # interleaved: the load of a shared machine drifts between runs
@@ -269,7 +285,7 @@ def main() -> None:
             }
             if not args.skip_importtime:
                 commands = _commands(args.model, work)
-                for name in ("encode", "search", "help"):
+                for name in ("encode", "search", "help", "encode_onnx", "search_export"):
                     entry[f"importtime_{name}"] = _importtime(commands[name], env, work, args.top)
                 if not args.skip_serve:
                     entry["importtime_serve"] = _top_imports(
@@ -279,12 +295,14 @@ def main() -> None:
     chosen = {source: entry["encode_breakdown_s"].get("chosen_precision") for source, entry in report["sources"].items()}
     report["conditions"] = conditions(
         data=("synthetic: 10 fixed sample sentences (encode, the breakdown, serve's /embed: the first one) and a "
-              "200-document corpus built from them (the flat index that search queries with 'sentence similarity')"),
+              f"{args.documents}-document corpus built from them (the flat index that search queries with "
+              "'sentence similarity')"),
         precision={"encode and serve": f"the CLI's default --precision auto (the breakdown's probe chose: {chosen})",
                    "index": "built with --precision fp32; search encodes its query at the index's precision"},
         protocol=("fresh processes of the console script (PYTHONPATH = each --source checkout) against "
                   f"{args.model.name}: --help, encode, index search, serve until /health and until a first /embed; "
-                  "import floors; a breakdown of encode inside one process; -X importtime runs"),
+                  "the same with its ONNX export (encode --backend onnx, index search --model EXPORT, serve "
+                  "--backend onnx); import floors; a breakdown of encode inside one process; -X importtime runs"),
         selection="nothing selected",
         timing=(f"median of {args.repeats} interleaved repeat(s) per figure, wall seconds and CPU seconds (user + "
                 "system of the process); importtime: one run"),
