@@ -305,3 +305,24 @@ def test_serve_answers_with_an_export_without_torch(minilm_onnx, tmp_path):
     assert "light runtime: no torch" in log.read_text()
     expected = load_backend_model(minilm_onnx, "onnx").encode(TEXTS[:2], prompt_name="query")
     assert _cosines(vectors, expected).min() >= 0.99999
+
+
+def test_snli_queries_through_the_export_reach_the_torch_top_10(minilm_path, minilm_onnx, shared_data, tmp_path):
+    """The SNLI retrieval task of ``benchmarks/precision_retrieval.py`` (first 300 triplets): every query's
+    top-10 through the export against the torch model's on the same flat index (recall@10 ≥ 0.99)."""
+    from neobert_embed.beir import write_triplet_task
+    from neobert_embed.index import build_index, open_index
+
+    with open(shared_data / "snli_pairs" / "triplets.jsonl", encoding="utf-8") as rows:
+        triplets = [json.loads(line) for _, line in zip(range(300), rows, strict=False)]
+    write_triplet_task(triplets, tmp_path / "task")
+    build_index(str(minilm_path), tmp_path / "task" / "corpus.jsonl", tmp_path / "index", index_type="flat",
+                compute_precision="fp32", show_progress=False)
+    queries = [json.loads(line)["text"] for line in (tmp_path / "task" / "queries.jsonl").open(encoding="utf-8")]
+    with open_index(tmp_path / "index", backend="torch") as index:
+        reference = [{hit.doc_id for hit in hits} for hits in index.search(queries, k=10)]
+    with open_index(tmp_path / "index", model=minilm_onnx) as index:
+        assert "light runtime" in index.encoder.choice.reason
+        light = [{hit.doc_id for hit in hits} for hits in index.search(queries, k=10)]
+    recall = np.mean([len(a & b) / len(a) for a, b in zip(reference, light, strict=True)])
+    assert recall >= 0.99, recall

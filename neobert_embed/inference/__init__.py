@@ -15,5 +15,7 @@ Modules:
     unpadded: BERT-family layers run on the real tokens only.
     parallel: the batches of a long ``encode`` side by side on a multi-core CPU, one thread each.
     export: the ONNX / OpenVINO files of ``neobert-embed export`` (sentence-transformers' layout).
-    backends: running those files through ONNX Runtime or OpenVINO behind the same ``encode``.
+    runners: ONNX Runtime and OpenVINO sessions over those files (no torch).
+    backends: running those files behind sentence-transformers' own ``encode`` (torch).
+    light: running them without torch (tokenizers + a runner + numpy pooling): ``--backend onnx|openvino``.
 """

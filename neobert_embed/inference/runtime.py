@@ -351,8 +351,11 @@ def load_inference_model(
     The model keeps its own prompts, max_seq_length, pooling and normalization. ``fingerprint``
     hashes the fp32 weights before any quantization, so an index built at one precision is
     recognised by the same model at another. ``backend="onnx"|"openvino"`` runs the files written
-    by ``neobert-embed export`` (their runtime picks its own kernels; ``precision`` must be
-    ``auto``/``fp32`` there, or ``int8`` for the quantized file). ``agree`` makes several processes
+    by ``neobert-embed export`` through the light runtime (:mod:`neobert_embed.inference.light`: no
+    torch is imported; the model is a ``LightModel`` and its fingerprint that of the weights it was
+    exported from; their runtime picks its own kernels; ``precision`` must be ``auto``/``fp32`` there,
+    or ``int8`` for the quantized file). The torch backend where torch, transformers or
+    sentence-transformers cannot be imported is one error naming what to install. ``agree`` makes several processes
     of one job take one choice: it runs the measurement on one of them and hands its result to all
     (``functools.partial(on_main, world)`` under torchrun), so every rank's vectors come from the
     same arithmetic. ``unpadded`` runs BERT-family encoders on their real tokens only
