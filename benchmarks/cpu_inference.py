@@ -162,8 +162,8 @@ def export_peers(model_dir: str, scratch: Path) -> dict[str, Path]:
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from neobert_embed.inference.backends import graph_file
     from neobert_embed.inference.export import export_model
+    from neobert_embed.inference.runners import graph_file
 
     onnx, openvino, st_int8 = scratch / "onnx", scratch / "openvino", scratch / "onnx-st-int8"
     export_model(model_dir, onnx, format="onnx", quantize="int8")

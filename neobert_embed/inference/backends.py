@@ -37,17 +37,7 @@ import torch
 from torch import nn
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.inference.runners import (  # noqa: F401  (GRAPH_FILES, OUTPUT_NAME: names export imports here)
-    BACKENDS,
-    GRAPH_FILES,
-    OUTPUT_NAME,
-    PRECISIONS,
-    OnnxRunner,
-    OpenVINORunner,
-    graph_file,
-    locate_graph,
-    make_runner,
-)
+from neobert_embed.inference.runners import OnnxRunner, OpenVINORunner, locate_graph, make_runner
 from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import read_record
 

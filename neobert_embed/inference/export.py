@@ -230,7 +230,7 @@ def export_model(
     check_export_output(output, source, overwrite)
 
     from neobert_embed.files import atomic_directory, remove_debris
-    from neobert_embed.inference.backends import GRAPH_FILES, OUTPUT_NAME
+    from neobert_embed.inference.runners import GRAPH_FILES, OUTPUT_NAME
     from neobert_embed.inference.runtime import model_fingerprint
     from neobert_embed.runs import claimed_directory
     from neobert_embed.sentence import load_sentence_model

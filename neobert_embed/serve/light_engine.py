@@ -37,13 +37,16 @@ class LightEmbedder:
         self.served = served
         self.model: LightModel = served.model  # type: ignore[assignment]  (backend onnx/openvino)
         self.name = name
-        self.max_seq_length = int(self.model.max_seq_length)
         self.dimension = int(self.model.get_embedding_dimension())
+
+    @property
+    def max_seq_length(self) -> int:
+        """Inputs are truncated to this many tokens (the model's, or a shorter ``--max-input-tokens``)."""
+        return self.model.max_seq_length
 
     def set_max_seq_length(self, length: int) -> None:
         """Truncate inputs at ``length`` tokens (a ``--max-input-tokens`` below the model's own)."""
         self.model.max_seq_length = int(length)
-        self.max_seq_length = int(length)
 
     @property
     def normalizes(self) -> bool:
