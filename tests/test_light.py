@@ -140,6 +140,26 @@ def test_bert_exports_pool_as_sentence_transformers_does(tiny_bert, tmp_path, mo
         _assert_same_vectors(export, **encode)
 
 
+@pytest.mark.parametrize("include_prompt", [True, False])
+@pytest.mark.parametrize("mode", ["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"])
+def test_pooling_equals_sentence_transformers_with_left_and_right_padding(mode, include_prompt):
+    """Each mode on random hidden states, right- and left-padded batches, a prompt of 2 tokens (and a row
+    the prompt fills entirely), against sentence-transformers' Pooling module itself."""
+    import torch
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling as TorchPooling
+
+    from neobert_embed.inference.light import Pooling
+
+    hidden = np.random.default_rng(0).standard_normal((3, 6, 4)).astype(np.float32)
+    right = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], dtype=np.int64)
+    for mask in (right, right[:, ::-1].copy()):
+        reference = TorchPooling(4, pooling_mode=mode, include_prompt=include_prompt)(
+            {"token_embeddings": torch.from_numpy(hidden), "attention_mask": torch.from_numpy(mask),
+             "prompt_length": 2})["sentence_embedding"].numpy()
+        pooled = Pooling((mode,), 4, include_prompt)(hidden, mask, 2)
+        np.testing.assert_allclose(pooled, reference, rtol=1e-5, atol=1e-6)
+
+
 def test_a_module_the_light_runtime_cannot_run_is_one_error_naming_it(minilm_onnx, tmp_path):
     from neobert_embed.errors import UserInputError
     from neobert_embed.inference.light import load_light_model

@@ -239,10 +239,9 @@ class Pooling:
                 positions = np.arange(1, hidden.shape[1] + 1, dtype=np.float32)[None, :, None]
                 weighted = weights * (positions - original.argmax(axis=1)[:, None, None])
                 pooled.append((hidden * weighted).sum(axis=1) / np.maximum(weighted.sum(axis=1), 1e-9))
-            else:  # lasttoken: the last position the mask keeps (the last one when it keeps none)
-                length = mask.shape[1]
+            else:  # lasttoken: the last position the mask keeps (the first one, zeroed, when it keeps none)
                 flipped = mask[:, ::-1]
-                last = np.where(flipped.max(axis=1) == 0, length - 1, length - 1 - flipped.argmax(axis=1))
+                last = np.where(flipped.max(axis=1) == 0, 0, mask.shape[1] - 1 - flipped.argmax(axis=1))
                 pooled.append((hidden * weights)[np.arange(len(hidden)), last])
         return np.concatenate(pooled, axis=-1).astype(np.float32, copy=False)
 
