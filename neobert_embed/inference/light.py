@@ -353,8 +353,8 @@ class LightModel:
 
     @property
     def description(self) -> str:
-        """One phrase for ``used:`` lines: the runtime and that torch is not involved."""
-        return f"{self.runner.description}, light runtime: no torch"
+        """One phrase for ``used:`` lines: the runtime, that torch is not involved, and the runtime's details."""
+        return f"{self.runner.name}, light runtime: no torch ({self.runner.description})"
 
 
 def default_threads() -> int:
@@ -426,7 +426,7 @@ def load_light_model(path: str | Path, backend: str, *, threads: int | None = No
 
     Example:
         >>> load_light_model("runs/minilm-openvino", "openvino", inference_precision="fp32").description
-        'openvino 2025.1.0 (CPU, f32, 2 threads), light runtime: no torch'
+        'OpenVINO, light runtime: no torch (openvino 2025.1.0 (CPU, f32, 2 threads))'
     """
     directory = Path(path)
     located = locate_graph(directory, backend, quantized, inference_precision)

@@ -70,8 +70,9 @@ class Runner(Protocol):
     """What a runtime gives the light path and ``BackendTransformer``: its input names, one line
     naming it, and the call (named int64 arrays in, ``(batch, length, hidden)`` fp32 out)."""
 
+    name: str  # the runtime, as users know it: "ONNX Runtime", "OpenVINO"
     input_names: tuple[str, ...]
-    description: str
+    description: str  # its version, device, precision and threads
 
     def __call__(self, arrays: dict[str, np.ndarray]) -> np.ndarray: ...
 
@@ -91,6 +92,8 @@ def make_runner(file: Path, backend: str, threads: int, device: str | None = Non
 
 class OnnxRunner:
     """An ONNX Runtime session: named int64 arrays in, ``last_hidden_state`` out (thread-safe)."""
+
+    name = "ONNX Runtime"
 
     def __init__(self, file: Path, threads: int, device: str | None) -> None:
         import onnxruntime as ort
@@ -125,6 +128,8 @@ class OnnxRunner:
 
 class OpenVINORunner:
     """A compiled OpenVINO model; one infer request per calling thread (a request is not thread-safe)."""
+
+    name = "OpenVINO"
 
     def __init__(self, file: Path, threads: int, device: str | None, precision: str | None) -> None:
         import openvino as ov
