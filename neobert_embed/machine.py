@@ -151,13 +151,29 @@ def _describe(device: str, _forced: str | None, threads: int) -> Machine:
             return Machine(device, torch.cuda.get_device_name(index), (), f"sm_{major}{minor}", threads,
                            gpu_bf16=torch.cuda.is_bf16_supported())
         return Machine(device, kind, (), "", threads, gpu_bf16=kind == "mps")
+    return _cpu(_forced, threads, torch.backends.cpu.get_cpu_capability())
+
+
+def describe_cpu(threads: int, capability: str) -> Machine:
+    """The CPU a runtime other than torch computes on, with ``threads`` and that runtime's ``capability``
+    (its name and version): the light path's, which must not import torch to describe it.
+
+    Example:
+        >>> describe_cpu(2, "onnxruntime 1.20").summary()
+        'cpu AMD EPYC (onnxruntime 1.20; avx512_bf16, avx512_vnni), 2 threads'
+    """
+    return _cpu(os.environ.get(FEATURES_VARIABLE), threads, capability)
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu(_forced: str | None, threads: int, capability: str) -> Machine:
     name, flags = cpu_info()
     forced = forced_flags()
     notes: tuple[str, ...] = ()
     if forced is not None:
         flags, notes = forced, (f"flags set by {FEATURES_VARIABLE}",)
     wanted = tuple(flag for flag in (*BF16_FLAGS, *INT8_FLAGS) if flag in flags)
-    return Machine("cpu", name, wanted, torch.backends.cpu.get_cpu_capability(), threads, notes=notes)
+    return Machine("cpu", name, wanted, capability, threads, notes=notes)
 
 
 def check_compute_precision(precision: str, flag: str = "--precision") -> str:

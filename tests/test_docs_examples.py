@@ -290,6 +290,13 @@ def check_exports(ctx: Context) -> None:
     assert health["model"] == "my-embedder-ov" and "OpenVINO" in health["precision"], health
 
 
+def check_light_search(ctx: Context) -> None:
+    """The index built with the torch model is searched through its export, on the light runtime."""
+    search = ctx.output("neobert-embed index search")
+    assert "light runtime: no torch" in search.stderr + search.stdout, search.stderr[-2000:]
+    assert "query: how do I reset my password?" in search.stdout, search.stdout[-2000:]
+
+
 def check_recipe_error(ctx: Context) -> None:
     """The transcript's error line, word for word."""
     expected = [line for line in ctx.block.text.splitlines() if line.startswith("error:")]
@@ -429,6 +436,14 @@ COVERAGE: dict[str, Run | NotRun] = {
         "performance", check=check_used_line),
     "docs/performance.md: neobert-embed export runs/my-embedder --format onnx --quantize int8 --output "
     "runs/my-embedder-onnx": Run("export", check=check_exports),
+    "docs/performance.md: neobert-embed index build --model runs/my-embedder --corpus corpus.jsonl --output "
+    "runs/my-index": Run("light", check=check_light_search),
+    "README.md: pip install --no-deps .": NotRun(
+        "installs packages into a new environment; the light runtime's commands run where torch, transformers and "
+        "sentence-transformers cannot be imported in their own tests",
+        covered_by=("tests/test_light.py::test_encode_runs_an_export_without_torch",
+                    "tests/test_light.py::test_index_search_through_an_export_without_torch_finds_the_torch_top_10",
+                    "tests/test_light.py::test_serve_answers_with_an_export_without_torch")),
     "docs/recipes.md: $ neobert-embed pretrain --recipe bad.yaml --corpus docs.jsonl --output runs/x": Run(
         "recipes", exit_code=2, check=check_recipe_error),
     'docs/serving.md: pip install -e ".[serve]"': Run(
@@ -654,6 +669,7 @@ SETUP = {  # group → what its workspace holds besides the common inputs
     "readme-quickstart": lambda ws, data, res: None,
     "readme-serve": lambda ws, data, res: _link(ws, "runs/my-embedder", res("embedder")),
     "export": lambda ws, data, res: _link(ws, "runs/my-embedder", res("embedder")),
+    "light": lambda ws, data, res: _link(ws, "runs/my-embedder", res("embedder")),
     "readme-neobert": lambda ws, data, res: None,
     "readme-contrastive": lambda ws, data, res: None,
     "contrastive": lambda ws, data, res: None,

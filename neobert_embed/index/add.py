@@ -55,7 +55,7 @@ ADD_CHUNK = 4096
 def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFields | None = None,
                   on_duplicate: str = "error", model: str | Path | None = None, batch_size: int = 32,
                   device: str | None = None, show_progress: bool = True, wait: bool = True,
-                  precision: str | None = None) -> IndexManifest:
+                  precision: str | None = None, backend: str | None = None) -> IndexManifest:
     """Encode the documents of ``corpus`` and append them to the index at ``index_dir``.
 
     Args:
@@ -65,6 +65,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
         model: where the index's model now lives, if it moved (it must be the same weights).
         wait: when another writer holds the index, wait for it (else fail at once).
         precision: compute precision; default: the one the index was built at.
+        backend: the model's runtime; default: an export's own (no torch), else torch.
 
     Row-number ids (``fields.row_ids``, and always for ``.txt`` corpora) continue after the
     index's largest numeric id, so they never collide with documents already indexed. The whole
@@ -95,7 +96,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
 
         staged = on_main(world, locked_and_staged)
         encoder = encoder_for(staged.manifest, index_dir, model, world.device(device), batch_size,
-                              precision=precision)
+                              precision=precision, backend=backend)
         with document_progress(show_progress and world.is_main) as progress:
             task = progress.add_task("encoding new documents", total=staged.added)
             vectors = encode_across_ranks(

@@ -122,6 +122,7 @@ class BuildOptions(BaseModel):
     device: str | None
     revision: str | None
     on_disk: bool
+    backend: str | None = None
 
     @property
     def fields(self) -> CorpusFields:
@@ -396,7 +397,8 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, te
                 batch_size: int = 32, max_seq_length: int | None = None, device: str | None = None,
                 revision: str | None = None, on_disk: bool = False, resume: bool = False,
                 overwrite: bool = False, show_progress: bool = True,
-                on_chunk: Callable[[ChunkDone], None] | None = None, wait: bool = True) -> IndexManifest:
+                on_chunk: Callable[[ChunkDone], None] | None = None, wait: bool = True,
+                backend: str | None = None) -> IndexManifest:
     """Encode ``corpus`` with ``model`` into a searchable index directory ``output``.
 
     Before any model is loaded, the output (absent, empty, or an index: never a directory with
@@ -421,6 +423,8 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, te
         overwrite: replace an existing index / discard an interrupted build.
         on_chunk: called after each persisted chunk (progress hooks; raising stops the build).
         wait: wait for another writer of ``output``; False fails at once.
+        backend: ``torch``, ``onnx`` or ``openvino``; None runs a ``neobert-embed export`` directory on
+            its own runtime without torch (:mod:`neobert_embed.inference.light`), any other model on torch.
 
     Raises:
         Interrupted: on Ctrl-C (a ``KeyboardInterrupt``); finished chunks are kept for ``resume``.
@@ -433,7 +437,7 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, te
                         title_field=title_field, row_ids=row_ids, split=split, index_type=index_type,
                         factory=factory, precision=precision, compute_precision=compute_precision,
                         chunk_size=chunk_size, batch_size=batch_size, max_seq_length=max_seq_length,
-                        device=device, revision=revision, on_disk=on_disk)
+                        device=device, revision=revision, on_disk=on_disk, backend=backend)
     output = Path(output)
     world = init_world()
     with contextlib.ExitStack() as held:
@@ -491,7 +495,7 @@ def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: boo
     encoder = load_encoder(opts.model, device=world.device(opts.device), batch_size=opts.batch_size,
                            max_seq_length=opts.max_seq_length, revision=opts.revision, precision=precision,
                            sample_texts=_sample_texts(opts) if precision == "auto" else None,
-                           agree=functools.partial(on_main, world))
+                           agree=functools.partial(on_main, world), backend=opts.backend)
     check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
     if opts.factory is not None:
         create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)

@@ -40,6 +40,9 @@ IndexPrecision = Annotated[str | None, typer.Option(
     "compute_precision).")]
 ModelOverride = Annotated[str | None, typer.Option(
     "--model", help="Where the index's model lives now, if it moved (must be the same weights).")]
+IndexBackend = Annotated[str | None, typer.Option(
+    "--backend", help="torch, onnx or openvino; default: a `neobert-embed export` directory runs on its own "
+    "runtime without torch (the export of the index's model is accepted), any other model on torch.")]
 
 def _used_line(manifest, fields=None, kind: str = DOCUMENT_PROMPT, compute: str | None = None) -> str:
     """One line: the compute precision, length, prompt and fields the index's model encodes with."""
@@ -85,6 +88,7 @@ def build(
     verbose: opt.Verbose = False,
     precision: opt.ComputePrecision = "auto",
     max_seq_length: opt.OldMaxLength = None,
+    backend: IndexBackend = None,
 ) -> None:
     """Encode a corpus (streamed, chunked, resumable) into a FAISS index with a store and manifest.
 
@@ -101,7 +105,8 @@ def build(
     options = dict(resume=resume, overwrite=overwrite, **dataclasses.asdict(fields), index_type=index_type,
                    factory=factory, precision=store_precision or "float32", compute_precision=precision,
                    chunk_size=chunk_size, batch_size=batch_size,
-                   max_seq_length=max_seq_length, revision=revision, on_disk=on_disk, wait=not no_wait)
+                   max_seq_length=max_seq_length, revision=revision, on_disk=on_disk, wait=not no_wait,
+                   backend=backend)
     with third_party_log(output, verbose):
         if devices is not None:
             manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
@@ -136,6 +141,7 @@ def add(
     no_wait: opt.NoWait = False,
     verbose: opt.Verbose = False,
     precision: IndexPrecision = None,
+    backend: IndexBackend = None,
 ) -> None:
     """Append documents to an index (all or nothing); duplicate ids are refused or replaced."""
     from neobert_embed.console import third_party_log
@@ -148,7 +154,8 @@ def add(
     fields = CorpusFields(text_field, id_field, title_field, row_ids, split)
     with third_party_log(index_dir, verbose):
         manifest = add_documents(index_dir, corpus, fields=fields, on_duplicate=on_duplicate, model=model,
-                                 batch_size=batch_size, device=device, wait=not no_wait, precision=precision)
+                                 batch_size=batch_size, device=device, wait=not no_wait, precision=precision,
+                                 backend=backend)
     logger.info(_used_line(manifest, fields))
     logger.info("%s now holds %d documents (%d replaced so far)", index_dir, manifest.documents, manifest.replaced)
 
@@ -165,6 +172,7 @@ def search(
     batch_size: opt.BatchSize = 32,
     device: opt.Device = None,
     precision: IndexPrecision = None,
+    backend: IndexBackend = None,
 ) -> None:
     """Search with the index's model and query prompt: a table (rank, score, id, snippet) or JSON lines."""
     from neobert_embed.console import json_only_stdout, without_progress_bars
@@ -178,7 +186,8 @@ def search(
         raise UserInputError("QUERY is empty; give the text to search for (or --queries FILE)")
     texts = [query] if query is not None else read_texts(queries, "text", keep_blank=False)
     with json_only_stdout(as_json), without_progress_bars(), \
-            open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision) as index:
+            open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision,
+                       backend=backend) as index:
         choice = index.encoder.choice
         logger.info(_used_line(index.manifest, kind=QUERY_PROMPT, compute=choice.description if choice else None))
         results = index.search(texts, k=k)

@@ -28,6 +28,7 @@ from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT, resolve_prompt
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+    from neobert_embed.inference.light import LightModel
     from neobert_embed.inference.runtime import PrecisionChoice
 
 PROMPT_KINDS = (QUERY_PROMPT, DOCUMENT_PROMPT)
@@ -41,9 +42,10 @@ def _revision(model: SentenceTransformer) -> str | None:
 
 @dataclass
 class IndexEncoder:
-    """A loaded model plus what the manifest needs to know about it."""
+    """A loaded model (a SentenceTransformer, or an export's light model) plus what the manifest needs
+    to know about it."""
 
-    model: SentenceTransformer
+    model: SentenceTransformer | LightModel
     name: str
     path: str | None
     revision: str | None
@@ -122,24 +124,34 @@ class IndexEncoder:
 def load_encoder(name_or_path: str | Path, *, device: str | None = None, batch_size: int = 32,
                  max_seq_length: int | None = None, revision: str | None = None, precision: str = "auto",
                  sample_texts: list[str] | None = None,
-                 agree: Callable[[Callable[[], PrecisionChoice]], PrecisionChoice] | None = None) -> IndexEncoder:
+                 agree: Callable[[Callable[[], PrecisionChoice]], PrecisionChoice] | None = None,
+                 backend: str | None = None) -> IndexEncoder:
     """Load a model for indexing at compute ``precision`` and read its prompts and similarity.
 
     The fingerprint is of the fp32 weights as saved, so the same model matches its index whatever
     precision it computes in; ``auto`` measures on ``sample_texts`` (a few of the corpus's texts),
     once for all ranks when ``agree`` is given (see :func:`~neobert_embed.inference.runtime.load_inference_model`).
+    ``backend`` None runs a ``neobert-embed export`` directory on its own runtime without torch
+    (:mod:`neobert_embed.inference.light`; its fingerprint is that of the weights it was exported
+    from, so it matches their index) and any other model on torch.
 
     Example:
         >>> encoder = load_encoder("sentence-transformers/all-MiniLM-L6-v2", batch_size=64, precision="fp32")
         >>> encoder.similarity, encoder.prompts
         ('cosine', {})
     """
+    from neobert_embed.inference.light import exported_runtime
     from neobert_embed.inference.runtime import load_inference_model
 
+    backend = backend or exported_runtime(name_or_path) or "torch"
     loaded = load_inference_model(str(name_or_path), precision, device=device, max_seq_length=max_seq_length,
                                   revision=revision, sample_texts=sample_texts, batch_size=batch_size,
-                                  fingerprint=True, agree=agree)
+                                  fingerprint=True, agree=agree, backend=backend)
     model = loaded.model
+    if backend != "torch" and loaded.fingerprint is None:
+        raise UserInputError(f"{name_or_path}: this export does not record the fingerprint of the weights it came "
+                             "from (it predates it), so no index can tell whether it matches; export the model "
+                             "again with `neobert-embed export MODEL --output DIR --overwrite`")
     similarity = getattr(model, "similarity_fn_name", None) or "cosine"
     if similarity not in SUPPORTED_SIMILARITIES:
         raise UserInputError(f"model {name_or_path!r} uses {similarity!r} similarity; indexes support "
@@ -149,7 +161,7 @@ def load_encoder(name_or_path: str | Path, *, device: str | None = None, batch_s
         model=model,
         name=str(name_or_path),
         path=str(local.resolve()) if local.exists() else None,
-        revision=revision or _revision(model),
+        revision=revision or (_revision(model) if backend == "torch" else None),
         fingerprint=loaded.fingerprint or model_fingerprint(model),
         similarity=similarity,
         prompts={kind: resolve_prompt(model, kind) for kind in PROMPT_KINDS},  # '' = none, recorded as such

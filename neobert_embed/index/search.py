@@ -45,12 +45,15 @@ def spec_of(manifest: IndexManifest) -> IndexSpec:
 
 def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | None = None,
                 device: str | None = None, batch_size: int = 32, loaded: IndexEncoder | None = None,
-                precision: str | None = None) -> IndexEncoder:
+                precision: str | None = None, backend: str | None = None) -> IndexEncoder:
     """Load the index's model (or ``model``), refuse it if its weights differ, use the saved prompts.
 
     ``loaded`` is an already-loaded model (a server's), checked like a loaded one. The model
     computes at ``precision``, by default the one the index's documents were encoded at (its
     manifest's ``compute_precision``), so queries and documents come from the same arithmetic.
+    ``backend`` None runs an export (``neobert-embed export``) on its own runtime without torch, where
+    the graph computes as saved (fp32 unless ``precision`` is int8): its fingerprint is that of the
+    weights it was exported from, so an index built with those weights accepts it.
 
     Example:
         >>> encoder = encoder_for(read_manifest(d), d, model="runs/other")  # raises if different
@@ -61,16 +64,20 @@ def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | No
         name = manifest.model_path
     else:
         name = manifest.model
+    from neobert_embed.inference.light import exported_runtime
+
+    backend = backend or exported_runtime(name) or "torch"
+    recorded = manifest.compute_precision if backend == "torch" else "auto"  # a graph computes as saved
     try:
         encoder = loaded or load_encoder(name, device=device, batch_size=batch_size,
                                          max_seq_length=manifest.max_seq_length, revision=manifest.model_revision,
-                                         precision=precision or manifest.compute_precision)
+                                         precision=precision or recorded, backend=backend)
     except UserInputError as exc:
         raise UserInputError(f"{directory}: cannot load the index's model: {exc}. If the model moved, "
                              "pass --model with its new location") from None
     encoder.check_matches(manifest, directory)
     encoder.prompts = dict(manifest.prompts)
-    if loaded is None and precision is None:  # nobody asked: the used: line says where the precision came from
+    if loaded is None and precision is None and backend == "torch":  # the used: line says where it came from
         encoder.choice = replace(encoder.choice, requested="index",
                                  reason="the index's own, recorded at build")
     return encoder
@@ -80,7 +87,8 @@ class SearchIndex:
     """An opened index: FAISS vectors, the document store and the matching encoder."""
 
     def __init__(self, directory: str | Path, model: str | Path | None = None, device: str | None = None,
-                 batch_size: int = 32, encoder: IndexEncoder | None = None, precision: str | None = None) -> None:
+                 batch_size: int = 32, encoder: IndexEncoder | None = None, precision: str | None = None,
+                 backend: str | None = None) -> None:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.spec = spec_of(self.manifest)
@@ -90,7 +98,7 @@ class SearchIndex:
         self.excluded = exclusion_selector(self.store.deleted_rows())  # once: its hash set is not free
         try:
             self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size, loaded=encoder,
-                                       precision=precision)
+                                       precision=precision, backend=backend)
         except BaseException:
             self.store.close()
             raise
@@ -140,11 +148,12 @@ class SearchIndex:
 
 def open_index(directory: str | Path, model: str | Path | None = None, device: str | None = None,
                batch_size: int = 32, encoder: IndexEncoder | None = None,
-               precision: str | None = None) -> SearchIndex:
+               precision: str | None = None, backend: str | None = None) -> SearchIndex:
     """Open an index for searching; ``model`` overrides the manifest's path but must be the same model.
 
     ``encoder`` reuses an already-loaded model (refused, like ``model``, if its weights differ);
-    ``precision`` overrides the compute precision the index was built at (:func:`encoder_for`).
+    ``precision`` overrides the compute precision the index was built at and ``backend`` the runtime
+    (:func:`encoder_for`: by default an export's own, without torch).
 
     Example:
         >>> index = open_index("runs/news-index")
@@ -152,4 +161,4 @@ def open_index(directory: str | Path, model: str | Path | None = None, device: s
         7600
     """
     return SearchIndex(directory, model=model, device=device, batch_size=batch_size, encoder=encoder,
-                       precision=precision)
+                       precision=precision, backend=backend)

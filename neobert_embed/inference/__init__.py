@@ -16,5 +16,7 @@ Modules:
     pipeline: the one path from texts to vectors: tokenized once and ahead of the model, batched by
         length and tokens, batches side by side on a multi-core CPU, pinned copies on a GPU.
     export: the ONNX / OpenVINO files of ``neobert-embed export`` (sentence-transformers' layout).
-    backends: running those files through ONNX Runtime or OpenVINO behind the same ``encode``.
+    runners: ONNX Runtime and OpenVINO sessions over those files (no torch).
+    backends: running those files behind sentence-transformers' own ``encode`` (torch).
+    light: running them without torch (tokenizers + a runner + numpy pooling): ``--backend onnx|openvino``.
 """

@@ -27,7 +27,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +37,8 @@ import torch
 from torch import nn
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.model_files import MODULES_FILE, SavedModule, saved_modules
+from neobert_embed.inference.runners import OnnxRunner, OpenVINORunner, locate_graph, make_runner
+from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import read_record
 
 if TYPE_CHECKING:
@@ -46,115 +46,6 @@ if TYPE_CHECKING:
     from transformers import BatchEncoding, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("onnx", "openvino")
-#: The graph files, relative to the directory of the Transformer module: ``(fp32, int8)`` per backend.
-#: These are the names sentence-transformers' own ``backend=`` loaders look for.
-GRAPH_FILES = {
-    "onnx": ("onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"),
-    "openvino": ("openvino/openvino_model.xml", "openvino/openvino_model_qint8_quantized.xml"),
-}
-#: Encoder inputs a graph may take, in the order they are exported; its output is ``last_hidden_state``.
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-OUTPUT_NAME = "last_hidden_state"
-#: ``inference_precision`` values and OpenVINO's names for them (ONNX Runtime runs the file's fp32).
-PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
-
-
-def graph_file(directory: str | Path, backend: str, quantized: bool = False) -> Path:
-    """The graph file of ``backend`` in an exported directory (it need not exist).
-
-    Example:
-        >>> graph_file("runs/x-onnx", "onnx", quantized=True)
-        PosixPath('runs/x-onnx/onnx/model_qint8_avx512_vnni.onnx')
-    """
-    if backend not in GRAPH_FILES:
-        raise UserInputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    return Path(directory) / GRAPH_FILES[backend][int(quantized)]
-
-
-def unreadable_graph(file: Path, runtime: str, exc: Exception) -> UserInputError:
-    """One line for an exported graph its runtime cannot read (truncated, overwritten, another
-    runtime's), with the runtime's own reason cut to its last line.
-
-    Example:
-        >>> raise unreadable_graph(Path("runs/x-onnx/onnx/model.onnx"), "ONNX", exc)
-        Traceback (most recent call last):
-        UserInputError: runs/x-onnx/onnx/model.onnx: not a readable ONNX model (... Protobuf parsing failed.); ...
-    """
-    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
-    return UserInputError(f"{file}: not a readable {runtime} model ({reason}); export it again with "
-                          f"`neobert-embed export MODEL --format {runtime.lower()} --output DIR --overwrite`")
-
-
-class OnnxRunner:
-    """An ONNX Runtime session: named int64 arrays in, ``last_hidden_state`` out (thread-safe)."""
-
-    def __init__(self, file: Path, threads: int, device: str | None) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        kind, _, index = (device or "cpu").partition(":")
-        if kind == "cpu":
-            providers: list[str | tuple[str, dict[str, int]]] = ["CPUExecutionProvider"]
-        elif kind == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers = [("CUDAExecutionProvider", {"device_id": int(index or 0)}), "CPUExecutionProvider"]
-        else:
-            raise UserInputError(f"device {device!r}: this onnxruntime runs on {', '.join(ort.get_available_providers())}"
-                                 "; use device='cpu' (or install onnxruntime-gpu for 'cuda')")
-        from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf
-
-        try:
-            self.session = ort.InferenceSession(str(file), options, providers=providers)
-        except (InvalidProtobuf, InvalidGraph, Fail) as exc:  # a graph cut short, or not this runtime's
-            raise unreadable_graph(file, "ONNX", exc) from None
-        self.input_names = tuple(node.name for node in self.session.get_inputs())
-        self.output_names = [OUTPUT_NAME if OUTPUT_NAME in {o.name for o in self.session.get_outputs()}
-                             else self.session.get_outputs()[0].name]
-        self.description = f"onnxruntime {ort.__version__} ({self.session.get_providers()[0]}, {threads} threads)"
-
-    def __call__(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        return self.session.run(self.output_names, arrays)[0]
-
-
-class OpenVINORunner:
-    """A compiled OpenVINO model; one infer request per calling thread (a request is not thread-safe)."""
-
-    def __init__(self, file: Path, threads: int, device: str | None, precision: str | None) -> None:
-        import openvino as ov
-
-        target = (device or "CPU").upper()
-        config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
-        if target == "CPU":
-            config["INFERENCE_NUM_THREADS"] = threads
-        if precision is not None:
-            config["INFERENCE_PRECISION_HINT"] = PRECISIONS[precision]
-        core = ov.Core()
-        try:
-            self.compiled = core.compile_model(str(file), target, config)
-        except RuntimeError as exc:
-            if target in core.available_devices:  # the device is there: the files are what failed
-                raise unreadable_graph(file, "OpenVINO", exc) from None
-            raise UserInputError(f"device {device!r}: OpenVINO sees {', '.join(core.available_devices)} here; "
-                                 "use one of them (default CPU)") from exc
-        self.input_names = tuple(port.get_any_name() for port in self.compiled.inputs)
-        self.output = next((port for port in self.compiled.outputs if OUTPUT_NAME in port.get_names()),
-                           self.compiled.outputs[0])
-        self._local = threading.local()
-        used = str(self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()) if target == "CPU" \
-            else "device default"
-        self.description = f"openvino {ov.get_version().split('-')[0]} ({target}, {used}, {threads} threads)"
-
-    def __call__(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        request = getattr(self._local, "request", None)
-        if request is None:
-            request = self._local.request = self.compiled.create_infer_request()
-        return request.infer(arrays)[self.output]  # a copy (share_outputs=False): the request is reused
-
 
 class BackendTransformer(nn.Module):
     """The first module of an exported model: tokenizes like sentence-transformers' ``Transformer``
@@ -319,34 +210,11 @@ def load_backend_model(
     import neobert_embed.modeling.auto  # noqa: F401  (NeoBERT's config class for AutoConfig)
 
     directory = Path(path)
-    if backend not in BACKENDS:
-        raise UserInputError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if inference_precision is not None and inference_precision not in PRECISIONS:
-        raise UserInputError(f"inference_precision {inference_precision!r} is not one of {', '.join(PRECISIONS)}")
-    if backend == "onnx" and inference_precision not in (None, "fp32"):
-        raise UserInputError(f"inference_precision {inference_precision!r}: ONNX Runtime runs the file's own "
-                             "precision; use the openvino backend for bf16/fp16 compute")
-    modules_json = directory / MODULES_FILE
-    if not modules_json.is_file():
-        raise UserInputError(f"{directory} is not a SentenceTransformer directory (no modules.json); export one "
-                             f"with `neobert-embed export MODEL --format {backend} --output {directory}`")
-    entries = saved_modules(directory)
-    if not entries[0].is_transformer:
-        raise UserInputError(f"{modules_json}: the first module is not a Transformer, so there is no encoder "
-                             "graph to run")
-    transformer_dir = directory / entries[0].path
-    file = graph_file(transformer_dir, backend, quantized)
-    if not file.is_file():
-        other = graph_file(transformer_dir, backend, not quantized)
-        hint = (f"; {other.relative_to(directory)} is there: pass quantized={not quantized}" if other.is_file()
-                else f"; write it with `neobert-embed export MODEL --format {backend}"
-                     f"{' --quantize int8' if quantized else ''} --output DIR`")
-        raise UserInputError(f"{file} not found{hint}")
+    located = locate_graph(directory, backend, quantized, inference_precision)
+    entries, transformer_dir, file = located.modules, located.transformer_dir, located.file
 
     threads = threads or torch.get_num_threads()
-    precision = inference_precision if backend == "openvino" else None
-    runner = OnnxRunner(file, threads, device) if backend == "onnx" else OpenVINORunner(file, threads, device,
-                                                                                         precision)
+    runner = make_runner(file, backend, threads, device, inference_precision)
     settings = _read_json(transformer_dir / "sentence_bert_config.json")
     config = AutoConfig.from_pretrained(str(transformer_dir))
     tokenizer = AutoTokenizer.from_pretrained(str(transformer_dir))

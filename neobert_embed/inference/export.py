@@ -119,6 +119,8 @@ class ExportReport:
         fp32: the fp32 graph's agreement with torch fp32; ``int8``: the int8 file's, or None.
         files: every graph file written (relative path → bytes).
         method: how the int8 file was made, or None.
+        source_fingerprint: :func:`~neobert_embed.inference.runtime.model_fingerprint` of the weights exported:
+            an index built with that model accepts this export (:mod:`neobert_embed.inference.light`).
     """
 
     source: str
@@ -134,6 +136,7 @@ class ExportReport:
     method: str | None = None
     seconds: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
+    source_fingerprint: str | None = None
 
     def summary(self) -> str:
         """One line: the file, its size and its cosine to the torch fp32 model."""
@@ -227,7 +230,8 @@ def export_model(
     check_export_output(output, source, overwrite)
 
     from neobert_embed.files import atomic_directory, remove_debris
-    from neobert_embed.inference.backends import GRAPH_FILES, OUTPUT_NAME
+    from neobert_embed.inference.runners import GRAPH_FILES, OUTPUT_NAME
+    from neobert_embed.inference.runtime import model_fingerprint
     from neobert_embed.runs import claimed_directory
     from neobert_embed.sentence import load_sentence_model
 
@@ -237,6 +241,7 @@ def export_model(
                            **_claim(output, source, overwrite)):
         check_export_output(output, source, overwrite)  # again, now that no one else writes it
         model = load_sentence_model(source, device="cpu", precision="fp32")
+        fingerprint = model_fingerprint(model)  # before anything else touches the weights
         graph, inputs = _traceable_encoder(model)
         reference = model.encode(list(texts), batch_size=8, convert_to_numpy=True)
         with atomic_directory(output, record=EXPORT.name) as tmp:
@@ -264,7 +269,8 @@ def export_model(
             report = ExportReport(source=str(source), output=output, format=format, quantize=quantize,
                                   file=output / (int8_name if quantize else fp32_name),
                                   size_bytes=files[int8_name if quantize else fp32_name], fp32=fp32, int8=int8,
-                                  files=files, inputs=inputs, method=method, versions=_versions(format))
+                                  files=files, inputs=inputs, method=method, versions=_versions(format),
+                                  source_fingerprint=fingerprint)
             report.seconds = time.perf_counter() - started
             record = {**report.to_json(), "writer": WRITER, "opset": opset,
                       "file": str(report.file.relative_to(output))}  # relative: the directory may move

@@ -51,11 +51,14 @@ from neobert_embed.machine import (
     Machine,
     check_compute_precision,
     check_precision_fits,
+    describe_cpu,
     describe_machine,
 )
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+
+    from neobert_embed.inference.light import LightModel
 
 logger = logging.getLogger(__name__)
 
@@ -159,9 +162,11 @@ class PrecisionChoice:
 @dataclass
 class InferenceModel:
     """A SentenceTransformer set to compute at :attr:`choice`, and the fingerprint of its fp32 weights
-    (what an index records, so a model is recognised whatever precision it runs at)."""
+    (what an index records, so a model is recognised whatever precision it runs at). An exported model
+    (``backend`` onnx/openvino) is a :class:`~neobert_embed.inference.light.LightModel`, whose fingerprint
+    is that of the weights it was exported from."""
 
-    model: SentenceTransformer
+    model: SentenceTransformer | LightModel
     choice: PrecisionChoice
     backend: str = "torch"
     fingerprint: str | None = None
@@ -379,8 +384,11 @@ def load_inference_model(
     The model keeps its own prompts, max_seq_length, pooling and normalization. ``fingerprint``
     hashes the fp32 weights before any quantization, so an index built at one precision is
     recognised by the same model at another. ``backend="onnx"|"openvino"`` runs the files written
-    by ``neobert-embed export`` (their runtime picks its own kernels; ``precision`` must be
-    ``auto``/``fp32`` there, or ``int8`` for the quantized file). ``agree`` makes several processes
+    by ``neobert-embed export`` through the light runtime (:mod:`neobert_embed.inference.light`: no
+    torch is imported; the model is a ``LightModel`` and its fingerprint that of the weights it was
+    exported from; their runtime picks its own kernels; ``precision`` must be ``auto``/``fp32`` there,
+    or ``int8`` for the quantized file). The torch backend where torch, transformers or
+    sentence-transformers cannot be imported is one error naming what to install. ``agree`` makes several processes
     of one job take one choice: it runs the measurement on one of them and hands its result to all
     (``functools.partial(on_main, world)`` under torchrun), so every rank's vectors come from the
     same arithmetic. Every torch model encodes through :mod:`neobert_embed.inference.pipeline` (tokenized once, ahead of
@@ -399,13 +407,13 @@ def load_inference_model(
     check_compute_precision(precision)
     if backend not in BACKENDS:
         raise UserInputError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend != "torch":  # the light runtime: no torch, transformers or sentence-transformers
+        return _load_exported(source, precision, backend, device, max_seq_length)
+    require_torch_stack()
     # torch runs on the toolkit's default device (devices.default_device: a GPU when there is one),
-    # the one training and index ranks use too, and the one the precision is chosen for; an exported
-    # graph runs on its runtime's CPU device unless a device is given
-    machine = describe_machine(device or (None if backend == "torch" else "cpu"))
+    # the one training and index ranks use too, and the one the precision is chosen for
+    machine = describe_machine(device)
     check_precision_fits(precision, machine)
-    if backend != "torch":
-        return _load_exported(source, precision, backend, machine, device)
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(str(source), max_seq_length, device=device or machine.device, revision=revision)
@@ -432,17 +440,40 @@ def load_inference_model(
     return InferenceModel(model, choice, "torch", digest)
 
 
-def _load_exported(source: str | Path, precision: str, backend: str, machine: Machine,
-                   device: str | None) -> InferenceModel:
-    """An ``export`` output run by ONNX Runtime or OpenVINO (fp32 graph, or its int8 file) on ``device``
-    (their CPU device when None), the device ``machine`` describes."""
-    from neobert_embed.inference.backends import load_backend_model
+def require_torch_stack() -> None:
+    """Refuse, in one line naming what to install, a torch backend where torch, transformers or
+    sentence-transformers cannot be imported (an environment set up for the light runtime only).
+
+    Example:
+        >>> require_torch_stack()   # in an environment without torch
+        Traceback (most recent call last):
+        UserInputError: --backend torch needs torch, transformers and sentence-transformers (No module named 'torch') ...
+    """
+    try:
+        import sentence_transformers  # noqa: F401  (imports torch and transformers too)
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise UserInputError(f"--backend torch needs torch, transformers and sentence-transformers ({exc}): install "
+                             "them (`pip install torch transformers sentence-transformers`, or `make install`), or "
+                             "run a model written by `neobert-embed export` with --backend onnx|openvino") from None
+
+
+def _load_exported(source: str | Path, precision: str, backend: str, device: str | None,
+                   max_seq_length: int | None) -> InferenceModel:
+    """An ``export`` output run by ONNX Runtime or OpenVINO through the light runtime (fp32 graph, or its
+    int8 file) on ``device`` (their CPU device when None); no torch is imported for it."""
+    from neobert_embed.inference.light import default_threads, load_light_model
 
     if precision not in ("auto", "fp32", "int8"):
         raise UserInputError(f"--backend {backend} runs the exported graph as saved; --precision {precision} is "
                              "for the torch backend (use auto, fp32, or int8 for the quantized export)")
-    model = load_backend_model(str(source), backend, device=device, quantized=precision == "int8")
-    runtime = "ONNX Runtime" if backend == "onnx" else "OpenVINO (its default inference precision)"
-    choice = PrecisionChoice("int8" if precision == "int8" else "fp32", precision, f"{runtime}, exported graph",
-                             machine.summary())
-    return InferenceModel(model, choice, backend, None)
+    threads = default_threads()
+    model = load_light_model(str(source), backend, threads=threads, device=device, quantized=precision == "int8")
+    if max_seq_length is not None:
+        model.max_seq_length = max_seq_length
+    runtime = model.runner.description.split(" (")[0]
+    machine = describe_cpu(threads, runtime) if device in (None, "cpu") else describe_machine(device)
+    choice = PrecisionChoice("int8" if precision == "int8" else "fp32", precision,
+                             f"exported graph on {model.description}", machine.summary())
+    return InferenceModel(model, choice, backend, model.source_fingerprint)

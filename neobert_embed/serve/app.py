@@ -34,6 +34,7 @@ from neobert_embed.serve.batcher import DynamicBatcher
 from neobert_embed.serve.engine import Embedder
 from neobert_embed.serve.errors import APIError, install_error_handlers
 from neobert_embed.serve.indexes import IndexRegistry, OpenIndex
+from neobert_embed.serve.light_engine import LightEmbedder
 from neobert_embed.serve.metrics import CONTENT_TYPE, ServeMetrics
 from neobert_embed.serve.middleware import EdgeMiddleware
 from neobert_embed.serve.schemas import (
@@ -62,7 +63,7 @@ class ServerState:
     """What one server process holds: settings, the model, the batcher, indexes and metrics."""
 
     settings: ServeSettings
-    engine: Embedder
+    engine: Embedder | LightEmbedder
     batcher: DynamicBatcher
     indexes: IndexRegistry
     metrics: ServeMetrics
@@ -85,7 +86,8 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
     if served is None:
         served = load_inference_model(settings.model, settings.precision, device=settings.device,
                                       fingerprint=bool(settings.indexes), backend=settings.backend, spread=False)
-    engine = Embedder(served, settings.name)
+    # an export (--backend onnx/openvino) runs without torch: the same methods over the light model
+    engine = Embedder(served, settings.name) if served.backend == "torch" else LightEmbedder(served, settings.name)
     limit = settings.max_input_tokens or engine.max_seq_length
     if limit > engine.max_seq_length:
         raise UserInputError(f"--max-input-tokens {limit} is more than the model's max_seq_length "

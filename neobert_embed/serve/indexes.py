@@ -124,9 +124,10 @@ class IndexRegistry:
     def _load(self, name: str, directory: Path, stamp: tuple[int, int, int] | None) -> OpenIndex:
         manifest = read_manifest(directory)
         encoder = self._served_encoder()
+        # an export computes as saved whatever precision the index was built at (as `index search` with it)
         if (encoder is not None and encoder.fingerprint == manifest.model_fingerprint
                 and int(self.served.model.max_seq_length) == manifest.max_seq_length
-                and encoder.compute_precision == manifest.compute_precision):
+                and (self.served.backend != "torch" or encoder.compute_precision == manifest.compute_precision)):
             return OpenIndex(name, open_index(directory, encoder=encoder), stamp, shared=True)
         return OpenIndex(name, open_index(directory, device=self.device), stamp, shared=False)
 
