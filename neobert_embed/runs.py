@@ -27,7 +27,7 @@ from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError, located
 from neobert_embed.files import atomic_directory, atomic_write_text
 from neobert_embed.locks import LockHolder, writer_lock
-from neobert_embed.outputs import DirectoryState, RecordNames, check_output_directory
+from neobert_embed.outputs import DirectoryState, RecordNames, check_not_link, check_output_directory
 from neobert_embed.records import RUN, RecordFile
 
 METRICS_FILE = "metrics.jsonl"  # one JSON line per logged training step
@@ -87,6 +87,7 @@ def updated_directory(directory: str | Path, *, record: RecordFile, command: str
         >>> with updated_directory("runs/index", record=INDEX_MANIFEST, command="neobert-embed index add") as work:
         ...     write_new_version(from_dir="runs/index", into=work)
     """
+    check_not_link(directory, "the directory")  # the one rule for links (outputs.check_not_link)
     with writer_lock(directory, command=command, wait=wait, on_stale=on_stale), \
             atomic_directory(directory, record=record.name, stamp=False) as work:
         yield work
@@ -234,16 +235,5 @@ def promoted(output: str | Path, record: RecordFile = RUN) -> Iterator[Path]:
         >>> with promoted("runs/x") as tmp:
         ...     model.save(str(tmp))
     """
-    output = Path(output)
-    with atomic_directory(output, record=record.name, stamp=False) as tmp:  # the user's entries move in below
+    with atomic_directory(output, record=record.name, stamp=False, keep_others=True) as tmp:
         yield tmp
-        moved: list[str] = []
-        try:
-            for entry in sorted(output.iterdir()) if output.is_dir() else []:
-                if not (tmp / entry.name).exists():
-                    os.replace(entry, tmp / entry.name)
-                    moved.append(entry.name)
-        except BaseException:
-            for name in moved:
-                os.replace(tmp / name, output / name)
-            raise
