@@ -237,7 +237,7 @@ def third_party_log(output: str | Path, verbose: bool = False) -> Iterator[Path]
         >>> with third_party_log("runs/index"):
         ...     build_index(...)
     """
-    from neobert_embed.errors import UserInputError
+    from neobert_embed.errors import UserInputError, system_failure
 
     log_path = Path(output).with_name(Path(output).name + ".log")
     before, refused = _line_count(log_path), False
@@ -245,8 +245,8 @@ def third_party_log(output: str | Path, verbose: bool = False) -> Iterator[Path]
     try:
         with capture_third_party(log_path, verbose=verbose, failures=failures):
             yield log_path
-    except UserInputError:
-        refused = True
+    except Exception as exc:  # a refusal (the input, or the operating system's: a full disk) stays one line
+        refused = isinstance(exc, UserInputError) or system_failure(exc) is not None
         raise
     finally:
         lines = _line_count(log_path) - before
@@ -277,11 +277,13 @@ class _LazyLog(io.TextIOBase):
     def __init__(self, path: Path) -> None:
         self.path, self.file = path, None
         self.failure: OSError | None = None
+        self.created = False  # whether this log made the file (an empty one it made is removed on failure)
 
     def _open(self) -> TextIO | None:
         if self.file is None and self.failure is None:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.created = not self.path.exists()
                 self.file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by close()
             except OSError as exc:
                 self.failure = exc
@@ -322,6 +324,10 @@ class _LazyLog(io.TextIOBase):
         if self.file is not None:
             with contextlib.suppress(OSError):
                 self.file.close()
+        if self.failure is not None and self.created:
+            with contextlib.suppress(OSError):
+                if self.path.stat().st_size == 0:
+                    self.path.unlink()
 
 
 @contextlib.contextmanager

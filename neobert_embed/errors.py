@@ -88,7 +88,18 @@ def system_errno(exc: BaseException) -> int | None:
     return None
 
 
-def system_failure(exc: BaseException, path: str | Path | None = None) -> UserInputError | None:
+class SystemRefusal(UserInputError):
+    """A :class:`UserInputError` for a refusal of the operating system (see :func:`system_failure`);
+    ``cause`` is the original error, so a writer of the whole output can name that output instead of
+    the hidden temporary file the refusal met (``runs/index``, not ``runs/.index.partial/index.faiss``).
+    """
+
+    def __init__(self, message: str, cause: BaseException) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def system_failure(exc: BaseException, path: str | Path | None = None) -> SystemRefusal | None:
     """The one-line user error for an operating system's refusal (a full disk, a quota, a
     read-only file system, a name too long, a permission, memory, a busy port), naming ``path``
     (else the file the error names) and what to do; None when ``exc`` is not one (a bug keeps its
@@ -98,14 +109,16 @@ def system_failure(exc: BaseException, path: str | Path | None = None) -> UserIn
         >>> str(system_failure(OSError(errno.ENOSPC, "No space left on device"), "/data/docs.npy"))
         '/data/docs.npy: no space left on the device (0 B free on /data); free space there or choose another --output'
     """
+    if isinstance(exc, SystemRefusal):
+        exc = exc.cause
     if isinstance(exc, MemoryError):
-        return UserInputError(f"{path}: {MEMORY_FIX}" if path is not None else MEMORY_FIX)
+        return SystemRefusal(f"{path}: {MEMORY_FIX}" if path is not None else MEMORY_FIX, exc)
     code = system_errno(exc)
     if code is None:
         return None
     where = path if path is not None else getattr(exc, "filename", None)
     message = _SYSTEM_FIXES[code].format(space=_free_space(where), name=_longest_name(where))
-    return UserInputError(f"{where}: {message}" if where else message)
+    return SystemRefusal(f"{where}: {message}" if where else message, exc)
 
 
 def human_bytes(size: float) -> str:
@@ -125,9 +138,17 @@ def human_bytes(size: float) -> str:
 def existing_ancestor(path: str | Path) -> Path:
     """``path`` or its nearest ancestor that exists (where a new file's space and rights are decided)."""
     path = Path(os.path.abspath(path))
-    while not path.exists() and path != path.parent:
+    while not _exists(path) and path != path.parent:
         path = path.parent
     return path
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False for a name the file system cannot even look up (too long)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def mount_point(path: str | Path) -> Path:

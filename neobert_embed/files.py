@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Protocol
 
 from neobert_embed.errors import (
+    SystemRefusal,
     UserInputError,
     existing_ancestor,
     human_bytes,
@@ -89,30 +90,54 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     tmp: Path | None = None
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            tmp = Path(name)
+            os.fchmod(fd, 0o666 & ~current_umask())
+            os.close(fd)
+            yield tmp
+            os.replace(tmp, path)
+        except BaseException:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Inside the block, a refusal of the operating system (a full disk, a quota, a read-only file
+    system, a name too long, a permission, memory) becomes one :class:`UserInputError` naming
+    ``path``, the output being written, and what to do; anything else passes unchanged.
+
+    Why one place: the write sites are many (our atomic writers, FAISS, sqlite, Arrow, the
+    Trainer's checkpoints) and each library words the failure its own way (``disk I/O error``,
+    ``file write failed``), often without the file. The atomic writers and every claimed output
+    directory (:func:`~neobert_embed.runs.claimed_directory`) run inside it; where blocks nest, the
+    outermost names the output (``runs/index``, not its hidden ``.index.partial/index.faiss``). A failure a library
+    hid the reason of counts as a full disk when next to nothing is free where it wrote.
+
+    Example:
+        >>> with writing("runs/index"):
+        ...     faiss.write_index(index, "runs/.index.partial/index.faiss")
+        Traceback (most recent call last):
+        UserInputError: runs/index: no space left on the device (0 B free on /runs); ...
+    """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        tmp = Path(name)
-        os.fchmod(fd, 0o666 & ~current_umask())
-        os.close(fd)
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        raise _as_user_error(exc, path) from exc
-
-
-def _as_user_error(exc: BaseException, path: Path) -> BaseException:
-    """What a failed write raises: the operating system's refusal as one user error naming ``path``
-    (a full disk also when a library hid the reason: nothing is free where it wrote), else ``exc``."""
-    if isinstance(exc, UserInputError | KeyboardInterrupt | SystemExit | GeneratorExit):
-        return exc
-    failure = system_failure(exc, path)
-    if failure is None and isinstance(exc, OSError | RuntimeError) and _device_full(path):
-        failure = system_failure(OSError(errno.ENOSPC, "No space left on device"), path)
-    return failure or exc
+        yield
+    except SystemRefusal as refusal:  # met inside, by a writer of a part: the outermost names the output
+        raise system_failure(refusal, path) from refusal.cause
+    except (UserInputError, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except Exception as exc:
+        failure = system_failure(exc, path)
+        if failure is None and isinstance(exc, OSError | RuntimeError) and _device_full(Path(path)):
+            failure = system_failure(OSError(errno.ENOSPC, "No space left on device"), path)
+        if failure is None:
+            raise
+        raise failure from exc
 
 
 def _device_full(path: Path) -> bool:
@@ -154,7 +179,7 @@ def check_free_space(path: str | Path, needed: int, flag: str = "--output", what
     Example:
         >>> check_free_space("/data/docs.npy", 1_200_000_000, what="the matrix")
         Traceback (most recent call last):
-        UserInputError: --output /data/docs.npy: the matrix needs about 1.2 GB, but /data has 0.3 GB free; ...
+        UserInputError: --output /data/docs.npy: writing the matrix takes about 1.2 GB, but /data has 0.3 GB free; ...
     """
     try:
         free = shutil.disk_usage(existing_ancestor(path)).free
@@ -162,7 +187,7 @@ def check_free_space(path: str | Path, needed: int, flag: str = "--output", what
         return
     if needed > free:
         mount = mount_point(path)
-        raise UserInputError(f"{flag} {path}: {what} needs about {human_bytes(needed)}, but {mount} has "
+        raise UserInputError(f"{flag} {path}: writing {what} takes about {human_bytes(needed)}, but {mount} has "
                              f"{human_bytes(free)} free; free {human_bytes(needed - free)} on {mount} or choose "
                              f"another {flag}")
 
@@ -209,23 +234,24 @@ def atomic_directory(path: str | Path, overwrite: bool = True, record: str | Non
                              "nothing was deleted: choose another output or empty it yourself")
     tmp: Path | None = None
     adopted: list[str] = []
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-        yield tmp
-        follow_umask(tmp)
-        if keep_others:
-            adopted = _move_entries(path, tmp)
-        if stamp and record is not None and (tmp / record).is_file():
-            data = read_json(tmp / record, "record just written")
-            if isinstance(data, dict):
-                atomic_write_json(tmp / record, {**data, WRITTEN_KEY: sorted(os.listdir(tmp))})
-        replace_directory(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            _move_entries(tmp, path, adopted)  # the entries moved in go back, as they were
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise _as_user_error(exc, path) from exc
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+            yield tmp
+            follow_umask(tmp)
+            if keep_others:
+                adopted = _move_entries(path, tmp)
+            if stamp and record is not None and (tmp / record).is_file():
+                data = read_json(tmp / record, "record just written")
+                if isinstance(data, dict):
+                    atomic_write_json(tmp / record, {**data, WRITTEN_KEY: sorted(os.listdir(tmp))})
+            replace_directory(tmp, path)
+        except BaseException:
+            if tmp is not None:
+                _move_entries(tmp, path, adopted)  # the entries moved in go back, as they were
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def _move_entries(source: Path, target: Path, names: list[str] | None = None) -> list[str]:

@@ -240,6 +240,18 @@ def weights_size(directory: str | Path) -> int:
     return sum(file.stat().st_size for file in files if file.is_file())
 
 
+def model_bytes(name_or_path: str | Path, copies: float = 1.0) -> int:
+    """``copies`` times the size of a local model's weights (0 for a hub id or registry key, whose
+    size is not known before the download): what an output holding them needs on the disk.
+
+    Example:
+        >>> model_bytes("models/minilm", copies=2)
+        181736752
+    """
+    directory = local_model_dir(name_or_path)
+    return int(copies * weights_size(directory)) if directory is not None and directory.is_dir() else 0
+
+
 def read_model_config(name_or_path: str | Path) -> dict[str, Any] | None:
     """The encoder's ``config.json`` as a dict, from a local directory or the local hub cache
     (never downloading); None when it is not available without loading the model.

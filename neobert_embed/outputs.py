@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from neobert_embed.errors import UserInputError, existing_ancestor, listing
-from neobert_embed.files import WRITTEN_KEY, FilePin, atomic_path, read_json_object_or_none, write_synced
+from neobert_embed.files import (
+    WRITTEN_KEY,
+    FilePin,
+    atomic_path,
+    read_json_object_or_none,
+    write_synced,
+    writing,
+)
 from neobert_embed.locks import is_lock_file
 
 if TYPE_CHECKING:
@@ -221,7 +228,7 @@ def published_file(path: str | Path, writer: str, **fields: Any) -> Iterator[Sta
         ...     staged.record["texts"] = len(vectors)
     """
     path = Path(path)
-    with atomic_path(sidecar_path(path)) as record_tmp, atomic_path(path) as data_tmp:
+    with writing(path), atomic_path(sidecar_path(path)) as record_tmp, atomic_path(path) as data_tmp:
         staged = StagedFile(data_tmp, dict(fields))
         yield staged
         write_synced(data_tmp)
@@ -270,6 +277,7 @@ def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | P
         >>> check_output_file("docs.npy", writer="neobert-embed encode", inputs=["docs.txt"], suffix=".npy")
     """
     path = Path(path)
+    check_name_length(path, flag)  # first: a name too long cannot even be looked at
     if path.is_dir():
         raise UserInputError(f"{flag} {path} is a directory; give a file path such as {path / 'output'}"
                              f"{suffix or path.suffix or ''}")
@@ -350,6 +358,7 @@ def check_output_directory(path: str | Path, *, record: RecordNames, inputs: Ite
         <DirectoryState.ABSENT: 'absent'>
     """
     path = Path(path)
+    check_name_length(path, flag)  # first: a name too long cannot even be looked at
     check_not_input(path, inputs, flag)
     check_directory_path(path, flag, what)
     state = directory_state(path, record)

@@ -88,6 +88,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
     if pairs.num_rows < 2:
         raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
+    check_free_space(output, _mined_bytes(pairs["anchor"], pairs["positive"], num_negatives), what="the mined rows")
     loaded = load_inference_model(model, precision, device=device, max_seq_length=max_seq_length,
                                   sample_texts=_sample_texts(pairs), batch_size=batch_size)
     sentence_model = loaded.model
@@ -97,7 +98,6 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     repeats = repeated_rows(list(zip(anchors, positives, strict=True)))
     logger.info(used_line(sentence_model, [QUERY_PROMPT, DOCUMENT_PROMPT], field="anchor/positive",
                           compute=loaded.choice.description) + _said(repeats, "duplicate (anchor, positive) rows left out"))
-    check_free_space(output, _mined_bytes(anchors, positives, num_negatives), what="the mined rows")
     mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",
                                 positive_column_name="positive", range_min=range_min, range_max=range_max,
                                 absolute_margin=margin, num_negatives=num_negatives, sampling_strategy="top",
