@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -34,9 +35,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from glue_helpers import tiny_task_dir
-from safety_helpers import REPO, run_main, small_inputs, snapshot, write_jsonl
+from safety_helpers import REPO, cli_env, run_main, small_inputs, snapshot, write_jsonl
 
 BAR = re.compile("━")
 STARTED = re.compile(r"(used: |index: |training in )")  # a command's own lines once its work has begun
@@ -409,3 +411,130 @@ def test_os_failure_exits_2_in_one_line_and_loses_nothing(case, world, tmp_path,
     assert not missing, f"{missing} not in: {lines[-1]}"
     assert {path: after.get(path) for path in before} == before
     assert not left, f"a refused command left files behind: {left}"
+
+
+# --- what works now, beside what is refused --------------------------------------------------------
+
+
+def test_a_matrix_and_its_record_are_one_unit_and_a_mismatch_is_told(world, tmp_path, capsys):
+    """The record is published last and pins the matrix: a process killed between the two renames
+    (simulated: another matrix under the old record) is refused by ``--calibration``, naming the record."""
+    docs = tmp_path / "docs.npy"
+    args = ["encode", "--model", world.paths["model"], "--input", world.paths["texts"], "--precision", "fp32",
+            "--store-precision", "int8"]
+    code, _, err = run_main([*args, "--output", docs], capsys)
+    assert code == 0, err
+    record = json.loads((tmp_path / "docs.npy.json").read_text(encoding="utf-8"))
+    assert record["pin"]["size"] == docs.stat().st_size
+    np.save(docs, np.zeros((3, 4), dtype=np.int8))  # the matrix of a run that died before its record
+    code, _, err = run_main([*args, "--output", tmp_path / "q.npy", "--calibration", tmp_path / "docs.npy.json"],
+                            capsys)
+    assert code == 2 and "docs.npy.json describes another docs.npy" in err and "encode docs.npy again" in err, err
+    assert not (tmp_path / "q.npy").exists()
+
+
+def test_encode_reads_standard_input_and_a_fifo_as_streams(world, tmp_path, capsys, monkeypatch):
+    """``-`` is standard input and a FIFO (what ``<(…)`` gives) is read once, line by line: the same
+    matrix as from the file."""
+    import io
+    import threading
+
+    base = ["encode", "--model", world.paths["model"], "--precision", "fp32", "--output"]
+    code, _, err = run_main([*base, tmp_path / "file.npy", "--input", world.paths["texts"]], capsys)
+    assert code == 0, err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(world.paths["texts"].read_bytes())))
+    code, _, err = run_main([*base, tmp_path / "stdin.npy", "--input", "-"], capsys)
+    assert code == 0, err
+    fifo = tmp_path / "texts"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(world.paths["texts"].read_bytes()))
+    writer.start()
+    code, _, err = run_main([*base, tmp_path / "fifo.npy", "--input", fifo], capsys)
+    writer.join(timeout=60)
+    assert code == 0, err
+    expected = np.load(tmp_path / "file.npy")
+    assert expected.shape[0] == 30
+    np.testing.assert_array_equal(np.load(tmp_path / "stdin.npy"), expected)
+    np.testing.assert_array_equal(np.load(tmp_path / "fifo.npy"), expected)
+
+
+def _modes(root: Path) -> dict[str, str]:
+    return {str(path.relative_to(root)): oct(path.stat().st_mode & 0o777) for path in root.rglob("*")
+            if not path.is_symlink()}
+
+
+def test_the_weights_of_a_trained_run_and_an_export_follow_the_umask(world, finished_run, tmp_path, capsys):
+    """transformers saves ``model.safetensors`` as 0600; every file a command publishes gets the
+    user's umask instead (0644 under 022; 0664 under 002, where the export runs)."""
+    assert {name: mode for name, mode in _modes(finished_run).items()
+            if mode not in ("0o644", "0o755")} == {}, "trained under umask 022"
+    previous = os.umask(0o002)
+    try:
+        code, _, err = run_main(["export", world.paths["model"], "--format", "onnx", "--output", tmp_path / "e"],
+                                capsys)
+    finally:
+        os.umask(previous)
+    assert code == 0, err
+    modes = _modes(tmp_path / "e")
+    assert "model.safetensors" in modes and "onnx/model.onnx" in modes
+    assert {name: mode for name, mode in modes.items() if mode not in ("0o664", "0o775")} == {}
+
+
+def test_mine_negatives_says_which_duplicate_rows_it_left_out(world, tmp_path, capsys):
+    rows = [{"query": f"q {i}", "document": f"answer {i}"} for i in range(20)]
+    rows[6] = dict(rows[1])
+    rows[12] = dict(rows[1])
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    code, _, err = run_main(["mine-negatives", "--model", world.paths["model"], "--data", pairs, "--output",
+                             tmp_path / "mined.jsonl", "--num-negatives", "1"], capsys)
+    assert code == 0, err
+    assert "2 duplicate (anchor, positive) rows left out (first: row 7, a repeat of row 2)" in err, err
+    record = json.loads((tmp_path / "mined.jsonl.json").read_text(encoding="utf-8"))
+    assert record["duplicates_left_out"] == {"count": 2, "first_row": 7}
+    assert record["rows"] == 18 == len((tmp_path / "mined.jsonl").read_text(encoding="utf-8").splitlines())
+
+
+def test_progress_is_a_plain_line_every_few_seconds_on_a_pipe(monkeypatch):
+    """On a stderr that is not a terminal (nohup, CI) there is no bar to redraw: one line per
+    interval says done/total, rate and time left, so slow is told from stuck."""
+    import io
+    import time
+
+    from neobert_embed import console
+
+    monkeypatch.setattr(console, "PLAIN_PROGRESS_SECONDS", 0.05)
+    pipe = io.StringIO()
+    handler = console.show_records(pipe)
+    try:
+        with console.document_progress(True) as bar:
+            task = bar.add_task("encoding", total=200_000)
+            bar.advance(task, 12_000)
+            deadline = time.monotonic() + 10
+            while "encoding:" not in pipe.getvalue() and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        handler.detach()
+    lines = pipe.getvalue().splitlines()
+    assert lines and all(re.fullmatch(r"encoding: 12,000/200,000 \(6\.0%\), [\d,]+/s, ETA (\d+h )?\d+m \d+s|"
+                                      r"encoding: 12,000/200,000 \(6\.0%\), [\d,]+/s, ETA \d+s", line)
+                         for line in lines), lines
+    assert "━" not in pipe.getvalue()
+
+
+def test_a_real_address_space_limit_fails_in_one_line_before_the_model_loads(world, tmp_path):
+    """``ulimit -v`` too small for the libraries and the weights: one line naming the limit, exit 2
+    (it was a traceback at model load, or an abort of the tokenizer's allocator)."""
+    import resource
+
+    limit = 1_500_000_000
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    result = subprocess.run([sys.executable, "-m", "neobert_embed.cli", "encode", "--model", str(world.paths["model"]),
+                             "--input", str(world.paths["texts"]), "--output", str(tmp_path / "x.npy")],
+                            env=cli_env(), capture_output=True, text=True, preexec_fn=limited, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and "ulimit -v" in lines[0] and "needs about" in lines[0], result.stderr
+    assert not (tmp_path / "x.npy").exists()
