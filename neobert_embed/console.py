@@ -128,8 +128,7 @@ def progress_bar(*columns: str | ProgressColumn, show: bool = True, transient: b
     console = user_console(stderr=True)
     shown = show and is_main_process()
     if shown and not console.is_terminal:
-        return _plain_progress()(*columns, console=console, disable=True, redirect_stdout=False,
-                                 redirect_stderr=False)
+        return _plain_progress()(*columns, console=console, redirect_stdout=False, redirect_stderr=False)
     return Progress(*columns, console=console, disable=not shown, transient=transient, redirect_stdout=False,
                     redirect_stderr=False)
 
@@ -140,13 +139,13 @@ def _plain_progress() -> type[Progress]:
     from rich.progress import Progress
 
     class PlainProgress(Progress):
-        """Tracks tasks like a bar and prints one plain line per task every :data:`PLAIN_PROGRESS_SECONDS`."""
+        """Tracks tasks like a bar and prints one plain line per task every :data:`PLAIN_PROGRESS_SECONDS`
+        (its live display, which would draw frames, is never started)."""
 
         _stopping: threading.Event | None = None
         _printer: threading.Thread | None = None
 
         def start(self) -> None:
-            super().start()
             self._stopping = threading.Event()
             self._printer = threading.Thread(target=self._print_every, name="progress-lines", daemon=True)
             self._printer.start()

@@ -101,9 +101,9 @@ class SystemRefusal(UserInputError):
 
 def system_failure(exc: BaseException, path: str | Path | None = None) -> SystemRefusal | None:
     """The one-line user error for an operating system's refusal (a full disk, a quota, a
-    read-only file system, a name too long, a permission, memory, a busy port), naming ``path``
-    (else the file the error names) and what to do; None when ``exc`` is not one (a bug keeps its
-    traceback).
+    read-only file system, a name too long, a permission, memory, a busy port), naming ``path`` (the
+    output being written; for a refusal about one file, the file the error names, when it does) and
+    what to do; None when ``exc`` is not one (a bug keeps its traceback).
 
     Example:
         >>> str(system_failure(OSError(errno.ENOSPC, "No space left on device"), "/data/docs.npy"))
@@ -116,7 +116,8 @@ def system_failure(exc: BaseException, path: str | Path | None = None) -> System
     code = system_errno(exc)
     if code is None:
         return None
-    where = path if path is not None else getattr(exc, "filename", None)
+    own = getattr(exc, "filename", None)  # a permission or a name concerns one file: name it, if the error does
+    where = path if code in (errno.ENOSPC, errno.EDQUOT) or own is None else own
     message = _SYSTEM_FIXES[code].format(space=_free_space(where), name=_longest_name(where))
     return SystemRefusal(f"{where}: {message}" if where else message, exc)
 

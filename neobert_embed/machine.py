@@ -215,12 +215,22 @@ def memory_limits() -> list[tuple[str, int]]:
         limits.append(("the address-space limit (ulimit -v)", soft - _address_space_used()))
     try:
         ceiling = (CGROUP_MEMORY / "memory.max").read_text().strip()
-        used = int((CGROUP_MEMORY / "memory.current").read_text().strip())
+        used = _cgroup_memory_used()
     except (OSError, ValueError):
         return limits
     if ceiling.isdigit():
         limits.append(("the container's memory limit (cgroup memory.max)", int(ceiling) - used))
     return limits
+
+
+def _cgroup_memory_used() -> int:
+    """Memory the container's processes hold (``anon`` of ``memory.stat``): its page cache is left
+    out, since the kernel gives that back when a process needs it."""
+    for line in (CGROUP_MEMORY / "memory.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "anon":
+            return int(value)
+    return int((CGROUP_MEMORY / "memory.current").read_text().strip())
 
 
 def _address_space_used() -> int:

@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from glue_helpers import tiny_task_dir
-from safety_helpers import REPO, cli_env, run_main, small_inputs, snapshot, write_jsonl
+from safety_helpers import REPO, cli_env, fault_world, main_status, run_main, snapshot, write_jsonl
+from safety_helpers import in_turn as _both
 
 BAR = re.compile("━")
 STARTED = re.compile(r"(used: |index: |training in )")  # a command's own lines once its work has begun
@@ -64,50 +65,21 @@ class Fault:
     run: bool = False  # {run}: a finished train-contrastive run, for the cases that replace one
 
 
-@dataclass(frozen=True)
-class World:
-    paths: dict[str, Path]
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> World:
-    from neobert_embed.index import build_index
-
-    inputs = small_inputs(tmp_path_factory.mktemp("os-faults"))
-    root = inputs["root"]
-    build_index(inputs["model"], inputs["corpus"], root / "index", index_type="flat", show_progress=False,
-                compute_precision="fp32")
-    task = root / "task"
-    (task / "qrels").mkdir(parents=True)
-    write_jsonl(task / "queries.jsonl", [{"_id": "q1", "text": "doc 1"}])
-    (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n", encoding="utf-8")
-    new_docs = write_jsonl(root / "new-docs.jsonl", [{"_id": f"n{i}", "text": f"new doc {i}"} for i in range(5)])
+def world(tmp_path_factory) -> dict[str, Path]:
+    paths = fault_world(tmp_path_factory.mktemp("os-faults"))
+    root = paths["root"]
     encoded = root / "encoded"
     encoded.mkdir()
-    code = _quiet_main(["encode", "--model", inputs["model"], "--input", inputs["texts"], "--output",
-                        encoded / "old.npy", "--precision", "fp32"])
-    assert code == 0
+    assert main_status(["encode", "--model", paths["model"], "--input", paths["texts"], "--output",
+                        encoded / "old.npy", "--precision", "fp32"]) == 0
     sts = root / "sts"
     sts.mkdir()
     (sts / "task.json").write_text('{"name": "S", "type": "STS"}', encoding="utf-8")
     write_jsonl(sts / "test.jsonl", [{"sentence1": f"a {i}", "sentence2": f"b {i}", "score": i % 5} for i in range(8)])
     glue = tiny_task_dir(root / "glue-tasks", "stsb", train=16, validation=8)
-    return World({**inputs, "index": root / "index", "task": task, "new_docs": new_docs, "encoded": encoded,
-                  "old_matrix": encoded / "old.npy", "old_record": encoded / "old.npy.json", "sts": sts,
-                  "glue_task": glue})
-
-
-def _quiet_main(args: list) -> int:
-    from unittest import mock
-
-    from neobert_embed.cli import main
-
-    with mock.patch.object(sys, "argv", ["neobert-embed", *map(str, args)]):
-        try:
-            main()
-        except SystemExit as stop:
-            return stop.code if isinstance(stop.code, int) else 1
-    return 0
+    return {**paths, "encoded": encoded, "old_matrix": encoded / "old.npy", "old_record": encoded / "old.npy.json",
+            "sts": sts, "glue_task": glue}
 
 
 @contextlib.contextmanager
@@ -190,13 +162,6 @@ def _link(target: str, link: str) -> Callable[[dict[str, Path]], None]:
     def make(paths: dict[str, Path]) -> None:
         fill = {k: str(v) for k, v in paths.items()}
         Path(link.format(**fill)).symlink_to(Path(target.format(**fill)))
-    return make
-
-
-def _both(*steps: Callable[[dict[str, Path]], None]) -> Callable[[dict[str, Path]], None]:
-    def make(paths: dict[str, Path]) -> None:
-        for step in steps:
-            step(paths)
     return make
 
 
@@ -351,7 +316,7 @@ CASES = [
 def finished_run(world, tmp_path_factory) -> Path:
     """A finished train-contrastive run (for the cases that --overwrite one)."""
     run = tmp_path_factory.mktemp("run") / "run"
-    code = _quiet_main([*(a.format(**{k: str(v) for k, v in world.paths.items()}) for a in TRAIN), run])
+    code = main_status([*(a.format(**{k: str(v) for k, v in world.items()}) for a in TRAIN), run])
     assert code == 0 and (run / "run.json").is_file()
     return run
 
@@ -388,7 +353,7 @@ def test_os_failure_exits_2_in_one_line_and_loses_nothing(case, world, tmp_path,
         if not usable:
             pytest.skip("cannot mount a tmpfs here (not root, or no mount): the injected cases cover writes")
         scratch.mkdir(exist_ok=True)
-        paths = {**world.paths, "out": scratch, "repo": REPO, **({"run": run} if run else {})}
+        paths = {**world, "out": scratch, "repo": REPO, **({"run": run} if run else {})}
         if case.prepare:
             case.prepare(paths)
         if case.disk:
@@ -396,9 +361,9 @@ def test_os_failure_exits_2_in_one_line_and_loses_nothing(case, world, tmp_path,
         if case.inject:
             case.inject(monkeypatch)
         args = [arg.format(**{k: str(v) for k, v in paths.items()}) for arg in case.args]
-        before = _files(world.paths["root"]) | _files(scratch)
+        before = _files(world["root"]) | _files(scratch)
         code, out, err = run_main(args, capsys)
-        after = _files(world.paths["root"]) | _files(scratch)
+        after = _files(world["root"]) | _files(scratch)
         left = sorted(path for path in set(after) - set(before) if not KEPT_ON_REFUSAL.search(path)
                       and not _holds_only_locks(Path(path)))
     lines = [line for line in err.splitlines() if line.strip() and not BAR.search(line)]
@@ -420,7 +385,7 @@ def test_a_matrix_and_its_record_are_one_unit_and_a_mismatch_is_told(world, tmp_
     """The record is published last and pins the matrix: a process killed between the two renames
     (simulated: another matrix under the old record) is refused by ``--calibration``, naming the record."""
     docs = tmp_path / "docs.npy"
-    args = ["encode", "--model", world.paths["model"], "--input", world.paths["texts"], "--precision", "fp32",
+    args = ["encode", "--model", world["model"], "--input", world["texts"], "--precision", "fp32",
             "--store-precision", "int8"]
     code, _, err = run_main([*args, "--output", docs], capsys)
     assert code == 0, err
@@ -439,15 +404,15 @@ def test_encode_reads_standard_input_and_a_fifo_as_streams(world, tmp_path, caps
     import io
     import threading
 
-    base = ["encode", "--model", world.paths["model"], "--precision", "fp32", "--output"]
-    code, _, err = run_main([*base, tmp_path / "file.npy", "--input", world.paths["texts"]], capsys)
+    base = ["encode", "--model", world["model"], "--precision", "fp32", "--output"]
+    code, _, err = run_main([*base, tmp_path / "file.npy", "--input", world["texts"]], capsys)
     assert code == 0, err
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(world.paths["texts"].read_bytes())))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(world["texts"].read_bytes())))
     code, _, err = run_main([*base, tmp_path / "stdin.npy", "--input", "-"], capsys)
     assert code == 0, err
     fifo = tmp_path / "texts"
     os.mkfifo(fifo)
-    writer = threading.Thread(target=lambda: fifo.write_bytes(world.paths["texts"].read_bytes()))
+    writer = threading.Thread(target=lambda: fifo.write_bytes(world["texts"].read_bytes()))
     writer.start()
     code, _, err = run_main([*base, tmp_path / "fifo.npy", "--input", fifo], capsys)
     writer.join(timeout=60)
@@ -470,7 +435,7 @@ def test_the_weights_of_a_trained_run_and_an_export_follow_the_umask(world, fini
             if mode not in ("0o644", "0o755")} == {}, "trained under umask 022"
     previous = os.umask(0o002)
     try:
-        code, _, err = run_main(["export", world.paths["model"], "--format", "onnx", "--output", tmp_path / "e"],
+        code, _, err = run_main(["export", world["model"], "--format", "onnx", "--output", tmp_path / "e"],
                                 capsys)
     finally:
         os.umask(previous)
@@ -485,7 +450,7 @@ def test_mine_negatives_says_which_duplicate_rows_it_left_out(world, tmp_path, c
     rows[6] = dict(rows[1])
     rows[12] = dict(rows[1])
     pairs = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    code, _, err = run_main(["mine-negatives", "--model", world.paths["model"], "--data", pairs, "--output",
+    code, _, err = run_main(["mine-negatives", "--model", world["model"], "--data", pairs, "--output",
                              tmp_path / "mined.jsonl", "--num-negatives", "1"], capsys)
     assert code == 0, err
     assert "2 duplicate (anchor, positive) rows left out (first: row 7, a repeat of row 2)" in err, err
@@ -531,8 +496,8 @@ def test_a_real_address_space_limit_fails_in_one_line_before_the_model_loads(wor
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    result = subprocess.run([sys.executable, "-m", "neobert_embed.cli", "encode", "--model", str(world.paths["model"]),
-                             "--input", str(world.paths["texts"]), "--output", str(tmp_path / "x.npy")],
+    result = subprocess.run([sys.executable, "-m", "neobert_embed.cli", "encode", "--model", str(world["model"]),
+                             "--input", str(world["texts"]), "--output", str(tmp_path / "x.npy")],
                             env=cli_env(), capture_output=True, text=True, preexec_fn=limited, timeout=300)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2, result.stderr
