@@ -150,11 +150,10 @@ def _plain_progress() -> type[Progress]:
             self._printer = threading.Thread(target=self._print_every, name="progress-lines", daemon=True)
             self._printer.start()
 
-        def stop(self) -> None:
+        def stop(self) -> None:  # not rich's: it ends a non-terminal's display with an empty line
             if self._stopping is not None and self._printer is not None:
                 self._stopping.set()
                 self._printer.join()
-            super().stop()
 
         def _print_every(self) -> None:
             while self._stopping is not None and not self._stopping.wait(PLAIN_PROGRESS_SECONDS):
