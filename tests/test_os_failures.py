@@ -212,6 +212,8 @@ OLD_PAIR = _both(lambda p: (p["out"] / "encoded").mkdir(), _copy("old_matrix", "
 
 DIRECTORY_COMMANDS = {"build": BUILD, "train": TRAIN, "export": EXPORT, "prepare": PREPARE, "pretrain": PRETRAIN,
                       "mteb": MTEB, "glue": GLUE, "compare": COMPARE, "demo": DEMO}
+CHECKED_FIRST = {"pretrain export": ("pretrain", "export", "{root}", "--output"),  # their output is checked before
+                 "convert": ("convert", "{root}", "--output")}                     # their input is read
 
 CASES = [
     # --- a full disk (tmpfs): every writing command --------------------------------------------------
@@ -267,7 +269,7 @@ CASES = [
     Fault("long name: encode", (*ENCODE, f"{{out}}/{LONG}.npy"), ("--output", "bytes", "at most")),
     Fault("long name: mine-negatives", (*MINE, f"{{out}}/{LONG}.jsonl"), ("--output", "bytes", "at most")),
     *[Fault(f"long name: {name}", (*args, f"{{out}}/{LONG}"), ("--output", "bytes", "at most"))
-      for name, args in DIRECTORY_COMMANDS.items()],
+      for name, args in (DIRECTORY_COMMANDS | CHECKED_FIRST).items()],
     Fault("long folder name", (*ENCODE, f"{{out}}/{'f' * 300}/x.npy"), ("--output", "folder name", "300 bytes")),
     # --- symbolic links as outputs: one rule, refused, the target untouched -----------------------------
     Fault("link: encode over an earlier matrix", (*ENCODE, "{out}/link.npy", "--overwrite"),
@@ -284,7 +286,7 @@ CASES = [
           ("latest", "symbolic link"), _both(_copy("run", "{out}/run"), _link("{out}/run", "{out}/latest")), run=True),
     *[Fault(f"link: {name}", (*args, "{out}/latest"), ("latest", "symbolic link"),
             _both(lambda p: (p["out"] / "target").mkdir(), _link("{out}/target", "{out}/latest")))
-      for name, args in DIRECTORY_COMMANDS.items() if name != "train"],
+      for name, args in (DIRECTORY_COMMANDS | CHECKED_FIRST).items() if name != "train"],
     # --- memory limits known before the model loads ----------------------------------------------------
     *[Fault(f"memory limit: {name}", args, ("ulimit -v", "needs about"), inject=_memory_limit(100_000_000))
       for name, args in (("encode", (*ENCODE, "{out}/x.npy")), ("mine-negatives", (*MINE, "{out}/m.jsonl")),
