@@ -3,7 +3,9 @@
 Every mistake a user can fix (a bad file, an unknown key, a missing column) is raised as a
 :class:`UserInputError` whose message says *where* (file, line, key) and *what to do*. The CLI
 prints these without a traceback and exits with status 2; anything else is a bug and keeps its
-traceback.
+traceback. The operating system's refusals (a full disk, a quota, a read-only file system, a name
+too long, a permission, memory, a busy port) are the user's to fix too: :func:`system_failure`
+words them, once, for every writer (:func:`neobert_embed.files.writing`) and for the CLI.
 """
 
 from __future__ import annotations
