@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import atomic_write_text, iter_jsonl, iter_text_lines
+from neobert_embed.files import atomic_directory, atomic_write_text, iter_jsonl, iter_text_lines
 
 
 @dataclass
@@ -136,11 +136,11 @@ def write_triplet_task(rows: Iterable[Mapping[str, str]], directory: str | Path,
     task = BeirTask(corpus={doc_id: {"title": "", "text": text} for text, doc_id in ids.items()},
                     queries={f"q{i}": row["anchor"] for i, row in enumerate(rows)},
                     qrels={f"q{i}": {ids[row["positive"]]: 1} for i, row in enumerate(rows)})
-    directory = Path(directory)
-    atomic_write_text(directory / "corpus.jsonl", "".join(json.dumps({"_id": doc_id, "text": text}) + "\n"
-                                                          for text, doc_id in ids.items()))
-    atomic_write_text(directory / "queries.jsonl", "".join(json.dumps({"_id": qid, "text": text}) + "\n"
-                                                           for qid, text in task.queries.items()))
-    atomic_write_text(directory / "qrels" / f"{split}.tsv", "query-id\tcorpus-id\tscore\n" + "".join(
-        f"{qid}\t{doc_id}\t{score}\n" for qid, judged in task.qrels.items() for doc_id, score in judged.items()))
+    with atomic_directory(directory, keep_others=True) as staged:  # corpus, queries and qrels: one unit
+        atomic_write_text(staged / "corpus.jsonl", "".join(json.dumps({"_id": doc_id, "text": text}) + "\n"
+                                                           for text, doc_id in ids.items()))
+        atomic_write_text(staged / "queries.jsonl", "".join(json.dumps({"_id": qid, "text": text}) + "\n"
+                                                            for qid, text in task.queries.items()))
+        atomic_write_text(staged / "qrels" / f"{split}.tsv", "query-id\tcorpus-id\tscore\n" + "".join(
+            f"{qid}\t{doc_id}\t{score}\n" for qid, judged in task.qrels.items() for doc_id, score in judged.items()))
     return task

@@ -20,7 +20,7 @@ from neobert_embed import commands as general_commands
 from neobert_embed.console import user_console
 from neobert_embed.contrastive import commands as contrastive_commands
 from neobert_embed.distributed import current_world, is_main_process
-from neobert_embed.errors import UserInputError
+from neobert_embed.errors import UserInputError, system_failure
 from neobert_embed.evaluation import commands as evaluation_commands
 from neobert_embed.glue import commands as glue_commands
 from neobert_embed.index import commands as index_commands
@@ -85,7 +85,9 @@ def _root(ctx: typer.Context) -> None:
 def main() -> None:
     """Console-script entry point: user errors print one clear line and exit 2, not a traceback.
 
-    Click's own usage errors (typer vendors click, so they are recognised by their ``show`` and
+    The operating system's refusals (a full disk, a quota, a read-only file system, a name too
+    long, a permission, memory, a busy port) are user errors too: one line naming the file and what to
+    do (:func:`~neobert_embed.errors.system_failure`), exit 2. Click's own usage errors (typer vendors click, so they are recognised by their ``show`` and
     ``exit_code`` attributes) are printed as one line too, naming the command's ``--help``; Ctrl-C
     exits 130 after the command has said how to resume.
 
@@ -116,7 +118,11 @@ def main() -> None:
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(exc.exit_code)
-        raise
+        failure = system_failure(exc)  # a full disk, memory, a permission outside any writer: one line too
+        if failure is None:
+            raise
+        console.print(f"[bold red]error:[/] {escape(str(failure))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
     sys.exit(status or 0)
 
 

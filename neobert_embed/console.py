@@ -22,10 +22,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,9 +107,17 @@ def user_console(stderr: bool = False, stream: TextIO | None = None) -> Console:
     return Console(file=stream, highlight=False)
 
 
+PLAIN_PROGRESS_SECONDS = 10.0  # how often a progress display on a non-terminal stderr prints a line
+
+
 def progress_bar(*columns: str | ProgressColumn, show: bool = True, transient: bool = False) -> Progress:
     """A rich progress display on the user console (process 0 only) that leaves the streams alone
     (rich's default proxies would put captured third-party output back on screen).
+
+    On a stderr that is not a terminal (``nohup``, CI, a pipe) a bar cannot redraw, so the display
+    prints a plain line every :data:`PLAIN_PROGRESS_SECONDS` instead, for each task under way
+    (``encoding: 12,000/200,000 (6.0%), 850/s, ETA 3m 41s``): slow is then told from stuck. A job
+    shorter than that prints none.
 
     Example:
         >>> with progress_bar(show=True) as bar:
@@ -115,8 +125,65 @@ def progress_bar(*columns: str | ProgressColumn, show: bool = True, transient: b
     """
     from rich.progress import Progress
 
-    return Progress(*columns, console=user_console(stderr=True), disable=not show or not is_main_process(),
-                    transient=transient, redirect_stdout=False, redirect_stderr=False)
+    console = user_console(stderr=True)
+    shown = show and is_main_process()
+    if shown and not console.is_terminal:
+        return _plain_progress()(*columns, console=console, redirect_stdout=False, redirect_stderr=False)
+    return Progress(*columns, console=console, disable=not shown, transient=transient, redirect_stdout=False,
+                    redirect_stderr=False)
+
+
+@functools.cache
+def _plain_progress() -> type[Progress]:
+    """The class of :func:`progress_bar`'s display for a non-terminal (rich is imported only here)."""
+    from rich.progress import Progress
+
+    class PlainProgress(Progress):
+        """Tracks tasks like a bar and prints one plain line per task every :data:`PLAIN_PROGRESS_SECONDS`
+        (its live display, which would draw frames, is never started)."""
+
+        _stopping: threading.Event | None = None
+        _printer: threading.Thread | None = None
+
+        def start(self) -> None:
+            self._stopping = threading.Event()
+            self._printer = threading.Thread(target=self._print_every, name="progress-lines", daemon=True)
+            self._printer.start()
+
+        def stop(self) -> None:  # not rich's: it ends a non-terminal's display with an empty line
+            if self._stopping is not None and self._printer is not None:
+                self._stopping.set()
+                self._printer.join()
+
+        def _print_every(self) -> None:
+            while self._stopping is not None and not self._stopping.wait(PLAIN_PROGRESS_SECONDS):
+                for task in self.tasks:
+                    if not task.finished:
+                        self.console.print(progress_line(task.description, task.completed, task.total,
+                                                         task.elapsed or 0.0), markup=False, highlight=False)
+
+    return PlainProgress
+
+
+def progress_line(what: str, done: float, total: float | None, seconds: float) -> str:
+    """One plain progress line: done/total, rate and time left.
+
+    Example:
+        >>> progress_line("encoding", 12_000, 200_000, 14.1)
+        'encoding: 12,000/200,000 (6.0%), 851/s, ETA 3m 41s'
+    """
+    rate = done / seconds if seconds > 0 else 0.0
+    if total is None:
+        return f"{what}: {done:,.0f} done, {rate:,.0f}/s, {_duration(seconds)} so far"
+    left = f"ETA {_duration((total - done) / rate)}" if rate > 0 else "ETA unknown"
+    return f"{what}: {done:,.0f}/{total:,.0f} ({100 * done / max(total, 1):.1f}%), {rate:,.0f}/s, {left}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {seconds}s" if minutes else f"{seconds}s"
 
 
 @contextlib.contextmanager
@@ -168,62 +235,107 @@ def third_party_log(output: str | Path, verbose: bool = False) -> Iterator[Path]
         >>> with third_party_log("runs/index"):
         ...     build_index(...)
     """
-    from neobert_embed.errors import UserInputError
+    from neobert_embed.errors import UserInputError, system_failure
 
     log_path = Path(output).with_name(Path(output).name + ".log")
     before, refused = _line_count(log_path), False
+    failures: list[OSError] = []
     try:
-        with capture_third_party(log_path, verbose=verbose):
+        with capture_third_party(log_path, verbose=verbose, failures=failures):
             yield log_path
-    except UserInputError:
-        refused = True
+    except Exception as exc:  # a refusal (the input, or the operating system's: a full disk) stays one line
+        refused = isinstance(exc, UserInputError) or system_failure(exc) is not None
         raise
     finally:
         lines = _line_count(log_path) - before
         if not verbose and not refused:
-            logger.info("third-party output: %s", f"{lines} lines in {log_path}" if lines else "none")
+            said = f"{lines} lines in {log_path}" if lines else "none"
+            if failures:
+                said = f"not all kept ({log_path}: {failures[0].strerror or failures[0]})"
+            logger.info("third-party output: %s", said)
 
 
 def _line_count(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.is_file() else 0
+    try:
+        return path.read_bytes().count(b"\n") if path.is_file() else 0
+    except OSError:
+        return 0
 
 
 class _LazyLog(io.TextIOBase):
-    """A log file created at its first write, so a command refused at once leaves no file behind."""
+    """A log file created at its first write, so a command refused at once leaves no file behind.
+
+    A log that cannot be written (a full disk, a read-only or vanished directory) drops what it is
+    given from then on and keeps the reason in ``failure``: third-party chatter must never turn the
+    command's own one-line error into chained tracebacks, nor stop a command that can still finish.
+    """
 
     encoding = "utf-8"
 
     def __init__(self, path: Path) -> None:
         self.path, self.file = path, None
+        self.failure: OSError | None = None
+        self.created = False  # whether this log made the file (an empty one it made is removed on failure)
 
-    def _open(self) -> TextIO:
-        if self.file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by close()
+    def _open(self) -> TextIO | None:
+        if self.file is None and self.failure is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.created = not self.path.exists()
+                self.file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by close()
+            except OSError as exc:
+                self.failure = exc
         return self.file
 
+    def _failed(self, exc: OSError) -> None:
+        self.failure = exc
+        file, self.file = self.file, None
+        if file is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+
     def write(self, text: str) -> int:
-        return self._open().write(text) if text else 0
+        file = self._open() if text else None
+        if file is not None:
+            try:
+                file.write(text)
+            except OSError as exc:
+                self._failed(exc)
+        return len(text)
 
     def fileno(self) -> int:  # a child process given this stream writes to the log file itself
-        return self._open().fileno()
+        file = self._open()
+        if file is None:
+            raise io.UnsupportedOperation(f"{self.path} cannot be written")
+        return file.fileno()
 
     def flush(self) -> None:
         if self.file is not None:
-            self.file.flush()
+            try:
+                self.file.flush()
+            except OSError as exc:
+                self._failed(exc)
 
     def close(self) -> None:
-        super().close()  # flushes first
+        with contextlib.suppress(OSError):
+            super().close()  # flushes first
         if self.file is not None:
-            self.file.close()
+            with contextlib.suppress(OSError):
+                self.file.close()
+        if self.failure is not None and self.created:
+            with contextlib.suppress(OSError):
+                if self.path.stat().st_size == 0:
+                    self.path.unlink()
 
 
 @contextlib.contextmanager
-def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator[Path]:
+def capture_third_party(log_path: str | Path, verbose: bool = False,
+                        failures: list[OSError] | None = None) -> Iterator[Path]:
     """Send stdout, stderr, warnings and log records written inside the block to ``log_path``.
 
     Child processes started inside the block inherit the log as their stdout and stderr when they
-    are given ``stdout=sys.stdout, stderr=sys.stderr``. With ``verbose`` nothing is touched: it all
+    are given ``stdout=sys.stdout, stderr=sys.stderr``. A log that cannot be written drops the
+    output quietly; its error is appended to ``failures`` (for the caller's summary line). With ``verbose`` nothing is touched: it all
     stays on screen, as without this block. Progress bars of the Hugging Face libraries and tqdm are
     switched off inside the block, since a bar in a file is noise; the environment is restored.
 
@@ -235,13 +347,18 @@ def capture_third_party(log_path: str | Path, verbose: bool = False) -> Iterator
     if verbose:
         yield log_path
         return
-    with contextlib.closing(_LazyLog(log_path)) as log, _log_records_to(log), environment(PROGRESS_SWITCHES), \
-            warnings.catch_warnings(), _terminal_handlers_to(log), contextlib.redirect_stdout(log), \
-            contextlib.redirect_stderr(log):
-        warnings.simplefilter("default")  # each distinct warning once per location
-        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
-            warnings.formatwarning(message, category, filename, lineno, line))  # even under a warnings recorder
-        yield log_path
+    log = _LazyLog(log_path)
+    try:
+        with contextlib.closing(log), _log_records_to(log), environment(PROGRESS_SWITCHES), \
+                warnings.catch_warnings(), _terminal_handlers_to(log), contextlib.redirect_stdout(log), \
+                contextlib.redirect_stderr(log):
+            warnings.simplefilter("default")  # each distinct warning once per location
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
+                warnings.formatwarning(message, category, filename, lineno, line))  # even under a warnings recorder
+            yield log_path
+    finally:
+        if log.failure is not None and failures is not None:
+            failures.append(log.failure)
 
 
 @contextlib.contextmanager

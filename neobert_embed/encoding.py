@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from neobert_embed.errors import UserInputError, listing
-from neobert_embed.files import atomic_write_bytes
+from neobert_embed.files import check_free_space
 from neobert_embed.quantization import (
     Calibration,
     check_storage_precision,
@@ -150,14 +150,15 @@ def read_texts(path: str | Path, field: str = "text", keep_blank: bool = True) -
     of the output matrix always belongs to line ``i + 1``.
 
     Errors name the file and line (or row): unreadable bytes, invalid JSON, a missing or
-    non-string field.
+    non-string field. ``-`` reads standard input, and a FIFO or ``<(…)`` is read as a stream (text
+    lines, or JSON lines when named ``*.jsonl``): the texts are read once.
 
     Example:
         >>> read_texts("docs.jsonl", field="body")[:1]
         ['first document']
     """
     texts = []
-    for where, record in iter_records(path, keep_blank=keep_blank, text_key=field):
+    for where, record in iter_records(path, keep_blank=keep_blank, text_key=field, stream=True):
         if field not in record:
             raise where.error(f"field {field!r} is missing; pass --field with the right name")
         if not isinstance(record[field], str):
@@ -296,6 +297,9 @@ def encode_file(
                           reason=f"the calibration's own: {calibration} was encoded at it")
     prompt_name = prompt_name or ""  # None, like '', is no prompt here
     prompt = resolve_prompt(model, prompt_name, required=None if prompt_name == DOCUMENT_PROMPT else "--prompt-name")
+    if world.is_main:  # the matrix must fit beside the old one (replaced only once complete)
+        check_free_space(output_path, stored_bytes(len(texts), model.get_embedding_dimension(), precision) + 4096,
+                         what=f"the matrix of {len(texts)} texts")
     start = time.perf_counter()
     embeddings = encode_across_ranks(
         world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,
@@ -316,7 +320,7 @@ def encode_file(
                         output=str(output_path), max_seq_length=int(model.max_seq_length),
                         prompt_name=prompt_name if prompt else None, prompt=prompt or None,
                         used=used_line(model, [prompt_name],
-                                       None if source_format(input_path) == "txt" else field, compute.description)
+                                       None if source_format(input_path, stream=True) == "txt" else field, compute.description)
                         + (f"; {len(skipped)} blank texts skipped (rows {listing(skipped, 5)})" if skipped else ""),
                         calibration=str(sidecar_path(output_path)) if fitted is not None else None,
                         compute_precision=compute.description)
@@ -324,29 +328,40 @@ def encode_file(
 
 def _store_matrix(output_path: Path, embeddings: np.ndarray, precision: str, calibration: Calibration | None,
                   **record: Any) -> Calibration | None:
-    """Write ``embeddings`` stored at ``precision`` and, first, the sidecar saying how (both atomic);
-    return the int8/binary calibration used (``calibration``, or one fitted on these vectors).
+    """Write ``embeddings`` stored at ``precision`` and the sidecar saying how, as one unit (the
+    sidecar last, pinning the matrix: :func:`~neobert_embed.outputs.published_file`); return the
+    int8/binary calibration used (``calibration``, or one fitted on these vectors).
 
     Example:
         >>> _store_matrix(Path("docs.npy"), vectors, "int8", None, model="bert", texts=2).precision
         'int8'
     """
-    import io
-
-    from neobert_embed.outputs import sidecar_path, write_sidecar
+    from neobert_embed.outputs import published_file, sidecar_path
 
     fitted = calibration
     if fitted is None and precision in ("int8", "binary"):
         fitted = fit_calibration(embeddings, precision, model=record.get("model"))
         logger.warning("%s codes use a calibration fitted on these %d texts: they compare only with codes "
                        "encoded with --calibration %s", precision, len(embeddings), sidecar_path(output_path))
-    buffer = io.BytesIO()
-    np.save(buffer, quantize(embeddings, precision, fitted))
-    write_sidecar(output_path, ENCODE_WRITER, **record, dimension=int(embeddings.shape[1]), precision=precision,
-                  calibration=fitted.to_json() if fitted is not None else None,
-                  calibration_shared=record.get("calibration_from") is not None if fitted is not None else None)
-    atomic_write_bytes(output_path, buffer.getvalue())
+    with published_file(output_path, ENCODE_WRITER, **record, dimension=int(embeddings.shape[1]),
+                        precision=precision, calibration=fitted.to_json() if fitted is not None else None,
+                        calibration_shared=record.get("calibration_from") is not None if fitted is not None
+                        else None) as staged, open(staged.path, "wb") as handle:
+        np.save(handle, quantize(embeddings, precision, fitted), allow_pickle=False)
     return fitted
+
+
+def stored_bytes(rows: int, dimension: int, precision: str) -> int:
+    """Bytes of a ``rows`` × ``dimension`` matrix stored at ``precision`` (its ``.npy`` header aside):
+    what ``encode`` checks the free space against before it starts.
+
+    Example:
+        >>> stored_bytes(1000, 384, "int8"), stored_bytes(1000, 384, "binary")
+        (384000, 48000)
+    """
+    per_row = {"float32": 4 * dimension, "float16": 2 * dimension, "int8": dimension,
+               "binary": (dimension + 7) // 8}[precision]
+    return rows * per_row
 
 
 def report_json(report: EncodeReport) -> str:

@@ -8,17 +8,28 @@ and an atomic ``os.replace``. Reading is strict and located: a bad line names it
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import shutil
+import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, BinaryIO, ClassVar, Protocol
 
-from neobert_embed.errors import UserInputError, located
+from neobert_embed.errors import (
+    SystemRefusal,
+    UserInputError,
+    existing_ancestor,
+    human_bytes,
+    located,
+    mount_point,
+    system_failure,
+)
 
 WRITTEN_KEY = "written"  # a directory record's list of the entries its writer made (see atomic_directory)
 
@@ -44,9 +55,21 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     Example:
         >>> atomic_write_bytes("out/manifest.json", b"{}")
     """
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
+    with atomic_path(path) as tmp:
+        write_synced(tmp, data)
+
+
+def write_synced(path: str | Path, data: bytes | None = None) -> None:
+    """Write ``data`` into ``path`` (None: keep what a library wrote there) and flush it to the disk,
+    so a file renamed into place afterwards is complete even after a power cut.
+
+    Example:
+        >>> write_synced(".docs.npy.x1.tmp")   # np.save wrote it; now it is on the disk
+    """
+    with open(path, "wb" if data is not None else "rb+") as handle:
+        if data is not None:
+            handle.write(data)
+            handle.flush()
         os.fsync(handle.fileno())
 
 
@@ -57,25 +80,116 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     (:func:`atomic_write_bytes`) or a library that writes by name (FAISS, Arrow).
 
     Why: a crash mid-write leaves ``.NAME.XXXX.tmp`` (which :func:`remove_debris` clears), never a
-    torn ``path``; the name is unique, so two writers in one process do not share it.
+    torn ``path``; the name is unique, so two writers in one process do not share it. A refusal of
+    the operating system (a full disk, a quota, a read-only file system…) becomes one
+    :class:`UserInputError` naming ``path`` (:func:`~neobert_embed.errors.system_failure`).
 
     Example:
         >>> with atomic_path("runs/idx/index.faiss") as tmp:
         ...     faiss.write_index(index, str(tmp))
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
+    tmp: Path | None = None
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            tmp = Path(name)
+            os.fchmod(fd, 0o666 & ~current_umask())
+            os.close(fd)
+            yield tmp
+            os.replace(tmp, path)
+        except BaseException:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Inside the block, a refusal of the operating system (a full disk, a quota, a read-only file
+    system, a name too long, a permission, memory) becomes one :class:`UserInputError` naming
+    ``path``, the output being written, and what to do; anything else passes unchanged.
+
+    Why one place: the write sites are many (our atomic writers, FAISS, sqlite, Arrow, the
+    Trainer's checkpoints) and each library words the failure its own way (``disk I/O error``,
+    ``file write failed``), often without the file. The atomic writers and every claimed output
+    directory (:func:`~neobert_embed.runs.claimed_directory`) run inside it; where blocks nest, the
+    outermost names the output (``runs/index``, not its hidden ``.index.partial/index.faiss``). A failure a library
+    hid the reason of counts as a full disk when next to nothing is free where it wrote.
+
+    Example:
+        >>> with writing("runs/index"):
+        ...     faiss.write_index(index, "runs/.index.partial/index.faiss")
+        Traceback (most recent call last):
+        UserInputError: runs/index: no space left on the device (0 B free on /runs); ...
+    """
     try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        os.close(fd)
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        yield
+    except SystemRefusal as refusal:  # met inside, by a writer of a part: the outermost names the output
+        raise system_failure(refusal, path) from refusal.cause
+    except (UserInputError, KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
+    except Exception as exc:
+        failure = system_failure(exc, path)
+        if failure is None and isinstance(exc, OSError | RuntimeError) and _device_full(Path(path)):
+            failure = system_failure(OSError(errno.ENOSPC, "No space left on device"), path)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+def _device_full(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(existing_ancestor(path)).free < FULL_BYTES
+    except OSError:
+        return False
+
+
+FULL_BYTES = 64 * 1024  # less free than this where a write just failed: the disk is full
+
+
+def follow_umask(root: str | Path) -> None:
+    """Give every file and folder under ``root`` the mode a plain ``open()``/``mkdir()`` would
+    (0666/0777 less the user's umask; executables keep their execute bits).
+
+    Why: libraries write some files privately (transformers saves ``model.safetensors`` as 0600
+    through a temporary file), and a model meant for a shared machine must be readable as the
+    user's umask says (docs/data-safety.md). Called on what a writer made, before it is published.
+
+    Example:
+        >>> follow_umask("runs/.model.k2j1.tmp")
+    """
+    root = Path(root)
+    mask = current_umask()
+    for path in [root, *root.rglob("*")] if root.is_dir() else [root] if root.exists() else []:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        wanted = 0o777 & ~mask if path.is_dir() or mode & 0o111 else 0o666 & ~mask
+        if mode & 0o777 != wanted:
+            os.chmod(path, wanted)
+
+
+def check_free_space(path: str | Path, needed: int, flag: str = "--output", what: str = "the output") -> None:
+    """Refuse to start a write of about ``needed`` bytes at ``path`` when its file system has less
+    free, before any work (the old output stays until the new one is complete, so both must fit).
+
+    Example:
+        >>> check_free_space("/data/docs.npy", 1_200_000_000, what="the matrix")
+        Traceback (most recent call last):
+        UserInputError: --output /data/docs.npy: writing the matrix takes about 1.2 GB, but /data has 0.3 GB free; ...
+    """
+    try:
+        free = shutil.disk_usage(existing_ancestor(path)).free
+    except OSError:
+        return
+    if needed > free:
+        mount = mount_point(path)
+        raise UserInputError(f"{flag} {path}: writing {what} takes about {human_bytes(needed)}, but {mount} has "
+                             f"{human_bytes(free)} free; free {human_bytes(needed - free)} on {mount} or choose "
+                             f"another {flag}")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -94,7 +208,7 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 @contextlib.contextmanager
 def atomic_directory(path: str | Path, overwrite: bool = True, record: str | None = None,
-                     stamp: bool = True) -> Iterator[Path]:
+                     stamp: bool = True, keep_others: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling directory that replaces ``path`` only if the block succeeds.
 
     Used for saved models and exported checkpoints: an exception or Ctrl-C inside the block
@@ -102,31 +216,61 @@ def atomic_directory(path: str | Path, overwrite: bool = True, record: str | Non
     ``record`` (the name of the file by which the command recognises its own output, such as
     ``run.json``), a non-empty ``path`` without that file is never replaced, and (with ``stamp``)
     the record written in the block gets the list of entries the block wrote (``written``), by
-    which a later ``--overwrite`` tells the command's files from a user's.
+    which a later ``--overwrite`` tells the command's files from a user's. What the block wrote
+    follows the umask (:func:`follow_umask`); with ``keep_others``, the entries of the old ``path``
+    the block did not write (a run's record, metrics, checkpoints, a user's notes) move into the new
+    version unchanged, and back if publishing fails. A refusal of the operating system (a full disk)
+    is one user error naming ``path``; the temporary directory is removed and ``path`` stays whole.
 
     Example:
         >>> with atomic_directory("runs/model", record="export.json") as tmp:
         ...     model.save(str(tmp))
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not overwrite:
         raise UserInputError(f"{path} already exists; choose another output or remove it")
     if record is not None and path.is_dir() and any(path.iterdir()) and not (path / record).exists():
         raise UserInputError(f"{path} holds files that neobert-embed did not write (no {record}); "
                              "nothing was deleted: choose another output or empty it yourself")
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-    os.chmod(tmp, 0o777 & ~current_umask())
+    tmp: Path | None = None
+    adopted: list[str] = []
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+            yield tmp
+            follow_umask(tmp)
+            if keep_others:
+                adopted = _move_entries(path, tmp)
+            if stamp and record is not None and (tmp / record).is_file():
+                data = read_json(tmp / record, "record just written")
+                if isinstance(data, dict):
+                    atomic_write_json(tmp / record, {**data, WRITTEN_KEY: sorted(os.listdir(tmp))})
+            replace_directory(tmp, path)
+        except BaseException:
+            if tmp is not None:
+                _move_entries(tmp, path, adopted)  # the entries moved in go back, as they were
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _move_entries(source: Path, target: Path, names: list[str] | None = None) -> list[str]:
+    """Move the entries of ``source`` (only ``names``, when given) that ``target`` lacks into it; returns
+    the names moved. A failure moves back what was moved, so nothing is left half-way."""
+    if names is None:
+        names = sorted(entry.name for entry in source.iterdir()) if source.is_dir() else []
+    moved: list[str] = []
     try:
-        yield tmp
-        if stamp and record is not None and (tmp / record).is_file():
-            data = read_json(tmp / record, "record just written")
-            if isinstance(data, dict):
-                atomic_write_json(tmp / record, {**data, WRITTEN_KEY: sorted(os.listdir(tmp))})
+        for name in names:
+            present = (source / name).exists() or (source / name).is_symlink()
+            if present and not (target / name).exists():
+                os.replace(source / name, target / name)
+                moved.append(name)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for name in moved:
+            os.replace(target / name, source / name)
         raise
-    replace_directory(tmp, path)
+    return moved
 
 
 def replace_directory(source: str | Path, target: str | Path) -> None:
@@ -140,11 +284,18 @@ def replace_directory(source: str | Path, target: str | Path) -> None:
     """
     source, target = Path(source), Path(target)
     old = None
-    if target.exists():
+    if target.exists() or target.is_symlink():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)
-    os.replace(source, target)
-    if old is not None:
+    try:
+        os.replace(source, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if old is not None and (old.is_symlink() or old.is_file()):
+        old.unlink()
+    elif old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -353,12 +504,42 @@ def iter_text_lines(path: str | Path, keep_blank: bool = False) -> Iterator[tupl
             yield number, text
 
 
+STDIN = "-"  # an input path that means standard input (the Unix convention)
+
+
+def is_stream(path: str | Path) -> bool:
+    """Whether ``path`` is an input that can be read only once, from start to end: ``-`` (standard
+    input), a FIFO, a process substitution ``<(…)`` (``/dev/fd/63``) or a character device.
+
+    Example:
+        >>> is_stream("-"), is_stream("/dev/stdin"), is_stream("docs.txt")
+        (True, True, False)
+    """
+    if str(path) == STDIN:
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for binary reading; ``-`` is standard input (left open: it is not ours)."""
+    if str(path) == STDIN:
+        yield sys.stdin.buffer
+        return
+    with open(path, "rb") as handle:
+        yield handle
+
+
 def _utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """``(line_number, decoded line)`` pairs; a line that is not UTF-8 is an error naming it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() and not is_stream(path):
         raise UserInputError(f"{path}: file not found")
-    with open(path, "rb") as handle:
+    with _opened(path) as handle:
         for number, raw in enumerate(handle, start=1):
             try:
                 yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")  # no byte-order mark

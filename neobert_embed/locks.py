@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from neobert_embed.errors import UserInputError
+from neobert_embed.errors import UserInputError, system_failure
 from neobert_embed.files import atomic_write_json, read_json_object_or_none
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,10 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
             else:
                 logger.warning("note: an earlier writer of %s, %s, stopped without finishing", target,
                                previous.describe())
-        _write_note(target, command)
+        try:
+            _write_note(target, command)
+        except UserInputError as exc:  # a full disk: say it of the output, not of the hidden note
+            raise (system_failure(exc.__cause__, target) if exc.__cause__ else exc) from None
         yield
     finally:
         _note_path(target).unlink(missing_ok=True)

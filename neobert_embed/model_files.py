@@ -186,16 +186,20 @@ def _settings_files(directory: Path) -> list[Path]:
 
 def check_model_files(name_or_path: str | Path) -> None:
     """Refuse a local model directory that cannot load: not a directory, empty, no or corrupt
-    ``config.json``, no weights, or a corrupt/truncated ``.safetensors`` file. Hub ids and registry
-    keys pass (their download is checked by the hub client).
+    ``config.json``, no weights, or a corrupt/truncated ``.safetensors`` file; and any model under a
+    memory limit it cannot load in (:func:`~neobert_embed.machine.check_memory_for`). Hub ids and
+    registry keys pass the file checks (their download is checked by the hub client).
 
     Example:
         >>> check_model_files("runs/empty")
         Traceback (most recent call last):
         UserInputError: runs/empty: empty directory, not a model; ...
     """
+    from neobert_embed.machine import check_memory_for
+
     directory = local_model_dir(name_or_path)
     if directory is None:
+        check_memory_for(str(name_or_path), 0)  # its size is not known before the download
         return
     if not directory.is_dir():
         raise UserInputError(f"--model {directory} is a file; pass the model's directory")
@@ -219,6 +223,33 @@ def check_model_files(name_or_path: str | Path) -> None:
         check_safetensors(weights)
     for weights in sorted({*directory.glob("pytorch_model*.bin"), *directory.glob("*/pytorch_model*.bin")}):
         check_torch_bin(weights)
+    check_memory_for(str(directory), weights_size(directory))
+
+
+def weights_size(directory: str | Path) -> int:
+    """Bytes of a local model's weight files (safetensors and torch ``.bin``, in any module folder):
+    what loading it reads, exporting it writes again, and a checkpoint of it holds.
+
+    Example:
+        >>> weights_size("models/minilm")
+        90868376
+    """
+    directory = Path(directory)
+    files = {*directory.glob("*.safetensors"), *directory.glob("*/*.safetensors"), *directory.glob("*.bin"),
+             *directory.glob("*/*.bin")}
+    return sum(file.stat().st_size for file in files if file.is_file())
+
+
+def model_bytes(name_or_path: str | Path, copies: float = 1.0) -> int:
+    """``copies`` times the size of a local model's weights (0 for a hub id or registry key, whose
+    size is not known before the download): what an output holding them needs on the disk.
+
+    Example:
+        >>> model_bytes("models/minilm", copies=2)
+        181736752
+    """
+    directory = local_model_dir(name_or_path)
+    return int(copies * weights_size(directory)) if directory is not None and directory.is_dir() else 0
 
 
 def read_model_config(name_or_path: str | Path) -> dict[str, Any] | None:

@@ -20,16 +20,26 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import fnmatch
+import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from neobert_embed.errors import UserInputError, listing
-from neobert_embed.files import WRITTEN_KEY, atomic_write_json, read_json_object_or_none
+from neobert_embed.errors import UserInputError, existing_ancestor, listing
+from neobert_embed.files import (
+    WRITTEN_KEY,
+    FilePin,
+    atomic_path,
+    read_json_object_or_none,
+    write_synced,
+    writing,
+)
 from neobert_embed.locks import is_lock_file
 
 if TYPE_CHECKING:
@@ -75,6 +85,8 @@ def check_writable_location(path: str | Path, flag: str = "--output") -> None:
         UserInputError: --output /proc/out.npy: cannot write in /proc (permission denied) ...
     """
     path = Path(path)
+    check_not_link(path, flag)
+    check_name_length(path, flag)
     if path.is_dir():
         directory = path  # files are created inside it
     else:
@@ -87,6 +99,64 @@ def check_writable_location(path: str | Path, flag: str = "--output") -> None:
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UserInputError(f"{flag} {path}: cannot write in {directory} (permission denied); choose a "
                              "location you can write to")
+
+
+def check_not_link(path: str | Path, flag: str = "--output") -> None:
+    """Refuse an output that is a symbolic link: the one rule for links, in every command.
+
+    Why: replacing an output is a rename of the path itself, so through a link a command would put
+    a new directory where the link was and leave (or delete) files in the link's target that it
+    does not own. Naming the target itself makes what is replaced, locked and owned unambiguous.
+
+    Example:
+        >>> check_not_link("runs/latest")
+        Traceback (most recent call last):
+        UserInputError: --output runs/latest is a symbolic link (to runs/x); ...
+    """
+    path = Path(path)
+    if path.is_symlink():
+        target = Path(os.path.realpath(path))
+        raise UserInputError(f"{flag} {path} is a symbolic link (to {os.readlink(path)}); outputs are never written "
+                             f"through a link: pass its target ({flag} {target}) or another path (nothing was changed)")
+
+
+NAME_DECORATION = len("..NAME.lock.json.XXXXXXXX.tmp") - len("NAME")
+"""Bytes the longest name a writer makes beside an output adds to the output's own name (the
+temporary file of its lock note; a sidecar's temporary file, ``.NAME.json.XXXXXXXX.tmp``, is shorter)."""
+
+
+def check_name_length(path: str | Path, flag: str = "--output") -> None:
+    """Refuse an output whose name, or a name a writer makes beside it (temporary files, lock,
+    sidecar), is longer than its file system allows, before any work.
+
+    Why: a 240-byte name is legal, but ``.NAME.json.XXXXXXXX.tmp`` beside it is not, and the
+    write failed only after everything was encoded.
+
+    Example:
+        >>> check_name_length("out/" + "x" * 240 + ".npy")
+        Traceback (most recent call last):
+        UserInputError: --output out/xxxx…: its name is 244 bytes, ...
+    """
+    path = Path(os.path.abspath(path))
+    anchor = existing_ancestor(path)
+    try:
+        limit = os.pathconf(anchor, "PC_NAME_MAX")
+        path_limit = os.pathconf(anchor, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        limit, path_limit = 255, 4096
+    size = len(os.fsencode(path.name))
+    for part in path.relative_to(anchor).parts[:-1]:
+        if len(os.fsencode(part)) > limit:
+            raise UserInputError(f"{flag} {path}: the folder name {part[:24]}… is {len(os.fsencode(part))} bytes, "
+                                 f"over the file system's limit of {limit}; choose a shorter name")
+    if size + NAME_DECORATION > limit:
+        raise UserInputError(f"{flag} {path.parent / (path.name[:24] + '…')}: its name is {size} bytes, and the "
+                             f"files written beside it add {NAME_DECORATION}, over the file system's limit of "
+                             f"{limit} bytes per name; choose a name of at most {limit - NAME_DECORATION} bytes")
+    if len(os.fsencode(str(path))) + NAME_DECORATION >= path_limit:
+        raise UserInputError(f"{flag} {path.parent / (path.name[:24] + '…')}: the path is "
+                             f"{len(os.fsencode(str(path)))} bytes, too long for the file system (limit "
+                             f"{path_limit}); choose a shorter path")
 
 
 def check_not_input(output: str | Path, inputs: Iterable[str | Path | None], flag: str = "--output") -> None:
@@ -119,7 +189,7 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 def read_sidecar(path: str | Path) -> dict[str, Any] | None:
-    """The record beside ``path`` (see :func:`write_sidecar`), or None when there is none.
+    """The record beside ``path`` (see :func:`published_file`), or None when there is none.
 
     Example:
         >>> read_sidecar("out/docs.npy")["writer"]
@@ -128,14 +198,68 @@ def read_sidecar(path: str | Path) -> dict[str, Any] | None:
     return read_json_object_or_none(sidecar_path(path))
 
 
-def write_sidecar(path: str | Path, writer: str, **fields: Any) -> None:
-    """Record beside the file ``path`` that ``writer`` made it (and how), atomically.
+PIN_KEY = "pin"  # a file output's record: the size and SHA-256 of the file it describes (files.FilePin)
+
+
+@dataclass
+class StagedFile:
+    """A file output being written (:func:`published_file`): ``path`` is the temporary file to fill,
+    ``record`` the fields its sidecar will hold (the block may add to them)."""
+
+    path: Path
+    record: dict[str, Any]
+
+
+@contextlib.contextmanager
+def published_file(path: str | Path, writer: str, **fields: Any) -> Iterator[StagedFile]:
+    """Write the file output ``path`` and its record (sidecar ``PATH.json``) as one unit: both
+    are written to temporary files first, then the file is put in place, then the record, last.
+
+    Why: the record is how a later command trusts the file (``--overwrite``, ``--calibration``,
+    provenance). Written first, a failed run left a record of itself over the previous matrix,
+    or a record with no matrix. Now a failure while writing (a full disk) leaves the previous
+    pair whole (or nothing), and the record pins the file it describes (size and SHA-256), so
+    even a process killed between the two renames leaves a pair a reader can tell apart
+    (:func:`check_record_matches`).
 
     Example:
-        >>> write_sidecar("out/docs.npy", "neobert-embed encode", model="bert", texts=10)
+        >>> with published_file("out/docs.npy", "neobert-embed encode", model="bert") as staged:
+        ...     np.save(staged.path, vectors, allow_pickle=False)
+        ...     staged.record["texts"] = len(vectors)
     """
-    record = {"writer": writer, "written_at": datetime.now(timezone.utc).isoformat(), **fields}
-    atomic_write_json(sidecar_path(path), record)
+    path = Path(path)
+    with writing(path), atomic_path(sidecar_path(path)) as record_tmp, atomic_path(path) as data_tmp:
+        staged = StagedFile(data_tmp, dict(fields))
+        yield staged
+        write_synced(data_tmp)
+        pin = FilePin.of(data_tmp)
+        record = {"writer": writer, "written_at": datetime.now(timezone.utc).isoformat(), **staged.record,
+                  PIN_KEY: {"size": pin.size, "sha256": pin.sha256}}
+        write_synced(record_tmp, (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8"))
+    # atomic_path publishes the inner file (the data) first, the record last
+
+
+def check_record_matches(path: str | Path, flag: str = "--calibration") -> None:
+    """Refuse a file output whose record pins another file than the one beside it (a run killed
+    between publishing the file and its record; a file replaced by hand). Records written before
+    pins existed pass.
+
+    Example:
+        >>> check_record_matches("docs.npy")
+        Traceback (most recent call last):
+        UserInputError: --calibration docs.npy.json describes another docs.npy (… bytes, but … were recorded); ...
+    """
+    path = Path(path)
+    pin = (read_sidecar(path) or {}).get(PIN_KEY)
+    if not isinstance(pin, dict) or not path.is_file():
+        return
+    try:
+        difference = FilePin(size=int(pin["size"]), sha256=str(pin["sha256"])).difference(path)
+    except (KeyError, TypeError, ValueError):
+        difference = "its pin is damaged"
+    if difference is not None:
+        raise UserInputError(f"{flag} {sidecar_path(path)} describes another {path.name} ({difference}): the run that "
+                             f"wrote them did not finish; encode {path.name} again")
 
 
 def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | Path | None] = (),
@@ -153,10 +277,12 @@ def check_output_file(path: str | Path, *, writer: str, inputs: Iterable[str | P
         >>> check_output_file("docs.npy", writer="neobert-embed encode", inputs=["docs.txt"], suffix=".npy")
     """
     path = Path(path)
+    check_name_length(path, flag)  # first: a name too long cannot even be looked at
     if path.is_dir():
         raise UserInputError(f"{flag} {path} is a directory; give a file path such as {path / 'output'}"
                              f"{suffix or path.suffix or ''}")
     side = sidecar_path(path)
+    check_not_link(side, f"{flag}'s record")
     check_not_input(path, inputs, flag)
     check_not_input(side, inputs, f"{flag}'s record")
     if suffix is not None and path.suffix.lower() != suffix:
@@ -232,6 +358,7 @@ def check_output_directory(path: str | Path, *, record: RecordNames, inputs: Ite
         <DirectoryState.ABSENT: 'absent'>
     """
     path = Path(path)
+    check_name_length(path, flag)  # first: a name too long cannot even be looked at
     check_not_input(path, inputs, flag)
     check_directory_path(path, flag, what)
     state = directory_state(path, record)

@@ -166,12 +166,14 @@ def load_calibration(path: str | Path) -> Calibration:
         >>> load_calibration("docs.npy.json").precision
         'int8'
     """
-    from neobert_embed.outputs import sidecar_path
+    from neobert_embed.outputs import check_record_matches, sidecar_path
     from neobert_embed.recipes import read_spec
 
     path = Path(path)
     if path.suffix == ".npy":
         path = sidecar_path(path)
+    if path.suffix == ".json" and path.with_suffix("").suffix == ".npy":
+        check_record_matches(path.with_suffix(""))  # the record of another matrix than the one beside it
     spec = read_spec(path, "calibration", "--calibration: pass the .npy.json written beside an int8/binary "
                      "`neobert-embed encode` output")
     if "calibration" not in spec.data:

@@ -25,9 +25,9 @@ from typing import Any
 
 from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import atomic_directory, atomic_write_text
+from neobert_embed.files import atomic_directory, atomic_write_text, writing
 from neobert_embed.locks import LockHolder, writer_lock
-from neobert_embed.outputs import DirectoryState, RecordNames, check_output_directory
+from neobert_embed.outputs import DirectoryState, RecordNames, check_not_link, check_output_directory
 from neobert_embed.records import RUN, RecordFile
 
 METRICS_FILE = "metrics.jsonl"  # one JSON line per logged training step
@@ -49,7 +49,9 @@ def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
     holds it) and checks again, since the other writer may have changed it meanwhile. Under
     torchrun only rank 0 checks and locks, for the whole job. Yields the directory's state
     (``absent``, ``empty`` or ``owned``), from which the command decides what resume and
-    overwrite mean for it.
+    overwrite mean for it. A refusal of the operating system inside the block (a full disk while
+    the command writes, whichever library writes) is one error naming ``output``
+    (:func:`~neobert_embed.files.writing`).
 
     With ``part`` (a path relative to ``output``) only that part of a shared output is locked:
     ``mteb`` locks one model's results in a results root, so evaluations of other models into
@@ -67,7 +69,7 @@ def claimed_directory(output: str | Path, *, record: RecordNames, command: str,
     check = dict(record=record, inputs=list(inputs), what=what, replace=replace, owned=owned, writer=writer)
     check_output_directory(output, **check)
     locked = Path(output) if part is None else Path(output) / "--".join(Path(part).parts)
-    with writer_lock(locked, command=command, wait=wait, on_stale=on_stale):
+    with writing(output), writer_lock(locked, command=command, wait=wait, on_stale=on_stale):
         yield check_output_directory(output, **check)
 
 
@@ -87,7 +89,8 @@ def updated_directory(directory: str | Path, *, record: RecordFile, command: str
         >>> with updated_directory("runs/index", record=INDEX_MANIFEST, command="neobert-embed index add") as work:
         ...     write_new_version(from_dir="runs/index", into=work)
     """
-    with writer_lock(directory, command=command, wait=wait, on_stale=on_stale), \
+    check_not_link(directory, "the directory")  # the one rule for links (outputs.check_not_link)
+    with writing(directory), writer_lock(directory, command=command, wait=wait, on_stale=on_stale), \
             atomic_directory(directory, record=record.name, stamp=False) as work:
         yield work
 
@@ -234,16 +237,5 @@ def promoted(output: str | Path, record: RecordFile = RUN) -> Iterator[Path]:
         >>> with promoted("runs/x") as tmp:
         ...     model.save(str(tmp))
     """
-    output = Path(output)
-    with atomic_directory(output, record=record.name, stamp=False) as tmp:  # the user's entries move in below
+    with atomic_directory(output, record=record.name, stamp=False, keep_others=True) as tmp:
         yield tmp
-        moved: list[str] = []
-        try:
-            for entry in sorted(output.iterdir()) if output.is_dir() else []:
-                if not (tmp / entry.name).exists():
-                    os.replace(entry, tmp / entry.name)
-                    moved.append(entry.name)
-        except BaseException:
-            for name in moved:
-                os.replace(tmp / name, output / name)
-            raise

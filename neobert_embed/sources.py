@@ -12,6 +12,8 @@ Formats, chosen by what the source is:
     ``.parquet`` / ``.pq``         one record per row;
     ``.txt`` / ``.text`` / ``.tsv`` (or no suffix)  one record per line, in the field ``text`` (or
                                    the ``text_key`` a caller reading its own text field names);
+    ``-``, a FIFO, ``<(…)``        a stream, read once as text lines (JSON lines when named
+                                   ``*.jsonl``), by commands that read their input once (``encode``);
     a directory                    a ``datasets.save_to_disk`` folder, else every file above inside
                                    it (recursively, in name order);
     anything else                  a Hugging Face hub dataset id (``subset``, ``split``, ``streaming``).
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import iter_jsonl, iter_text_lines, value_digest
+from neobert_embed.files import STDIN, is_stream, iter_jsonl, iter_text_lines, value_digest
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet",
            ".pq": "parquet", ".txt": "txt", ".text": "txt", ".tsv": "txt", "": "txt"}
@@ -68,16 +70,22 @@ class Location:
         return located(self.source, self.number, message)
 
 
-def source_format(source: str | Path) -> str:
+def source_format(source: str | Path, stream: bool = False) -> str:
     """The format of ``source``: a file format (``jsonl``, ``json``, ``csv``, ``parquet``, ``txt``),
     ``dataset`` (a save_to_disk folder), ``directory`` (of files) or ``hub``; a missing file or an
     unknown suffix is an error naming what is accepted.
+
+    A stream (``-`` for stdin, a FIFO, ``<(…)``: :func:`~neobert_embed.files.is_stream`) is read
+    once, line by line: as text lines, or JSON lines when its name says so. Only a caller that
+    reads its input once passes ``stream=True``; for the others a stream is refused, saying why.
 
     Example:
         >>> source_format("docs.ndjson")
         'jsonl'
     """
     path = Path(source)
+    if is_stream(source):
+        return _stream_format(source, stream)
     if path.is_dir():
         saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
         return "dataset" if saved else "directory"
@@ -94,7 +102,8 @@ def source_format(source: str | Path) -> str:
 
 def iter_records(source: str | Path, *, split: str = "train", subset: str | None = None,
                  streaming: bool = False, keep_blank: bool = False, text_key: str = "text",
-                 columns: Sequence[str] | None = None) -> Iterator[tuple[Location, dict[str, Any]]]:
+                 columns: Sequence[str] | None = None, stream: bool = False
+                 ) -> Iterator[tuple[Location, dict[str, Any]]]:
     """Yield ``(location, record)`` for every record of ``source``, in a fixed order.
 
     Args:
@@ -107,6 +116,8 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
             ``--text-field content`` reads a ``.txt`` corpus too (``{"content": line}``).
         columns: parquet files only: read just these columns (when the file has them all), so a
             caller that needs one field does not convert every column of every row.
+        stream: the caller reads ``source`` once, so it may be stdin (``-``), a FIFO or a process
+            substitution (see :func:`source_format`).
 
     Unreadable bytes, invalid JSON/CSV and unreadable parquet raise
     :class:`~neobert_embed.errors.UserInputError` naming the file and line or row.
@@ -115,7 +126,7 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
         >>> [record["text"] for _, record in iter_records("queries.txt")]
         ['what is a cat', 'how far is the moon']
     """
-    kind = source_format(source)
+    kind = source_format(source, stream)
     if kind == "directory":
         files = _directory_files(Path(source), kind)
         if not files:
@@ -156,6 +167,19 @@ def _directory_files(directory: Path, kind: str) -> list[Path]:
     return [p for p in sorted(directory.rglob("*")) if p.is_file()
             and not any(part.startswith(".") for part in p.relative_to(directory).parts)
             and (kind != "directory" or (p.suffix != "" and p.suffix.lower() in FORMATS))]
+
+
+def _stream_format(source: str | Path, allowed: bool) -> str:
+    """The format a stream is read in: JSON lines when its name ends so, else text lines."""
+    what = "standard input" if str(source) == STDIN else "a pipe (a FIFO or process substitution), not a regular file"
+    if not allowed:
+        raise UserInputError(f"{source} is {what}, which can be read only once, but this command reads its input "
+                             "more than once; save it to a file first and pass that file")
+    kind = FORMATS.get(Path(str(source)).suffix.lower(), "txt")
+    if kind not in ("txt", "jsonl"):
+        raise UserInputError(f"{source} is {what}; a {kind} input is read from a file only (save it to a file "
+                             "first), while a stream is read as text lines or, named *.jsonl, as JSON lines")
+    return kind
 
 
 def _file_records(path: Path, kind: str, keep_blank: bool, text_key: str, columns: Sequence[str] | None

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -31,6 +32,26 @@ def run_main(args: list, capsys) -> tuple[int, str, str]:
             code = stop.code if isinstance(stop.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def main_status(args: list) -> int:
+    """Run the console script in-process outside a test's capsys (a module fixture) and return its exit status."""
+    from neobert_embed.cli import main
+
+    with mock.patch.object(sys, "argv", ["neobert-embed", *map(str, args)]):
+        try:
+            main()
+        except SystemExit as stop:
+            return stop.code if isinstance(stop.code, int) else 1
+    return 0
+
+
+def in_turn(*steps: Callable[[dict[str, Path]], None]) -> Callable[[dict[str, Path]], None]:
+    """One preparation of a fault case made of ``steps`` (each given the case's paths), run in turn."""
+    def make(paths: dict[str, Path]) -> None:
+        for step in steps:
+            step(paths)
+    return make
 
 
 def cli_env() -> dict[str, str]:
@@ -64,6 +85,22 @@ def small_inputs(root: Path) -> dict[str, Path]:
     pairs = write_jsonl(root / "pairs.jsonl", [{"query": f"q {i}", "document": f"answer {i}"} for i in range(20)])
     return {"root": root, "model": build_prompted_bert(root / "models"), "texts": texts, "corpus": corpus,
             "pairs": pairs, "recipe": REPO / "recipes" / "contrastive-tiny.yaml"}
+
+
+def fault_world(root: Path) -> dict[str, Path]:
+    """:func:`small_inputs` plus what the fault tables' commands read: an index of the corpus, a
+    retrieval task with one query, and new documents for ``index add``."""
+    from neobert_embed.index import build_index
+
+    inputs = small_inputs(root)
+    build_index(inputs["model"], inputs["corpus"], root / "index", index_type="flat", show_progress=False,
+                compute_precision="fp32")
+    task = root / "task"
+    (task / "qrels").mkdir(parents=True)
+    write_jsonl(task / "queries.jsonl", [{"_id": "q1", "text": "doc 1"}])
+    (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n", encoding="utf-8")
+    new_docs = write_jsonl(root / "new-docs.jsonl", [{"_id": f"n{i}", "text": f"new doc {i}"} for i in range(5)])
+    return {**inputs, "index": root / "index", "task": task, "new_docs": new_docs}
 
 
 def build_prompted_bert(directory: Path) -> Path:

@@ -25,24 +25,10 @@ import pytest
 from contrastive_helpers import one_torch_thread
 from glue_helpers import TINY_GRID, tiny_task_dir
 from pretraining_helpers import tiny_recipe
-from safety_helpers import run_main, small_inputs, snapshot
+from safety_helpers import main_status, run_main, small_inputs, snapshot
 
 _one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
-
-
-def _cli(args: list) -> int:
-    """Run the console script in-process (outside a test's capsys) and return its exit status."""
-    from unittest import mock
-
-    from neobert_embed.cli import main
-
-    with mock.patch("sys.argv", ["neobert-embed", *map(str, args)]):
-        try:
-            main()
-        except SystemExit as stop:
-            return stop.code if isinstance(stop.code, int) else 1
-    return 0
 
 
 @pytest.fixture(scope="module")
@@ -58,16 +44,16 @@ def finished(tmp_path_factory) -> dict[str, Path]:
     grid.write_text(TINY_GRID, encoding="utf-8")
     tasks = [tiny_task_dir(root / "glue-tasks", task) for task in ("mnli", "rte")]
     glue = ["glue", "--model", model, *(a for t in tasks for a in ("--task-dir", t)), "--preset", grid]
-    assert _cli([*glue, "--output", root / "glue"]) == 0
+    assert main_status([*glue, "--output", root / "glue"]) == 0
     contrastive = ["train-contrastive", "--model", model, "--data", f"p={inputs['pairs']}", "--recipe",
                    inputs["recipe"], "--max-steps", "10"]
-    assert _cli([*contrastive, "--output", root / "contrastive"]) == 0  # checkpoint-10 kept
+    assert main_status([*contrastive, "--output", root / "contrastive"]) == 0  # checkpoint-10 kept
     prepared = ["pretrain", "prepare", "--corpus", inputs["texts"], "--text-field", "text", "--tokenizer", model]
-    assert _cli([*prepared, "--output", root / "prepared"]) == 0
+    assert main_status([*prepared, "--output", root / "prepared"]) == 0
     recipe = root / "pretrain.yaml"
     recipe.write_text(yaml.safe_dump(tiny_recipe(max_steps=2)), encoding="utf-8")
     pretrain = ["pretrain", "--recipe", recipe, "--corpus", root / "prepared"]
-    assert _cli([*pretrain, "--output", root / "pretrain"]) == 0
+    assert main_status([*pretrain, "--output", root / "pretrain"]) == 0
 
     def stop(done):
         raise KeyboardInterrupt

@@ -395,6 +395,10 @@ COVERAGE: dict[str, Run | NotRun] = {
         "what a second writer prints while the first holds the lock: needs two concurrent processes, which "
         "its own test starts",
         covered_by=("tests/test_data_safety.py::test_two_concurrent_index_adds_keep_both_corpora",)),
+    "docs/data-safety.md: error: runs/news-index: no space left on the device (0 B free on /data); free space "
+    "there or choose another --output": NotRun(
+        "what a full disk prints: needs a full file system, which its own tests mount (a small tmpfs) or inject",
+        covered_by=("tests/test_os_failures.py::test_os_failure_exits_2_in_one_line_and_loses_nothing",)),
     "docs/data-safety.md: neobert-embed encode -m MODEL -i docs.txt -o docs.npy --store-precision int8": Run(
         "data-safety", subs={"MODEL": "@embedder"}, check=check_int8_calibration),
     "docs/evaluation.md: neobert-embed mteb --model runs/minilm --task-dir tasks/ --output runs/mteb": Run(

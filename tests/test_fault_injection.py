@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from safety_helpers import run_main, small_inputs, snapshot, write_jsonl
+from safety_helpers import fault_world, run_main, snapshot, write_jsonl
+from safety_helpers import in_turn as _both
 
 READ_ONLY = "/proc/1/out"  # /proc/1 is read-only even for root
 
@@ -56,29 +57,18 @@ class World:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> World:
-    from neobert_embed.index import build_index
-
-    inputs = small_inputs(tmp_path_factory.mktemp("faults"))
+    inputs = fault_world(tmp_path_factory.mktemp("faults"))
     root = inputs["root"]
-    index = root / "index"
-    build_index(inputs["model"], inputs["corpus"], index, index_type="flat", show_progress=False,
-                compute_precision="fp32")
     a_file = root / "a-file"
     a_file.write_text("not a directory", encoding="utf-8")
     blank = root / "blank.txt"
     blank.write_text("\n  \n\t\n", encoding="utf-8")
     short_csv = root / "short.csv"
     short_csv.write_text("_id,text\nd1,first\nd2\n", encoding="utf-8")
-    task = root / "task"
-    (task / "qrels").mkdir(parents=True)
-    write_jsonl(task / "queries.jsonl", [{"_id": "q1", "text": "doc 1"}])
-    (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n", encoding="utf-8")
-    new_docs = write_jsonl(root / "new-docs.jsonl", [{"_id": f"n{i}", "text": f"new doc {i}"} for i in range(5)])
     nan_model = root / "nan-model"
     shutil.copytree(inputs["model"], nan_model)
     _poison(nan_model)
-    return World({**inputs, "index": index, "file": a_file, "blank": blank, "short": short_csv, "task": task,
-                  "nan_model": nan_model, "new_docs": new_docs})
+    return World({**inputs, "file": a_file, "blank": blank, "short": short_csv, "nan_model": nan_model})
 
 
 def _poison(model_dir: Path) -> None:
@@ -129,13 +119,6 @@ def _sharded_model(index: str) -> Callable[[dict[str, Path]], None]:
         shutil.copytree(paths["model"], model)
         (model / "model.safetensors").rename(model / "model-00001-of-00001.safetensors")
         (model / "model.safetensors.index.json").write_text(index, encoding="utf-8")
-    return make
-
-
-def _both(*steps: Callable[[dict[str, Path]], None]) -> Callable[[dict[str, Path]], None]:
-    def make(paths: dict[str, Path]) -> None:
-        for step in steps:
-            step(paths)
     return make
 
 

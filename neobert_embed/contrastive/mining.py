@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from neobert_embed.contrastive.data import load_examples
 from neobert_embed.contrastive.recipe import DataSource
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import atomic_write_text
+from neobert_embed.files import check_free_space
 from neobert_embed.machine import check_compute_precision, check_precision_fits, describe_machine
 from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT, resolve_prompt
 
@@ -65,7 +65,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
         >>> mine_negatives("runs/x", "pairs.parquet", "mined.jsonl", num_negatives=5, margin=0.05)
     """
     from neobert_embed.model_files import check_model_files
-    from neobert_embed.outputs import check_output_file, write_sidecar
+    from neobert_embed.outputs import check_output_file, published_file
 
     if num_negatives < 1:
         raise UserInputError(f"--num-negatives must be at least 1, got {num_negatives}")
@@ -88,13 +88,16 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
     if pairs.num_rows < 2:
         raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
+    check_free_space(output, _mined_bytes(pairs["anchor"], pairs["positive"], num_negatives), what="the mined rows")
     loaded = load_inference_model(model, precision, device=device, max_seq_length=max_seq_length,
                                   sample_texts=_sample_texts(pairs), batch_size=batch_size)
     sentence_model = loaded.model
     prompts = {"query_prompt": resolve_prompt(sentence_model, QUERY_PROMPT),
                "corpus_prompt": resolve_prompt(sentence_model, DOCUMENT_PROMPT)}
+    anchors, positives = pairs["anchor"], pairs["positive"]
+    repeats = repeated_rows(list(zip(anchors, positives, strict=True)))
     logger.info(used_line(sentence_model, [QUERY_PROMPT, DOCUMENT_PROMPT], field="anchor/positive",
-                          compute=loaded.choice.description))
+                          compute=loaded.choice.description) + _said(repeats, "duplicate (anchor, positive) rows left out"))
     mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",
                                 positive_column_name="positive", range_min=range_min, range_max=range_max,
                                 absolute_margin=margin, num_negatives=num_negatives, sampling_strategy="top",
@@ -103,12 +106,58 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     if mined.num_rows == 0:
         raise UserInputError(f"{data}: no row got {num_negatives} negatives; widen --range, lower --margin "
                              "or --num-negatives")
-    output = Path(output)
-    write_sidecar(output, MINE_WRITER, model=model, data=str(data), rows=mined.num_rows,
-                  num_negatives=num_negatives, range=[range_min, range_max], margin=margin,
-                  precision=loaded.choice.to_json())
-    atomic_write_text(output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in mined))
-    return output
+    kept = set(zip(mined["anchor"], mined["positive"], strict=True))
+    repeated = {row for row, _ in repeats}
+    short = [(row, None) for row, pair in enumerate(zip(anchors, positives, strict=True), start=1)
+             if row not in repeated and pair not in kept]
+    if short:
+        logger.warning("%s: %s", data, _said(short, f"rows with fewer than {num_negatives} negatives left out "
+                                                     "(widen --range or lower --margin to keep them)").lstrip("; "))
+    with published_file(output, MINE_WRITER, model=model, data=str(data), rows=mined.num_rows,
+                        num_negatives=num_negatives, range=[range_min, range_max], margin=margin,
+                        precision=loaded.choice.to_json(), duplicates_left_out=_dropped(repeats),
+                        short_rows_left_out=_dropped(short)) as staged, \
+            open(staged.path, "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in mined)
+    return Path(output)
+
+
+def repeated_rows(pairs: list[tuple[str, str]]) -> list[tuple[int, int]]:
+    """``(row, earlier row)`` of every pair that repeats an earlier one (1-based): what mining
+    leaves out (sentence-transformers keeps one copy of each (anchor, positive) pair).
+
+    Example:
+        >>> repeated_rows([("q", "a"), ("q", "b"), ("q", "a")])
+        [(3, 1)]
+    """
+    first: dict[tuple[str, str], int] = {}
+    repeats = []
+    for row, pair in enumerate(pairs, start=1):
+        if pair in first:
+            repeats.append((row, first[pair]))
+        else:
+            first[pair] = row
+    return repeats
+
+
+def _said(rows: list[tuple[int, int | None]], what: str) -> str:
+    """``; 5 duplicate … rows left out (first: row 17, a repeat of row 3)`` for the used: line ('' for none)."""
+    if not rows:
+        return ""
+    row, earlier = rows[0]
+    return f"; {len(rows)} {what} (first: row {row}" + (f", a repeat of row {earlier})" if earlier else ")")
+
+
+def _dropped(rows: list[tuple[int, int | None]]) -> dict[str, int | None]:
+    """How many rows were left out and the first, for the sidecar record."""
+    return {"count": len(rows), "first_row": rows[0][0] if rows else None}
+
+
+def _mined_bytes(anchors: list[str], positives: list[str], num_negatives: int) -> int:
+    """About how large the mined file is: each row holds its anchor, its positive and
+    ``num_negatives`` positives of other rows, as JSON."""
+    texts = sum(len(text.encode("utf-8")) for text in (*anchors, *positives))
+    return int(texts * (2 + num_negatives) / 2 + 64 * len(anchors) * (2 + num_negatives))
 
 
 def _sample_texts(pairs: Dataset, limit: int = 32) -> list[str]:

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,8 @@ from neobert_embed.contrastive.loss import build_contrastive_loss
 from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import check_free_space, follow_umask, remove_debris, writing
+from neobert_embed.model_files import model_bytes
 from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import Spec
 from neobert_embed.records import RUN, TRAINER_STATE, TRAINING_SUMMARY
@@ -58,6 +62,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS = runs.CHECKPOINTS_DIR
+CHECKPOINT_COPIES = 3  # a checkpoint holds the weights and Adam's two moments
+RUN_FILES = (CHECKPOINTS, runs.METRICS_FILE, TRAINING_SUMMARY.name, RUN.name)  # what each run writes anew
 RELOAD_TOLERANCE = 1e-5
 
 
@@ -228,6 +234,7 @@ def _reload_difference(model, directory: Path, texts: list[str]) -> float:
 
 def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) -> None:
     """Write the model in a temp dir beside the run, check it reloads, and promote it with the run's files."""
+    follow_umask(output / CHECKPOINTS)  # the Trainer saves their weights privately (0600)
     with runs.promoted(output, record=RUN) as tmp:
         model.save(str(tmp))
         summary["reload_max_abs_diff"] = _reload_difference(model, tmp, texts)
@@ -271,7 +278,8 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
     output = Path(output)
     inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
     with runs.claimed_directory(output, record=RUN, command="neobert-embed train-contrastive",
-                                inputs=inputs, what="training run", wait=wait) as state:
+                                inputs=inputs, what="training run", wait=wait,
+                                on_stale=lambda _: remove_debris(output)) as state:  # a killed run's .NAME.old-PID
         return _train_in(output, model, data, recipe, resume, overwrite, callbacks, state)
 
 
@@ -284,47 +292,51 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         return output
     chosen = _chosen_precision(recipe)  # refuses fp16 on the CPU before anything is written
     sets = _checked_training_data(sources, recipe)
+    if is_main_process():  # the final model and the checkpoints kept (each with the optimizer's two moments)
+        kept = min(recipe.save_total_limit or 1, recipe.max_steps // max(recipe.save_steps, 1))
+        check_free_space(output, model_bytes(model_name, 1 + CHECKPOINT_COPIES * kept),
+                         what=f"the model and checkpoints of {model_name}")
     sentence_model = _load_model(model_name, recipe, sources)
     logger.info(chosen.announcement)
     precision = chosen.label
     loss = build_contrastive_loss(sentence_model, recipe)
     checkpoint = last_checkpoint(output) if resume else None
     fresh = checkpoint is None and (state is not DirectoryState.OWNED or overwrite)
-    if is_main_process():  # record what the run is (run.json), clearing an overwritten run first
-        if overwrite and not resume:
-            _discard_new_run(output)
-        RUN.write(output, _record(model_name, sources, recipe))
-    try:
-        trainer, interrupt, progress = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
-        started = time.perf_counter()
-        with interrupt, contextlib.closing(progress):  # the bar stops however training ends
-            result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    except UserInputError:
-        if fresh and is_main_process() and not _complete_checkpoints(output):
-            _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
-        raise
-    # Mixed precision: accelerate wrapped the model's forward in autocast for training and leaves it
-    # there; without unwrapping, the final encode (and the reload check against the saved fp32 copy)
-    # would run in bf16 (max |Δ| 2.4e-4 on a tiny BERT, over RELOAD_TOLERANCE).
-    trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
-    if interrupt.requested:
-        raise runs.Interrupted(f"stopped at step {trainer.state.global_step}; checkpoint saved in "
-                               f"{output / CHECKPOINTS}")
-    if not is_main_process():
+    replacing = is_main_process() and overwrite and not resume and state is DirectoryState.OWNED
+    with _old_run_aside(output, replacing):  # the old run stays whole until the new one is complete
+        if is_main_process():  # record what the run is (run.json)
+            RUN.write(output, _record(model_name, sources, recipe))
+        try:
+            trainer, interrupt, progress = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
+            started = time.perf_counter()
+            with interrupt, contextlib.closing(progress), writing(output):  # the bar stops however training ends
+                result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        except UserInputError:
+            if fresh and is_main_process() and not _complete_checkpoints(output):
+                _discard_new_run(output, remove_directory=state is DirectoryState.ABSENT)
+            raise
+        # Mixed precision: accelerate wrapped the model's forward in autocast for training and leaves it
+        # there; without unwrapping, the final encode (and the reload check against the saved fp32 copy)
+        # would run in bf16 (max |Δ| 2.4e-4 on a tiny BERT, over RELOAD_TOLERANCE).
+        trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
+        if interrupt.requested:
+            raise runs.Interrupted(f"stopped at step {trainer.state.global_step}; checkpoint saved in "
+                                   f"{output / CHECKPOINTS}")
+        if not is_main_process():
+            return output
+        elapsed = time.perf_counter() - started
+        summary = {
+            "model": model_name, "output": str(output), "steps": trainer.state.global_step,
+            "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
+            "train_loss": result.training_loss,
+            "wall_s": round(elapsed, 2), "examples_per_s": round(trainer.examples_seen / max(elapsed, 1e-9), 2),
+            "datasets": {name: d.num_rows for name, d in sets.items()}, "world_size": trainer.args.world_size,
+            "resumed_from": str(checkpoint) if checkpoint else None, "precision": precision,
+        }
+        first = next(iter(sets.values()))
+        _save_final(sentence_model, output, summary, first["anchor"][:4] + first["positive"][:4])
+        logger.info("saved the model, metrics.jsonl and summary.json in %s", output)
         return output
-    elapsed = time.perf_counter() - started
-    summary = {
-        "model": model_name, "output": str(output), "steps": trainer.state.global_step,
-        "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
-        "train_loss": result.training_loss,
-        "wall_s": round(elapsed, 2), "examples_per_s": round(trainer.examples_seen / max(elapsed, 1e-9), 2),
-        "datasets": {name: d.num_rows for name, d in sets.items()}, "world_size": trainer.args.world_size,
-        "resumed_from": str(checkpoint) if checkpoint else None, "precision": precision,
-    }
-    first = next(iter(sets.values()))
-    _save_final(sentence_model, output, summary, first["anchor"][:4] + first["positive"][:4])
-    logger.info("saved the model, metrics.jsonl and summary.json in %s", output)
-    return output
 
 
 def _chosen_precision(recipe: ContrastiveRecipe) -> TrainingPrecision:
@@ -347,6 +359,47 @@ def _checked_training_data(sources: dict[str, DataSource], recipe: ContrastiveRe
             raise UserInputError(f"dataset {name!r} has {dataset.num_rows} rows but one batch needs {needed}; "
                                  "lower text_budget/batch_size or add data")
     return sets
+
+
+@contextlib.contextmanager
+def _old_run_aside(output: Path, replacing: bool) -> Iterator[None]:
+    """With ``replacing`` (``--overwrite`` of a run), move the old run in ``output`` aside whole
+    (the hidden sibling ``.NAME.old-PID``) while the new one trains in ``output``.
+
+    Why: deleting the old run's record, metrics and checkpoints first left, when the new run
+    failed (a full disk), the old weights under no record: neither run. Now a failure brings the
+    old run back exactly as it was; a complete new run gets the old one's other entries (a user's
+    notes) and the rest is deleted; Ctrl-C keeps the new run (``--resume`` continues it).
+
+    Example:
+        >>> with _old_run_aside(Path("runs/x"), replacing=True):
+        ...     train_into("runs/x")
+    """
+    if not replacing:
+        yield
+        return
+    aside = output.with_name(f".{output.name}.old-{os.getpid()}")
+    os.replace(output, aside)
+    output.mkdir()
+    try:
+        yield
+    except runs.Interrupted:
+        _keep_user_entries(aside, output)
+        raise
+    except BaseException:
+        shutil.rmtree(output, ignore_errors=True)
+        os.replace(aside, output)
+        raise
+    _keep_user_entries(aside, output)
+
+
+def _keep_user_entries(old_run: Path, output: Path) -> None:
+    """Move the entries of the set-aside ``old_run`` that are no run file and that the new run in
+    ``output`` lacks into it, then delete the old run."""
+    for entry in sorted(old_run.iterdir()):
+        if entry.name not in RUN_FILES and not (output / entry.name).exists():
+            os.replace(entry, output / entry.name)
+    shutil.rmtree(old_run, ignore_errors=True)
 
 
 def _discard_new_run(output: Path, remove_directory: bool = False) -> None:

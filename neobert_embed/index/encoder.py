@@ -98,6 +98,11 @@ class IndexEncoder:
         from neobert_embed.inference.pipeline import pipeline_for
         from neobert_embed.sentence import resolve_prompt
 
+        if not hasattr(self.model, "preprocess"):  # an export's light model: its own batches, no torch
+            vectors = self.encode(texts, kind)
+            if advance is not None:
+                advance(len(texts))
+            return vectors
         prompt = self.prompts.get(kind)  # None (an old manifest): the model's default, as encode applies it
         prompt = resolve_prompt(self.model, None) if prompt is None else prompt
         return pipeline_for(self.model).encode(texts, prompt=prompt or None,

@@ -229,9 +229,10 @@ def export_model(
     output = Path(output_dir)
     check_export_output(output, source, overwrite)
 
-    from neobert_embed.files import atomic_directory, remove_debris
+    from neobert_embed.files import atomic_directory, check_free_space, remove_debris
     from neobert_embed.inference.runners import GRAPH_FILES, OUTPUT_NAME
     from neobert_embed.inference.runtime import model_fingerprint
+    from neobert_embed.model_files import model_bytes
     from neobert_embed.runs import claimed_directory
     from neobert_embed.sentence import load_sentence_model
 
@@ -240,6 +241,8 @@ def export_model(
     with claimed_directory(output, command=WRITER, wait=wait, on_stale=lambda _: remove_debris(output),
                            **_claim(output, source, overwrite)):
         check_export_output(output, source, overwrite)  # again, now that no one else writes it
+        check_free_space(output, model_bytes(source, EXPORT_COPIES + (INT8_COPY if quantize else 0.0)),
+                         what=f"the {format} export of {source}")
         model = load_sentence_model(source, device="cpu", precision="fp32")
         fingerprint = model_fingerprint(model)  # before anything else touches the weights
         graph, inputs = _traceable_encoder(model)
@@ -277,6 +280,10 @@ def export_model(
             del record["output"]
             EXPORT.write(tmp, record)
     return report
+
+
+EXPORT_COPIES = 2.0  # an export holds the model's weights twice: the SentenceTransformer files and the graph
+INT8_COPY = 0.3  # and a quarter more (plus headers) for an int8 graph
 
 
 def _size(file: Path) -> int:

@@ -42,6 +42,7 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
+from neobert_embed.inference.pipeline import plan_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
 from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import EXPORT
@@ -345,9 +346,7 @@ class LightModel:
             prompt = self.prompts.get(self.default_prompt_name)
         texts = list(texts)
         out = np.empty((len(texts), self.get_embedding_dimension()), dtype=np.float32)
-        order = np.argsort([-len(text) for text in texts], kind="stable")
-        for start in range(0, len(texts), batch_size):
-            rows = order[start:start + batch_size]
+        for rows in plan_batches([len(text) for text in texts], max_texts=batch_size):  # the pipeline's rule
             out[rows] = self.embed([texts[i] for i in rows], prompt)
         return _unit_rows(out).astype(np.float32, copy=False) if normalize_embeddings else out
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from neobert_embed.errors import UserInputError, listing
-from neobert_embed.files import FilePin, remove_debris, replace_directory
+from neobert_embed.files import FilePin, follow_umask, remove_debris, replace_directory
 from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
 from neobert_embed.records import CHECKPOINT_MANIFEST, TRAINER_STATE
 from neobert_embed.runs import CHECKPOINTS_DIR
@@ -157,6 +157,7 @@ def save_checkpoint(engine: TrainingEngine, root: Path, step: int, trainer_state
         for part in model_files:
             part.save_pretrained(str(staging / MODEL_FILES))
         _write_manifest(staging)
+        follow_umask(staging)  # save_pretrained writes its weights privately (0600)
         replace_directory(staging, final)  # a re-saved step: the old copy is moved aside, not deleted first
         for old in list_checkpoints(root)[keep_last:]:
             shutil.rmtree(old, ignore_errors=True)

@@ -55,9 +55,11 @@ def serve(
 
     from neobert_embed.console import user_console, without_progress_bars
     from neobert_embed.serve.app import create_app
-    from neobert_embed.serve.settings import ServeSettings
+    from neobert_embed.serve.settings import ServeSettings, check_port_free
 
     settings = ServeSettings(indexes=list(options.pop("index") or []), **options)
+    settings.check()
+    check_port_free(host, port)  # before the model loads: a busy port fails in a second, not after a minute
     console = user_console(stderr=True)
     with without_progress_bars():  # loading bars would break the console's lines
         app = create_app(settings)

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,3 +79,38 @@ class ServeSettings:
                                  f"({self.max_inputs}), or a full request could never be queued")
         if not 0 <= self.port <= 65535:
             raise UserInputError(f"--port must be 0-65535, got {self.port}")
+        for given, where in ((self.api_key, "--api-key"), (os.environ.get(API_KEY_ENV), API_KEY_ENV)):
+            if given is not None and not given.strip():
+                raise UserInputError(f"{where} is empty, which would let anyone in; give a key, or leave out "
+                                     f"--api-key and {API_KEY_ENV} to serve without one")
+            if given is not None:
+                break
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse ``--port`` when another program listens on it, before the model loads (a minute on a
+    big model, only for the bind to fail). Port 0 (any free port) passes.
+
+    Example:
+        >>> check_port_free("127.0.0.1", 8080)
+        Traceback (most recent call last):
+        UserInputError: --port 8080: 127.0.0.1:8080 is already in use; choose another --port or stop ...
+    """
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise UserInputError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a closing socket is no obstacle
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reason = ("is already in use" if exc.errno == errno.EADDRINUSE else
+                      "needs more rights (ports below 1024 are for root)" if exc.errno == errno.EACCES else
+                      f"cannot be bound ({exc.strerror})")
+            raise UserInputError(f"--port {port}: {host}:{port} {reason}; choose another --port or stop the "
+                                 "program listening on it") from None
