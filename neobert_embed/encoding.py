@@ -103,15 +103,15 @@ def encode_texts(
     if not checked:
         return np.zeros((0, model.get_embedding_dimension()), dtype=np.float32)
     from neobert_embed.console import document_progress
-    from neobert_embed.inference.pipeline import pipeline_for
+    from neobert_embed.inference.pipeline import encode_with
     from neobert_embed.sentence import resolve_prompt
 
     prompt = resolve_prompt(model, prompt_name)
     with document_progress(show_progress) as bar:
         task = bar.add_task("encoding", total=len(checked))
-        return pipeline_for(model).encode(checked, prompt=prompt or None, batch_size=batch_size,
-                                          advance=lambda done: bar.advance(task, done),
-                                          on_truncated=functools.partial(_warn_truncated, model, len(checked)))
+        return encode_with(model, checked, prompt=prompt or None, batch_size=batch_size,
+                           advance=lambda done: bar.advance(task, done),
+                           on_truncated=functools.partial(_warn_truncated, model, len(checked)))
 
 
 def _warn_truncated(model: SentenceTransformer, total: int, truncated: int) -> None:

@@ -95,19 +95,13 @@ class IndexEncoder:
             >>> encoder.encode_in_length_order(chunk_texts, "document", advance=bar.advance).shape
             (8192, 384)
         """
-        from neobert_embed.inference.pipeline import pipeline_for
+        from neobert_embed.inference.pipeline import encode_with
         from neobert_embed.sentence import resolve_prompt
 
-        if not hasattr(self.model, "preprocess"):  # an export's light model: its own batches, no torch
-            vectors = self.encode(texts, kind)
-            if advance is not None:
-                advance(len(texts))
-            return vectors
         prompt = self.prompts.get(kind)  # None (an old manifest): the model's default, as encode applies it
         prompt = resolve_prompt(self.model, None) if prompt is None else prompt
-        return pipeline_for(self.model).encode(texts, prompt=prompt or None,
-                                               batch_size=self.batch_size, normalize=self.normalized,
-                                               advance=advance)
+        return encode_with(self.model, texts, prompt=prompt or None, batch_size=self.batch_size,
+                           normalize=self.normalized, advance=advance)
 
     def check_matches(self, manifest: IndexManifest, index_dir: str | Path) -> None:
         """Refuse to use this model with an index built by another one.

@@ -46,7 +46,7 @@ import types
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -84,6 +84,15 @@ PIPELINED_DEFAULTS: dict[str, tuple[object, ...]] = {
 #: sentence-transformers' ``encode`` (which names what it does not know).
 HANDLED_ARGUMENTS = ("prompt", "prompt_name", "batch_size", "show_progress_bar", "convert_to_numpy",
                      "convert_to_tensor", "normalize_embeddings")
+
+
+class Encoder(Protocol):
+    """What :func:`encode_with` needs of a model that is not a SentenceTransformer (the light runtime's)."""
+
+    def encode(self, texts: list[str], *, batch_size: int, prompt: str | None,
+               normalize_embeddings: bool) -> np.ndarray: ...
+
+
 #: The tokenizer's output that maps overflow rows to their text (dropped before the forward).
 _OVERFLOW_KEY = "overflow_to_sample_mapping"
 
@@ -462,6 +471,26 @@ def uninstall(model: SentenceTransformer) -> None:
 def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
     """The model's installed pipeline, or a plain one (no batches side by side) for a model loaded elsewhere."""
     return pipeline_of(model) or EncodePipeline(model)
+
+
+def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
+                batch_size: int = 32, normalize: bool = False, advance: Callable[[int], None] | None = None,
+                on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
+    """Vectors of ``texts`` through ``model``'s pipeline; an exported model run by the light runtime
+    (no torch, no ``preprocess``) batches itself by :func:`plan_batches` in its own ``encode``.
+
+    Example:
+        >>> encode_with(model, ["a cat"], prompt="query: ").shape
+        (1, 384)
+    """
+    if hasattr(model, "preprocess"):
+        return pipeline_for(model).encode(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                                          advance=advance, on_truncated=on_truncated)
+    vectors = model.encode(list(texts), batch_size=batch_size, prompt=prompt or "",
+                           normalize_embeddings=normalize)
+    if advance is not None:
+        advance(len(texts))
+    return vectors
 
 
 def pipeline_of(model: SentenceTransformer) -> EncodePipeline | None:
