@@ -356,6 +356,10 @@ COVERAGE: dict[str, Run | NotRun] = {
         check=check_load_neobert),
     "README.md: neobert-embed convert chandar-lab/NeoBERT --output models/neobert": Run(
         "readme-neobert", subs={"chandar-lab/NeoBERT": "@official-neobert"}, check=check_convert),
+    "docs/gpu.md: benchmarks/device_prepare.sh": NotRun(
+        "prepares .device/ and runs benchmarks/gpu.py on a lent GPU machine (no GPU here); the same script's "
+        "--dry-run, the second command of the block, runs on this CPU in tests/test_gpu_benchmark.py",
+        covered_by=("tests/test_gpu_benchmark.py::test_dry_run_reports_every_section_with_numbers",)),
     'README.md: pip install -e ".[pretrain,gpu]"': NotRun(
         "installs packages (the gpu extra builds flash-attn), streams the hub corpus tiiuae/falcon-refinedweb "
         "with the hub tokenizer, and pretrains on 8 GPUs per node (1M and 50k steps); prepare → pretrain → "

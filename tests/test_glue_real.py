@@ -23,6 +23,7 @@ from glue_helpers import write_jsonl
 from typer.testing import CliRunner
 
 from neobert_embed.cli import app
+from neobert_embed.contrastive.trainer import device_flags
 from neobert_embed.glue.presets import load_glue_preset
 from neobert_embed.training_precision import chosen_precision
 
@@ -87,7 +88,8 @@ def _plain_trainer(model_path: Path, task: str, train: list[dict], validation: l
         weight_decay=preset.weight_decay[0], lr_scheduler_type="linear", warmup_steps=preset.warmup_ratio,
         seed=preset.seeds[0], eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True,
         metric_for_best_model="pearson" if regression else "accuracy", save_total_limit=1, report_to="none",
-        use_cpu=True, disable_tqdm=True, bf16=chosen_precision(preset.precision, "cpu").bf16)
+        use_cpu=True, disable_tqdm=True, bf16=chosen_precision(preset.precision, "cpu").bf16,
+        optim=device_flags(preset.precision, "cpu")["optim"])  # the same AdamW kernel: fused and foreach round apart
     trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=encode(validation),
                       processing_class=tokenizer, data_collator=DataCollatorWithPadding(tokenizer),
                       compute_metrics=metrics)
