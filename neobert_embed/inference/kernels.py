@@ -180,9 +180,8 @@ class PackedBf16Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         attribute, algorithm = _ONEDNN_ACTIVATIONS[self.activation]
-        out = torch.ops.mkldnn._linear_pointwise(padded_rows(rows), self.packed_weight, self.bias, attribute, [],
-                                                 algorithm)
-        return out[:rows.shape[0]].reshape(*x.shape[:-1], self.out_features)
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, attribute, [], algorithm)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b + residual`` in one oneDNN call (its binary post-op), as bf16: BERT's output
@@ -210,46 +209,12 @@ class PackedBf16Linear(nn.Module):
     def _forward_binary(self, x: torch.Tensor, other: torch.Tensor, operation: str) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         other = other.reshape(-1, self.out_features).to(torch.bfloat16)
-        out = torch.ops.mkldnn._linear_pointwise.binary(padded_rows(rows), padded_rows(other), self.packed_weight,
-                                                        self.bias, operation)
-        return out[:rows.shape[0]].reshape(*x.shape[:-1], self.out_features)
+        out = torch.ops.mkldnn._linear_pointwise.binary(rows, other, self.packed_weight, self.bias, operation)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         fused = f", {self.activation} fused" if self.activation != "none" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bf16 oneDNN-packed{fused}"
-
-
-#: Row counts a packed product is padded up to a multiple of (with fewer rows: the next power of two).
-ROW_QUANTUM = 64
-
-
-def padded_rows(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` (m, k) with zero rows appended up to :func:`padded_row_count` (itself when already there).
-
-    Why: oneDNN builds (JIT-compiles) a kernel for every new row count and caches it, and un-padded
-    batches have a new token count almost every batch. On an AMX Xeon (1 thread) 300 products
-    (384 → 1,536) of 1,000-1,299 rows took 5.0-6.4 s and grew the process by 127 MB; padded to
-    multiples of 64, 1.3-2.2 s and 21-26 MB. The padding costs at most 63 rows of arithmetic; each real
-    row's result does not depend on the others.
-
-    Example:
-        >>> padded_rows(torch.ones(100, 8)).shape
-        torch.Size([128, 8])
-    """
-    extra = padded_row_count(rows.shape[0]) - rows.shape[0]
-    return F.pad(rows, (0, 0, 0, extra)) if extra else rows
-
-
-def padded_row_count(rows: int) -> int:
-    """The next multiple of :data:`ROW_QUANTUM`, or below it the next power of two (1, 2, 4, ... 64).
-
-    Example:
-        >>> [padded_row_count(n) for n in (1, 3, 64, 65, 130)]
-        [1, 4, 64, 128, 192]
-    """
-    if rows <= ROW_QUANTUM:
-        return 1 << max(rows - 1, 0).bit_length()
-    return -(-rows // ROW_QUANTUM) * ROW_QUANTUM
 
 
 class PackedSwiGLU(nn.Module):
