@@ -260,9 +260,10 @@ class EncodePipeline:
         return self.model.device.type != "cpu"
 
     def plan(self, tokenized: Tokenized, batch_size: int) -> list[np.ndarray]:
-        """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``); by tokens on a GPU."""
+        """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``); on a GPU by tokens only
+        (``max_batch_tokens``), since a GPU's speed depends on the tokens in a batch, not its texts."""
         if self.on_gpu:
-            return plan_batches(tokenized.lengths, max_tokens=max(self.max_batch_tokens, batch_size))
+            return plan_batches(tokenized.lengths, max_tokens=self.max_batch_tokens)
         return plan_batches(tokenized.lengths, max_texts=batch_size)
 
     def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
