@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import queue
@@ -190,17 +191,6 @@ def _is_row_tensor(value: object) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 2
 
 
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-
-_NO_LOCK = _NoLock()
-
-
 def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None = None,
                  max_tokens: int | None = None, min_fill: float = 0.0) -> list[np.ndarray]:
     """Cut texts of token counts ``lengths`` into batches, longest first: the one batching rule.
@@ -337,7 +327,7 @@ class EncodePipeline:
         finally:
             stop.set()
             while worker.is_alive():  # unblock a producer waiting on a full queue
-                with _suppress_empty():
+                with contextlib.suppress(queue.Empty):
                     ready.get_nowait()
                 worker.join(timeout=0.05)
 
@@ -432,14 +422,6 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neobert-embed-batch")
 
 
-class _suppress_empty:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> bool:
-        return kind is queue.Empty
-
-
 # --- model.encode through the pipeline ----------------------------------------------------------
 
 
@@ -503,7 +485,7 @@ def pipeline_of(model: SentenceTransformer) -> EncodePipeline | None:
 def _locked_preprocess(self: SentenceTransformer, *args: object, **kwargs: object) -> dict[str, object]:
     """``preprocess`` under the pipeline's tokenizer lock (side-by-side batches share one tokenizer)."""
     pipeline = pipeline_of(self)
-    with pipeline.tokenizer_lock if pipeline is not None else _NO_LOCK:
+    with pipeline.tokenizer_lock if pipeline is not None else contextlib.nullcontext():
         return type(self).preprocess(self, *args, **kwargs)  # type: ignore[arg-type]
 
 
