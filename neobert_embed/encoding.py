@@ -17,14 +17,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -100,18 +101,42 @@ def encode_texts(
         (2, 768)
     """
     checked = check_texts(texts)
+    from neobert_embed.inference.pipeline import collect
+
+    dimension = int(model.get_embedding_dimension())
+    return collect(encode_text_chunks(model, checked, batch_size=batch_size, prompt_name=prompt_name,
+                                      show_progress=show_progress), len(checked), dimension)
+
+
+def encode_text_chunks(
+    model: SentenceTransformer,
+    texts: Sequence[object],
+    *,
+    batch_size: int = 32,
+    prompt_name: str | None = None,
+    show_progress: bool = False,
+) -> Iterator[np.ndarray]:
+    """:func:`encode_texts` one chunk of rows at a time, in input order: for a caller that writes the
+    matrix as it goes, so a big input never holds its whole matrix in memory (``encode`` of a file).
+
+    Example:
+        >>> sum(len(rows) for rows in encode_text_chunks(model, texts))
+        200000
+    """
+    checked = check_texts(texts)
     if not checked:
-        return np.zeros((0, model.get_embedding_dimension()), dtype=np.float32)
+        return
     from neobert_embed.console import document_progress
-    from neobert_embed.inference.pipeline import encode_with
+    from neobert_embed.inference.pipeline import chunks_with
     from neobert_embed.sentence import resolve_prompt
 
     prompt = resolve_prompt(model, prompt_name)
     with document_progress(show_progress) as bar:
         task = bar.add_task("encoding", total=len(checked))
-        return encode_with(model, checked, prompt=prompt or None, batch_size=batch_size,
-                           advance=lambda done: bar.advance(task, done),
-                           on_truncated=functools.partial(_warn_truncated, model, len(checked)))
+        for vectors in chunks_with(model, checked, prompt=prompt or None, batch_size=batch_size,
+                                   on_truncated=functools.partial(_warn_truncated, model, len(checked))):
+            bar.advance(task, len(vectors))
+            yield vectors
 
 
 def _warn_truncated(model: SentenceTransformer, total: int, truncated: int) -> None:
@@ -301,21 +326,27 @@ def encode_file(
         check_free_space(output_path, stored_bytes(len(texts), model.get_embedding_dimension(), precision) + 4096,
                          what=f"the matrix of {len(texts)} texts")
     start = time.perf_counter()
-    embeddings = encode_across_ranks(
-        world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,
-                                                           prompt_name=prompt_name,
-                                                           show_progress=show_progress and world.is_main),
-        Path(str(output_path) + ".parts"))
+    record = dict(model=model_name, input=str(input_path), texts=len(texts), compute=compute.to_json(), blank=blank,
+                  skipped_rows=skipped, calibration_from=str(calibration) if calibration is not None else None)
+    chunks = functools.partial(encode_text_chunks, model, batch_size=batch_size, prompt_name=prompt_name)
+    dimension = int(model.get_embedding_dimension())
+    if not world.distributed and streams(precision, saved):  # written as it goes: the matrix is never held
+        fitted = _stream_matrix(output_path, chunks(texts, show_progress=show_progress), len(texts), dimension,
+                                precision, saved, **record)
+    else:
+        embeddings = encode_across_ranks(
+            world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,
+                                                               prompt_name=prompt_name,
+                                                               show_progress=show_progress and world.is_main),
+            Path(str(output_path) + ".parts"))
+        if embeddings is None:  # not rank 0: rank 0 writes the matrix and reports
+            return EncodeReport(texts=len(texts), dimension=dimension, precision=precision,
+                                seconds=round(time.perf_counter() - start, 3), texts_per_second=0.0,
+                                output=str(output_path), max_seq_length=int(model.max_seq_length),
+                                compute_precision=compute.description)
+        fitted = _store_matrix(output_path, embeddings, precision, saved, **record)
     seconds = time.perf_counter() - start
-    if embeddings is None:  # not rank 0: rank 0 writes the matrix and reports
-        return EncodeReport(texts=len(texts), dimension=model.get_embedding_dimension(),
-                            precision=precision, seconds=round(seconds, 3), texts_per_second=0.0,
-                            output=str(output_path), max_seq_length=int(model.max_seq_length),
-                            compute_precision=compute.description)
-    fitted = _store_matrix(output_path, embeddings, precision, saved, model=model_name, input=str(input_path),
-                           texts=len(texts), compute=compute.to_json(), blank=blank, skipped_rows=skipped,
-                           calibration_from=str(calibration) if calibration is not None else None)
-    return EncodeReport(texts=len(texts), dimension=int(embeddings.shape[1]), precision=precision,
+    return EncodeReport(texts=len(texts), dimension=dimension, precision=precision,
                         seconds=round(seconds, 3), texts_per_second=round(len(texts) / max(seconds, 1e-9), 1),
                         output=str(output_path), max_seq_length=int(model.max_seq_length),
                         prompt_name=prompt_name if prompt else None, prompt=prompt or None,
@@ -326,29 +357,73 @@ def encode_file(
                         compute_precision=compute.description)
 
 
+def streams(precision: str, calibration: Calibration | None) -> bool:
+    """Whether vectors stored at ``precision`` can be written as they are encoded: always for float32 and
+    float16; for int8 and binary only with a ``calibration`` (else it is fitted on the whole matrix).
+
+    Example:
+        >>> streams("float16", None), streams("int8", None)
+        (True, False)
+    """
+    return precision in ("float32", "float16") or calibration is not None
+
+
 def _store_matrix(output_path: Path, embeddings: np.ndarray, precision: str, calibration: Calibration | None,
                   **record: Any) -> Calibration | None:
-    """Write ``embeddings`` stored at ``precision`` and the sidecar saying how, as one unit (the
-    sidecar last, pinning the matrix: :func:`~neobert_embed.outputs.published_file`); return the
-    int8/binary calibration used (``calibration``, or one fitted on these vectors).
+    """Write ``embeddings`` stored at ``precision`` and the sidecar saying how (:func:`_matrix_file`);
+    return the int8/binary calibration used (``calibration``, or one fitted on these vectors).
 
     Example:
         >>> _store_matrix(Path("docs.npy"), vectors, "int8", None, model="bert", texts=2).precision
         'int8'
     """
-    from neobert_embed.outputs import published_file, sidecar_path
+    from neobert_embed.outputs import sidecar_path
 
     fitted = calibration
     if fitted is None and precision in ("int8", "binary"):
         fitted = fit_calibration(embeddings, precision, model=record.get("model"))
         logger.warning("%s codes use a calibration fitted on these %d texts: they compare only with codes "
                        "encoded with --calibration %s", precision, len(embeddings), sidecar_path(output_path))
-    with published_file(output_path, ENCODE_WRITER, **record, dimension=int(embeddings.shape[1]),
-                        precision=precision, calibration=fitted.to_json() if fitted is not None else None,
-                        calibration_shared=record.get("calibration_from") is not None if fitted is not None
-                        else None) as staged, open(staged.path, "wb") as handle:
+    with _matrix_file(output_path, int(embeddings.shape[1]), precision, fitted, **record) as handle:
         np.save(handle, quantize(embeddings, precision, fitted), allow_pickle=False)
     return fitted
+
+
+def _stream_matrix(output_path: Path, chunks: Iterator[np.ndarray], rows: int, dimension: int, precision: str,
+                   calibration: Calibration | None, **record: Any) -> Calibration | None:
+    """Write the ``rows`` vectors of ``chunks`` (float32, in row order) stored at ``precision`` as each
+    chunk comes: the same bytes ``np.save`` writes for the whole matrix, with only one chunk in memory.
+    Needs :func:`streams`; returns ``calibration``.
+
+    Example:
+        >>> _stream_matrix(Path("docs.npy"), iter([vectors]), len(vectors), 384, "float16", None, model="bert")
+    """
+    empty = quantize(np.zeros((0, dimension), dtype=np.float32), precision, calibration)  # the stored layout
+    header = {"descr": np.lib.format.dtype_to_descr(empty.dtype), "fortran_order": False,
+              "shape": (rows, int(empty.shape[1]))}
+    written = 0
+    with _matrix_file(output_path, dimension, precision, calibration, **record) as handle:
+        np.lib.format.write_array_header_1_0(handle, header)
+        for vectors in chunks:
+            handle.write(np.ascontiguousarray(quantize(vectors, precision, calibration)))
+            written += len(vectors)
+        if written != rows:
+            raise ValueError(f"encoded {written} rows, not {rows}")
+    return calibration
+
+
+@contextlib.contextmanager
+def _matrix_file(output_path: Path, dimension: int, precision: str, calibration: Calibration | None,
+                 **record: Any) -> Iterator[BinaryIO]:
+    """The open temporary file of a matrix, published with its sidecar as one unit (the sidecar last,
+    pinning the matrix: :func:`~neobert_embed.outputs.published_file`) when the block ends."""
+    from neobert_embed.outputs import published_file
+
+    with published_file(output_path, ENCODE_WRITER, **record, dimension=dimension, precision=precision,
+                        calibration=calibration.to_json() if calibration is not None else None,
+                        calibration_shared=record.get("calibration_from") is not None if calibration is not None
+                        else None) as staged, open(staged.path, "wb") as handle:
+        yield handle
 
 
 def stored_bytes(rows: int, dimension: int, precision: str) -> int:

@@ -126,6 +126,16 @@ def _refusing(code: int, where: str = "write_synced", after: int = 0) -> Callabl
     return patch
 
 
+def _free_bytes(free: int) -> Callable[[pytest.MonkeyPatch], None]:
+    """Make every file system report ``free`` bytes free (a disk too small for the output, found first)."""
+    def patch(monkeypatch: pytest.MonkeyPatch) -> None:
+        from neobert_embed import files
+
+        real = shutil.disk_usage
+        monkeypatch.setattr(files.shutil, "disk_usage", lambda path: real(path)._replace(free=free))
+    return patch
+
+
 def _raising(target: str, exc: BaseException) -> Callable[[pytest.MonkeyPatch], None]:
     """Make the function ``module:attribute`` raise ``exc`` (a library's own write, the encoder)."""
     def patch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,6 +235,8 @@ CASES = [
           _copy("index", "{out}/index"), disk=True),
     *[Fault(f"full disk: {name}", (*args, "{out}/o"), ("/o", *DISK), disk=True)
       for name, args in DIRECTORY_COMMANDS.items()],
+    Fault("too little free space: index build, before the model loads", (*BUILD, "{out}/idx"),
+          ("idx", "float32 vectors of", "documents", *DISK), inject=_free_bytes(1000)),
     # --- a full disk met while writing (injected at the write primitive and in libraries) -------------
     Fault("ENOSPC writing the matrix", (*ENCODE, "{out}/new.npy"), ("new.npy", *FULL), inject=_refusing(errno.ENOSPC)),
     Fault("ENOSPC writing the matrix over an old pair", (*ENCODE, "{out}/encoded/old.npy", "--overwrite"),
@@ -264,7 +276,7 @@ CASES = [
           inject=_raising("sentence_transformers:SentenceTransformerTrainer.train",
                           OSError(errno.EDQUOT, "Disk quota exceeded"))),
     Fault("MemoryError while encoding", (*ENCODE, "{out}/new.npy"), ("out of memory", "--batch-size"),
-          inject=_raising("neobert_embed.encoding:encode_texts", MemoryError())),
+          inject=_raising("neobert_embed.encoding:encode_text_chunks", MemoryError())),
     # --- names too long once the temporary names beside them are counted -------------------------------
     Fault("long name: encode", (*ENCODE, f"{{out}}/{LONG}.npy"), ("--output", "bytes", "at most")),
     Fault("long name: mine-negatives", (*MINE, f"{{out}}/{LONG}.jsonl"), ("--output", "bytes", "at most")),

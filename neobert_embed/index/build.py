@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from neobert_embed.console import document_progress
 from neobert_embed.distributed import World, barrier, init_world, on_main
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import remove_debris, replace_directory
+from neobert_embed.files import check_free_space, remove_debris, replace_directory
 from neobert_embed.index.documents import CorpusFields, read_corpus
 from neobert_embed.index.encoder import IndexEncoder, load_encoder
 from neobert_embed.index.factory import (
@@ -442,7 +442,7 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, te
     world = init_world()
     with contextlib.ExitStack() as held:
         def checked_and_locked() -> None:  # rank 0 only: the other ranks wait for its verdict, not on the lock
-            _preflight(opts, output, overwrite)
+            _preflight(opts, output, overwrite, resume)
             held.enter_context(claimed_directory(output, command="neobert-embed index build", wait=wait,
                                                  on_stale=lambda holder: _report_stale(holder, output),
                                                  **_claim(opts, overwrite)))
@@ -457,18 +457,22 @@ def _sample_texts(opts: BuildOptions, count: int = 32) -> list[str]:
     return [document.encoded_text for document in itertools.islice(read_corpus(opts.corpus, opts.fields), count)]
 
 
-def _preflight(opts: BuildOptions, output: Path, overwrite: bool) -> None:
+def _preflight(opts: BuildOptions, output: Path, overwrite: bool, resume: bool = False) -> None:
     """Every check that needs no model weights (the factory is checked against the corpus size
-    here when the model's width can be read from its files, else again after the import)."""
+    here when the model's width can be read from its files, else again after the import), and the
+    free space for the encoded vectors, which are on disk before the index is (a fresh build only:
+    a resumed one has some of them already)."""
     check_compute_precision(opts.compute_precision)
     check_output_directory(output, **_claim(opts, overwrite))
     check_model_files(opts.model)
     check_length_flag(opts.model, opts.max_seq_length, "--max-length")
     dimension = embedding_dimension(opts.model)
     check_options(opts.index_type, opts.precision, opts.factory, dimension or 8)
-    documents = count_documents(opts.corpus) if opts.factory is not None else None
+    documents = count_documents(opts.corpus)
     if opts.factory is not None and documents is not None and dimension is not None:
         check_factory_for_corpus(opts.factory, documents, dimension)
+    if not resume and documents is not None and dimension is not None:
+        check_free_space(output, documents * dimension * 4, what=f"the float32 vectors of {documents} documents")
 
 
 def _claim(opts: BuildOptions, overwrite: bool) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.inference.native_memory import release_freed_memory
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +93,8 @@ class Encoder(Protocol):
 
     def encode(self, texts: list[str], *, batch_size: int, prompt: str | None,
                normalize_embeddings: bool) -> np.ndarray: ...
+
+    def get_embedding_dimension(self) -> int: ...
 
 
 #: The tokenizer's output that maps overflow rows to their text (dropped before the forward).
@@ -284,18 +287,33 @@ class EncodePipeline:
 
         ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut.
         """
-        out = np.empty((len(texts), int(self.model.get_embedding_dimension())), dtype=np.float32)
+        chunks = self.chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                             on_truncated=on_truncated)
+        return collect(chunks, len(texts), int(self.model.get_embedding_dimension()), advance)
+
+    def chunks(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
+               normalize: bool = False, on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
+        """The vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows at a time, in input order: what a
+        caller writing its output as it goes consumes (``encode`` of a big file holds one chunk, not the matrix).
+
+        On a CPU the memory the chunk's batches freed is handed back before the next
+        (:mod:`~neobert_embed.inference.native_memory`), so a long job's resident memory stays flat.
+        ``on_truncated(n)`` is called once the last chunk is done.
+
+        Example:
+            >>> [len(vectors) for vectors in pipeline.chunks(texts_5000)]
+            [2048, 2048, 904]
+        """
         truncated = 0
         for start, tokenized in self._tokenized_chunks(texts, prompt):
             truncated += tokenized.truncated
             vectors = self._encode_chunk(tokenized, batch_size, normalize)
             _check_finite(vectors, texts, start)
-            out[start:start + len(tokenized)] = vectors
-            if advance is not None:
-                advance(len(tokenized))
+            if not self.on_gpu:  # the chunk's activations, freed into the threads' arenas
+                release_freed_memory()
+            yield vectors
         if on_truncated is not None:
             on_truncated(truncated)
-        return out
 
     def _tokenized_chunks(self, texts: Sequence[str], prompt: str | None) -> Iterator[tuple[int, Tokenized]]:
         """(first row, tokenized chunk) in input order, tokenized on a worker thread ahead of the caller."""
@@ -459,21 +477,57 @@ def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
 def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False, advance: Callable[[int], None] | None = None,
                 on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
-    """Vectors of ``texts`` through ``model``'s pipeline; an exported model run by the light runtime
-    (no torch, no ``preprocess``) batches itself by :func:`plan_batches` in its own ``encode``.
+    """Vectors of ``texts`` through ``model``'s pipeline (float32, rows in input order): the matrix of
+    :func:`chunks_with`'s chunks.
 
     Example:
         >>> encode_with(model, ["a cat"], prompt="query: ").shape
         (1, 384)
     """
+    chunks = chunks_with(model, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                         on_truncated=on_truncated)
+    return collect(chunks, len(texts), int(model.get_embedding_dimension()), advance)
+
+
+def chunks_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
+                batch_size: int = 32, normalize: bool = False,
+                on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
+    """The vectors of ``texts`` through ``model``'s pipeline, one chunk of rows at a time in input order
+    (:meth:`EncodePipeline.chunks`); an exported model run by the light runtime (no torch, no
+    ``preprocess``) batches each chunk itself by :func:`plan_batches` in its own ``encode``.
+
+    Example:
+        >>> sum(len(vectors) for vectors in chunks_with(model, texts, prompt=None))
+        5000
+    """
     if hasattr(model, "preprocess"):
-        return pipeline_for(model).encode(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                                          advance=advance, on_truncated=on_truncated)
-    vectors = model.encode(list(texts), batch_size=batch_size, prompt=prompt or "",
+        yield from pipeline_for(model).chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                                              on_truncated=on_truncated)
+        return
+    for start in range(0, len(texts), CHUNK_TEXTS):
+        yield model.encode(list(texts[start:start + CHUNK_TEXTS]), batch_size=batch_size, prompt=prompt or "",
                            normalize_embeddings=normalize)
-    if advance is not None:
-        advance(len(texts))
-    return vectors
+
+
+def collect(chunks: Iterator[np.ndarray], rows: int, dimension: int,
+            advance: Callable[[int], None] | None = None) -> np.ndarray:
+    """The ``rows`` × ``dimension`` float32 matrix of ``chunks`` (consecutive rows, in order); ``advance(n)``
+    is told after each chunk.
+
+    Example:
+        >>> collect(iter([np.ones((2, 3)), np.zeros((1, 3))]), 3, 3).sum()
+        6.0
+    """
+    out = np.empty((rows, dimension), dtype=np.float32)
+    start = 0
+    for vectors in chunks:
+        out[start:start + len(vectors)] = vectors
+        start += len(vectors)
+        if advance is not None:
+            advance(len(vectors))
+    if start != rows:
+        raise ValueError(f"the chunks held {start} rows, not {rows}")
+    return out
 
 
 def pipeline_of(model: SentenceTransformer) -> EncodePipeline | None:

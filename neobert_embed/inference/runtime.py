@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import hashlib
 import logging
 import time
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.inference.native_memory import bound_kernel_caches, release_freed_memory
 from neobert_embed.machine import (
     Machine,
     check_compute_precision,
@@ -410,6 +412,7 @@ def load_inference_model(
     if backend != "torch":  # the light runtime: no torch, transformers or sentence-transformers
         return _load_exported(source, precision, backend, device, max_seq_length)
     require_torch_stack()
+    bound_kernel_caches()  # a no-op once the process has built a kernel, or where the user set the sizes
     # torch runs on the toolkit's default device (devices.default_device: a GPU when there is one),
     # the one training and index ranks use too, and the one the precision is chosen for
     machine = describe_machine(device)
@@ -436,6 +439,9 @@ def load_inference_model(
     if pipeline.side_by_side:
         layout = "; ".join(filter(None, (layout, SIDE_BY_SIDE)))
     choice = replace(choice, layout=layout)
+    if precision == "auto":  # the trial copies are reference cycles (their pipeline is bound to them)
+        gc.collect()
+    release_freed_memory()  # what the measurement's copies and trial batches held
     logger.debug("compute precision: %s on %s", choice.description, machine.summary())
     return InferenceModel(model, choice, "torch", digest)
 
