@@ -42,7 +42,7 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
-from neobert_embed.inference.pipeline import plan_batches
+from neobert_embed.inference.pipeline import CHUNK_TEXTS, Tokenized, plan_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
 from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import EXPORT
@@ -150,6 +150,18 @@ class LightTokenizer:
         return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
                 "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
                 "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
+
+    def tokenize(self, texts: Sequence[str]) -> Tokenized:
+        """``texts`` tokenized in one call, with each text's real length, for batches cut by tokens
+        (:meth:`~neobert_embed.inference.pipeline.Tokenized.batch` narrows each to its longest text).
+
+        Example:
+            >>> tokenizer.tokenize(["a cat", "a black cat"]).lengths.tolist()
+            [4, 5]
+        """
+        rows = self.batch(texts)
+        return Tokenized(rows, rows["attention_mask"].sum(axis=1).astype(np.int64),
+                         left_padded=(self._batching.padding or {}).get("direction") == "left")
 
     def count(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text with special tokens, before truncation.
@@ -318,8 +330,11 @@ class LightModel:
             >>> model.embed(["a cat", "a dog"], "query: ").shape
             (2, 384)
         """
-        features = self.tokenizer.batch([prompt + text for text in texts] if prompt else texts)
-        hidden = self.runner({name: features[name] for name in self.runner.input_names})
+        return self._vectors(self.tokenizer.batch([prompt + text for text in texts] if prompt else texts), prompt)
+
+    def _vectors(self, features: dict[str, np.ndarray], prompt: str | None) -> np.ndarray:
+        """The runtime's forward of one padded batch, pooled (and normalized, cut) as the pipeline says."""
+        hidden = self.runner({name: np.ascontiguousarray(features[name]) for name in self.runner.input_names})
         vectors = self.pooling(np.asarray(hidden, dtype=np.float32), features["attention_mask"],
                                self.prompt_length(prompt) if prompt else None)
         if self.normalizes:
@@ -330,7 +345,8 @@ class LightModel:
                prompt_name: str | None = None, normalize_embeddings: bool = False, show_progress_bar: bool = False,
                convert_to_numpy: bool = True) -> np.ndarray:
         """``SentenceTransformer.encode`` for texts: ``prompt`` (else the saved ``prompt_name``, else the
-        default prompt) prepended, batches of ``batch_size`` longest first, rows in input order, float32.
+        default prompt) prepended; each text tokenized once and batched by token count (``batch_size`` texts,
+        :func:`~neobert_embed.inference.pipeline.plan_batches`); rows in input order, float32.
         ``show_progress_bar`` and ``convert_to_numpy`` are accepted for the callers that pass them (no
         bar; always numpy).
 
@@ -344,10 +360,12 @@ class LightModel:
             prompt = self.prompts[prompt_name]
         elif prompt is None and self.default_prompt_name:
             prompt = self.prompts.get(self.default_prompt_name)
-        texts = list(texts)
+        texts = [prompt + text for text in texts] if prompt else list(texts)
         out = np.empty((len(texts), self.get_embedding_dimension()), dtype=np.float32)
-        for rows in plan_batches([len(text) for text in texts], max_texts=batch_size):  # the pipeline's rule
-            out[rows] = self.embed([texts[i] for i in rows], prompt)
+        for start in range(0, len(texts), CHUNK_TEXTS):  # each text tokenized once, batches cut by its tokens
+            tokenized = self.tokenizer.tokenize(texts[start:start + CHUNK_TEXTS])
+            for rows in plan_batches(tokenized.lengths, max_texts=batch_size):  # the pipeline's rule
+                out[start + rows] = self._vectors(tokenized.batch(rows), prompt)
         return _unit_rows(out).astype(np.float32, copy=False) if normalize_embeddings else out
 
     @property

@@ -20,6 +20,9 @@ handler do, once, for every command that encodes:
    once per chunk, not once per batch. On a CPU with several threads, batches run side by side, one
    thread each (:data:`SIDE_BY_SIDE`; why: see :func:`~neobert_embed.inference.runtime.spreads_on`).
 4. Rows are written back in input order; a row that is not finite stops the job, naming it.
+5. :meth:`EncodePipeline.chunks` hands the vectors over a chunk at a time (``encode`` of a file writes
+   them as they come, never holding the matrix), and on a CPU the memory a chunk's batches freed goes
+   back to the system before the next (:mod:`~neobert_embed.inference.native_memory`).
 
 The vectors are those of ``SentenceTransformer.encode`` up to the rounding of a different batch
 composition (exactly the same arithmetic per text for NeoBERT and the un-padded BERT family, whose
