@@ -346,3 +346,26 @@ def test_snli_queries_through_the_export_reach_the_torch_top_10(minilm_path, min
         light = [{hit.doc_id for hit in hits} for hits in index.search(queries, k=10)]
     recall = np.mean([len(a & b) / len(a) for a, b in zip(reference, light, strict=True)])
     assert recall >= 0.99, recall
+
+
+def test_index_eval_scores_queries_encoded_through_the_export(minilm_index, minilm_onnx, tmp_path, monkeypatch):
+    """``index eval --backend onnx --model EXPORT``: the judged queries go through the light runtime and
+    score what the torch model's queries score."""
+    from neobert_embed.index.evaluate import evaluate_index
+    from neobert_embed.inference import light as light_module
+
+    loaded = []
+    real_load = light_module.load_light_model
+    monkeypatch.setattr(light_module, "load_light_model", lambda *a, **k: loaded.append(a) or real_load(*a, **k))
+    task = tmp_path / "task"
+    (task / "qrels").mkdir(parents=True)
+    queries = {"q1": "which notes talk about cats?", "q2": "how to cook pasta", "q3": "lava and eruptions"}
+    (task / "queries.jsonl").write_text("".join(json.dumps({"_id": qid, "text": text}) + "\n"
+                                                for qid, text in queries.items()), encoding="utf-8")
+    judged = {"q1": (0, 6, 12), "q2": (3, 9, 15), "q3": (4, 10, 16)}
+    (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"{qid}\td{doc}\t1\n" for qid, docs in judged.items() for doc in docs), encoding="utf-8")
+    light = evaluate_index(minilm_index, task, model=minilm_onnx, backend="onnx")
+    torch_scores = evaluate_index(minilm_index, task, backend="torch")
+    assert len(loaded) == 1  # the torch run loads no light model
+    assert light["queries"] == 3 and abs(light["ndcg_at_10"] - torch_scores["ndcg_at_10"]) < 1e-4

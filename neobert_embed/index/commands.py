@@ -228,6 +228,7 @@ def evaluate(
     batch_size: opt.BatchSize = 32,
     device: opt.Device = None,
     precision: IndexPrecision = None,
+    backend: IndexBackend = None,
 ) -> None:
     """Score the index on a BEIR-layout task: nDCG@k, recall@k/100, MRR@k (mteb's implementation)."""
     from rich.table import Table
@@ -239,7 +240,7 @@ def evaluate(
     manifest = read_manifest(index_dir)
     with json_only_stdout(as_json), without_progress_bars():  # no log folder: loading bars would break the lines
         scores = evaluate_index(index_dir, task_dir, k=k, split=split, model=model, batch_size=batch_size,
-                                device=device, precision=precision)
+                                device=device, precision=precision, backend=backend)
     logger.info(_used_line(manifest, kind=QUERY_PROMPT, compute=str(scores["compute_precision"])))
     searched = ", ".join(f"{key} {value}" for key, value in scores["search_params"].items()) or "exact"
     table = Table(title=f"{index_dir} ({scores['index_type']} {scores['factory']}, {searched}, vectors stored "

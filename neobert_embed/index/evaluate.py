@@ -28,8 +28,10 @@ MTEB_DIGITS = 5
 
 def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, split: str = "test",
                    model: str | Path | None = None, batch_size: int = 32,
-                   device: str | None = None, precision: str | None = None) -> dict[str, float]:
-    """Search every judged query of the task through the index and score the rankings.
+                   device: str | None = None, precision: str | None = None,
+                   backend: str | None = None) -> dict[str, float]:
+    """Search every judged query of the task through the index and score the rankings (queries encoded
+    by ``backend`` as ``index search`` does: an export of the index's model runs without torch).
 
     Returns:
         ``{"ndcg_at_10": ..., "recall_at_10": ..., "recall_at_100": ..., "mrr_at_10": ...,
@@ -47,7 +49,8 @@ def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, 
     task = read_beir_task(task_dir, split, with_corpus=False)
     k_values = sorted({*MTEB_K_VALUES, k})
     query_ids = [qid for qid in task.queries if qid in task.qrels]
-    with open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision) as index:
+    with open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision,
+                    backend=backend) as index:
         depth = min(max(k_values), index.manifest.documents)
         hits = index.search([task.queries[qid] for qid in query_ids], k=depth)
         manifest = index.manifest
