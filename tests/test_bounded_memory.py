@@ -106,7 +106,10 @@ def test_the_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
     for name in native_memory.KERNEL_CACHE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "1024")
-    assert native_memory.bound_kernel_caches() == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "1024"}
+    entries = str(native_memory.kernel_cache_entries())
+    assert native_memory.bound_kernel_caches() == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": entries,
+                                                   "LRU_CACHE_CAPACITY": "1024"}
+    assert native_memory.kernel_cache_entries(2) == 64 and native_memory.kernel_cache_entries(32) == 256
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
