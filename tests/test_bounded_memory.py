@@ -167,3 +167,32 @@ def test_a_capped_cache_keeps_the_jit_code_of_new_shapes_flat():
 
     capped, default = jit_kib("8"), jit_kib("1024")
     assert capped * 3 < default, (capped, default)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_large_freed_blocks_go_back_at_once_under_the_fixed_threshold():
+    """After one large block is freed, glibc keeps later ones of that size in its heap (its dynamic
+    threshold); with the threshold fixed they are mapped on their own and returned when freed."""
+    script = textwrap.dedent("""
+        import ctypes, sys
+        from neobert_embed.inference.native_memory import MMAP_THRESHOLD_BYTES, fix_mmap_threshold
+        def rss():
+            return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024
+        if sys.argv[1] == "fixed":
+            assert fix_mmap_threshold(MMAP_THRESHOLD_BYTES)
+        size = 2 * MMAP_THRESHOLD_BYTES
+        ctypes.create_string_buffer(size)  # freed at once: that raises the dynamic threshold above its size
+        before = rss()
+        blocks = [ctypes.create_string_buffer(size) for _ in range(12)]
+        keep = blocks[-1]; del blocks
+        print(rss() - before)
+    """)
+
+    def held_mb(mode: str) -> int:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+        done = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, env=env,
+                              check=True, timeout=120)
+        return int(done.stdout.strip())
+
+    assert held_mb("dynamic") >= 60  # 11 freed blocks of 8 MiB still resident: what the fix is for
+    assert held_mb("fixed") <= 20

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.inference.native_memory import bound_kernel_caches, release_freed_memory
+from neobert_embed.inference.native_memory import bound_native_memory, release_freed_memory
 from neobert_embed.machine import (
     Machine,
     check_compute_precision,
@@ -412,7 +412,7 @@ def load_inference_model(
     if backend != "torch":  # the light runtime: no torch, transformers or sentence-transformers
         return _load_exported(source, precision, backend, device, max_seq_length)
     require_torch_stack()
-    bound_kernel_caches()  # a no-op once the process has built a kernel, or where the user set the sizes
+    bound_native_memory()  # the cache sizes count only before the first kernel; nothing the user set is changed
     # torch runs on the toolkit's default device (devices.default_device: a GPU when there is one),
     # the one training and index ranks use too, and the one the precision is chosen for
     machine = describe_machine(device)
