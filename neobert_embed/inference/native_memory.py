@@ -1,9 +1,10 @@
-"""Keeping a long CPU encoding job's native memory flat: bounded kernel caches, freed memory handed back.
+"""Keeping a long CPU encoding job's native memory flat: bounded kernel caches, freed memory handed back,
+large blocks mapped on their own.
 
 Why: the Python objects of an ``encode`` job are small (the texts, one tokenized chunk, the output
 matrix), but its resident memory grew with the input: all-MiniLM-L6-v2 in bf16 on a 2-core AMX
-Xeon held 2.35 GB after 20,000 AG-News texts and more than 3.7 GB after 200,000. Two native causes,
-both outside this toolkit's objects:
+Xeon held 2.35 GB after 20,000 AG-News texts and more than 3.7 GB after 200,000 (with all three
+bounds: 1.12 and 1.33 GB). Three native causes, all outside this toolkit's objects:
 
 1. **Kernel caches.** The un-padded forward multiplies ``(tokens in the batch) × hidden`` matrices,
    and the token count differs from batch to batch. oneDNN (through PyTorch's ``mkldnn`` ops)
@@ -18,7 +19,6 @@ both outside this toolkit's objects:
    keeps freed blocks in each thread's arena (the tokenizing thread and one per side-by-side
    batch) and returns only the top of a heap. ``malloc_trim`` hands them back: −150 to −260 MB
    after each chunk, for ~1 ms.
-
 3. **Large blocks kept for reuse.** glibc serves a block of 128 KiB or more from ``mmap`` and
    returns it on ``free``, but after the first such free it raises that threshold (up to 32 MiB),
    so a forward's 12–24 MB activations then come from the arenas and fragment them. A fixed
@@ -54,8 +54,6 @@ KERNELS_PER_THREAD = 8
 #: The environment variables oneDNN and ideep (PyTorch's wrapper of it) read their cache sizes from,
 #: once, when the first kernel is built.
 KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
-
-
 #: Blocks at least this large are mapped on their own and returned to the system when freed.
 MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
 #: glibc's ``mallopt`` parameter number for the threshold, and the variable that sets it at start-up.
