@@ -108,16 +108,18 @@ def test_bf16_autocast_over_fp32_weights_dispatches_to_the_varlen_kernel(counted
     assert token_cosine(reference[real], mixed[real]).min() >= 0.999
 
 
-def test_fp32_on_a_gpu_runs_sdpa_varlen_and_equals_the_padded_reference():
+def test_fp32_on_a_gpu_runs_one_padded_sdpa_call_and_equals_the_grouped_varlen_path():
+    """fp32 has no flash kernel: on a GPU the padded batch with its key mask (one SDPA call per layer)
+    replaces the per-length loop, which stays the CPU's path; both give the same hidden states."""
     ids, mask = mixed_batch(LENGTHS)
     model = neobert().cuda()
-    assert model.attention_kernel(mask, None) == "sdpa_varlen"  # the flash kernels take no fp32
+    assert model.attention_kernel(mask, None) == "padded"
     with torch.inference_mode():
-        unpadded = model(ids, mask).last_hidden_state
-        model.config.attention_backend = "padded"
         padded = model(ids, mask).last_hidden_state
+        model.config.attention_backend = "sdpa_varlen"
+        grouped = model(ids, mask).last_hidden_state
     real = mask.bool()
-    torch.testing.assert_close(unpadded[real], padded[real], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(grouped[real], padded[real], atol=1e-4, rtol=1e-4)
 
 
 def test_packed_rows_train_through_the_varlen_kernel_with_the_sdpa_path_s_gradients(counted_varlen):

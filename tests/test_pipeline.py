@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from neobert_embed.encoding import encode_texts
 from neobert_embed.inference import pipeline as pipeline_module
+from neobert_embed.inference.fast_tokenizer import FastTokenizer
 from neobert_embed.inference.pipeline import (
     SIDE_BY_SIDE,
     EncodePipeline,
@@ -21,6 +23,7 @@ from neobert_embed.inference.pipeline import (
     pipeline_of,
     plan_batches,
     tokenize,
+    tokenize_with_preprocess,
     uninstall,
 )
 from neobert_embed.inference.runtime import (
@@ -108,6 +111,41 @@ def test_every_text_is_tokenized_once(minilm, monkeypatch):
     np.testing.assert_allclose(vectors, plain_encode(minilm, texts, batch_size=8), atol=1e-5)
 
 
+@pytest.fixture
+def fresh_verdicts(monkeypatch):
+    """No direct tokenizer made or trusted yet in this test."""
+    monkeypatch.setattr(pipeline_module, "_DIRECT", weakref.WeakKeyDictionary())
+
+
+def test_long_calls_are_tokenized_by_the_rust_tokenizer_once_after_a_probe(minilm, monkeypatch, fresh_verdicts):
+    """Past a probe of the first call (its first and longest texts through ``preprocess``), the model's
+    Rust tokenizer tokenizes every text, once; the vectors are sentence-transformers'."""
+    through_preprocess: list[str] = []
+    real_call = type(minilm.tokenizer).__call__
+    monkeypatch.setattr(type(minilm.tokenizer), "__call__", lambda self, text=None, *a, **k: (
+        through_preprocess.extend(text), real_call(self, text, *a, **k))[1])
+    direct: list[str] = []
+    real_tokenize = FastTokenizer.tokenize
+    monkeypatch.setattr(FastTokenizer, "tokenize", lambda self, texts: (direct.extend(texts),
+                                                                        real_tokenize(self, texts))[1])
+    monkeypatch.setattr(pipeline_module, "CHUNK_TEXTS", 48)
+    texts = [*TEXTS, *(text + " again" for text in TEXTS), "word " * 600]  # 141 texts, 3 chunks, 1 cut
+    vectors = EncodePipeline(minilm).encode(texts, batch_size=8, prompt="query: ")
+    assert sorted(direct) == sorted("query: " + text for text in texts)
+    assert len(through_preprocess) <= 2 * pipeline_module.PROBE_TEXTS
+    np.testing.assert_allclose(vectors, plain_encode(minilm, texts, batch_size=8, prompt="query: "), atol=1e-5)
+
+
+def test_a_direct_tokenizer_that_disagrees_with_preprocess_is_not_used(minilm, monkeypatch, fresh_verdicts):
+    real_of = FastTokenizer.of
+    monkeypatch.setattr(FastTokenizer, "of", classmethod(lambda cls, tokenizer, limit: real_of(tokenizer, 16)))
+    texts = TEXTS * 2  # up to 40 words: a tokenizer cutting at 16 tokens differs
+    tokenized, reference = tokenize(minilm, texts), tokenize_with_preprocess(minilm, texts)
+    assert pipeline_module._DIRECT[minilm.tokenizer].verdicts == {None: False}
+    assert tokenized.lengths.max() > 16 and np.array_equal(tokenized.lengths, reference.lengths)
+    assert all(np.array_equal(tokenized.values[key], values) for key, values in reference.values.items())
+
+
 def test_chunks_tokenized_ahead_keep_input_order_and_bound_the_queue(minilm, monkeypatch):
     monkeypatch.setattr(pipeline_module, "CHUNK_TEXTS", 7)
     tokenizing_threads: set[int] = set()
@@ -140,6 +178,30 @@ def test_tokenize_marks_truncated_texts_and_keeps_what_encode_reads(minilm):
     batch = tokenized.batch([1, 0])
     assert batch["input_ids"].shape == (2, 256)
     assert (batch["input_ids"] == reference["input_ids"][[1, 0]].numpy()).all()
+
+
+@pytest.mark.parametrize(("side", "pad_token"), [("right", None), ("left", "[UNK]")])
+def test_a_batch_is_padded_as_the_tokenizer_pads_it(minilm, side, pad_token):
+    """Texts are held unpadded (padding a whole call and making it one tensor was most of the cost of
+    tokenizing); a batch made from them is what ``preprocess`` returns for those texts, on either side
+    and with a pad id that is not 0."""
+    tokenizer = minilm.tokenizer
+    saved = tokenizer.padding_side, tokenizer.pad_token
+    tokenizer.padding_side = side
+    if pad_token is not None:
+        tokenizer.pad_token = pad_token
+    try:
+        texts = ["a cat", "word " * 600, "", "a much longer sentence about a dog on a mat"]
+        tokenized = tokenize(minilm, texts, "query: ")
+        assert len(tokenized.values["input_ids"]) == tokenized.lengths.sum()  # nothing padded ahead
+        rows = [3, 0, 2]
+        batch = tokenized.batch(rows)
+        reference = minilm.preprocess([texts[row] for row in rows], prompt="query: ")
+    finally:
+        tokenizer.padding_side, tokenizer.pad_token = saved
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        np.testing.assert_array_equal(batch[key], reference[key].numpy(), err_msg=key)
+    assert batch["prompt_length"] == reference["prompt_length"]
 
 
 @pytest.mark.parametrize(("lengths", "options", "expected"), [

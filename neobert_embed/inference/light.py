@@ -42,7 +42,8 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
-from neobert_embed.inference.pipeline import CHUNK_TEXTS, Tokenized, plan_batches
+from neobert_embed.inference.fast_tokenizer import FastTokenizer, Padding
+from neobert_embed.inference.pipeline import CHUNK_TEXTS, plan_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
 from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import EXPORT
@@ -78,11 +79,12 @@ def _token_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class LightTokenizer:
+class LightTokenizer(FastTokenizer):
     """The model's ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls its fast tokenizer.
 
-    Two copies of the ``tokenizers.Tokenizer``: one truncates and pads (the batches), one does neither
-    (token counts); neither is changed while in use, so both are safe to call from several threads.
+    A :class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer` (truncates, never pads) plus a second
+    copy of the ``tokenizers.Tokenizer`` that does not truncate (token counts); neither is changed while
+    in use, so both are safe to call from several threads.
 
     Example:
         >>> tokenizer = LightTokenizer.from_directory(Path("runs/minilm-onnx"), 256, do_lower_case=False)
@@ -90,13 +92,10 @@ class LightTokenizer:
         (2, 5)
     """
 
-    def __init__(self, batching: Tokenizer, counting: Tokenizer, max_seq_length: int, truncation_side: str) -> None:
-        self._batching = batching
+    def __init__(self, batching: Tokenizer, counting: Tokenizer, max_seq_length: int, truncation_side: str,
+                 padding: Padding | None = None) -> None:
+        super().__init__(batching, max_seq_length, truncation_side, padding)
         self._counting = counting
-        self.truncation_side = truncation_side
-        self.max_seq_length = max_seq_length
-        self.special_ids = frozenset(token_id for token_id, token in batching.get_added_tokens_decoder().items()
-                                     if token.special)
 
     @classmethod
     def from_directory(cls, folder: Path, max_seq_length: int | None, do_lower_case: bool) -> LightTokenizer:
@@ -126,42 +125,9 @@ class LightTokenizer:
         pad = (_token_text(settings.get("pad_token"))
                or _token_text(_json(folder / "special_tokens_map.json").get("pad_token")))
         pad_id = batching.token_to_id(pad) if pad is not None else None
-        batching.enable_padding(direction=str(settings.get("padding_side", "right")),
-                                pad_id=pad_id if pad_id is not None else 0, pad_token=pad or "[PAD]",
-                                pad_type_id=int(settings.get("pad_token_type_id", 0)))
-        tokenizer = cls(batching, counting, max_seq_length, str(settings.get("truncation_side", "right")))
-        tokenizer.set_max_seq_length(max_seq_length)
-        return tokenizer
-
-    def set_max_seq_length(self, length: int) -> None:
-        """Truncate at ``length`` tokens from now on (at start-up only: not while batches run)."""
-        self.max_seq_length = int(length)
-        self._batching.enable_truncation(self.max_seq_length, strategy="longest_first",
-                                         direction=self.truncation_side)
-
-    def batch(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        """``input_ids``, ``attention_mask`` and ``token_type_ids`` (int64, padded to the longest, truncated).
-
-        Example:
-            >>> tokenizer.batch(["a cat"])["attention_mask"].tolist()
-            [[1, 1, 1, 1]]
-        """
-        encodings = self._batching.encode_batch(list(texts))
-        return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
-
-    def tokenize(self, texts: Sequence[str]) -> Tokenized:
-        """``texts`` tokenized in one call, with each text's real length, for batches cut by tokens
-        (:meth:`~neobert_embed.inference.pipeline.Tokenized.batch` narrows each to its longest text).
-
-        Example:
-            >>> tokenizer.tokenize(["a cat", "a black cat"]).lengths.tolist()
-            [4, 5]
-        """
-        rows = self.batch(texts)
-        return Tokenized(rows, rows["attention_mask"].sum(axis=1).astype(np.int64),
-                         left_padded=(self._batching.padding or {}).get("direction") == "left")
+        padding = Padding(pad_id if pad_id is not None else 0, int(settings.get("pad_token_type_id", 0)),
+                          str(settings.get("padding_side", "right")) == "left")
+        return cls(batching, counting, max_seq_length, str(settings.get("truncation_side", "right")), padding)
 
     def count(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text with special tokens, before truncation.
