@@ -131,15 +131,19 @@ def test_long_calls_are_tokenized_by_the_rust_tokenizer_once_after_a_probe(minil
     monkeypatch.setattr(pipeline_module, "CHUNK_TEXTS", 48)
     texts = [*TEXTS, *(text + " again" for text in TEXTS), "word " * 600]  # 141 texts, 3 chunks, 1 cut
     vectors = EncodePipeline(minilm).encode(texts, batch_size=8, prompt="query: ")
-    assert sorted(direct) == sorted("query: " + text for text in texts)
-    assert len(through_preprocess) <= 2 * pipeline_module.PROBE_TEXTS
+    overlong = "query: " + "a " * 2 * minilm.max_seq_length  # the probe's check of truncation
+    assert sorted(text for text in direct if text != overlong) == sorted("query: " + text for text in texts)
+    assert len(through_preprocess) <= 2 * pipeline_module.PROBE_TEXTS + 1
     np.testing.assert_allclose(vectors, plain_encode(minilm, texts, batch_size=8, prompt="query: "), atol=1e-5)
 
 
-def test_a_direct_tokenizer_that_disagrees_with_preprocess_is_not_used(minilm, monkeypatch, fresh_verdicts):
+@pytest.mark.parametrize("limit", [16, 300])
+def test_a_direct_tokenizer_that_disagrees_with_preprocess_is_not_used(minilm, monkeypatch, fresh_verdicts, limit):
+    """Cut at 16 tokens it differs on the call's own texts; at 300 (the model reads 256) only on texts
+    longer than any in the call, which the probe's overlong text shows."""
     real_of = FastTokenizer.of
-    monkeypatch.setattr(FastTokenizer, "of", classmethod(lambda cls, tokenizer, limit: real_of(tokenizer, 16)))
-    texts = TEXTS * 2  # up to 40 words: a tokenizer cutting at 16 tokens differs
+    monkeypatch.setattr(FastTokenizer, "of", classmethod(lambda cls, tokenizer, _: real_of(tokenizer, limit)))
+    texts = TEXTS * 2  # 4 to 42 tokens
     tokenized, reference = tokenize(minilm, texts), tokenize_with_preprocess(minilm, texts)
     assert pipeline_module._DIRECT[minilm.tokenizer].verdicts == {None: False}
     assert tokenized.lengths.max() > 16 and np.array_equal(tokenized.lengths, reference.lengths)

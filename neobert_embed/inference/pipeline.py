@@ -111,7 +111,7 @@ _OVERFLOW_KEY = "overflow_to_sample_mapping"
 
 
 #: Texts tokenized both ways before the direct tokenizer is trusted with a model and prompt: the
-#: first call's first few and its longest few (by characters: where truncation shows).
+#: first call's first few and its longest few (by characters), and one text twice the length limit.
 PROBE_TEXTS = 8
 
 
@@ -120,8 +120,9 @@ def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | Non
 
     Where the model's tokenizer has a Rust tokenizer, the ids come from it directly
     (:class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer`: 0.11 s of Python for 9,100 texts
-    where ``preprocess`` spends 0.6 s), once a probe of the first call (its first and longest texts)
-    gave exactly ``preprocess``'s ids, mask, type ids, padding and lengths; the verdict holds for that
+    where ``preprocess`` spends 0.6 s), once a probe of the first call (its first and longest texts, and
+    a text twice the length limit) gave exactly ``preprocess``'s ids, mask, type ids, padding, lengths
+    and truncation; the verdict holds for that
     model, prompt and tokenizer settings. Otherwise (another input module, a chat template, a custom
     ``preprocess``) every call goes through :func:`tokenize_with_preprocess`.
 
@@ -131,7 +132,8 @@ def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | Non
     """
     texts = list(texts)
     direct = _direct_tokenizer(model)
-    if direct is not None and direct.verdicts.get(prompt, True) is not False and len(texts) > 2 * PROBE_TEXTS:
+    if (direct is not None and direct.verdicts.get(prompt, True) is not False and len(texts) > 2 * PROBE_TEXTS
+            and all(isinstance(text, str) for text in texts)):
         tokenized = _checked_direct(model, direct, texts, prompt)
         if tokenized is not None:
             return tokenized
@@ -162,11 +164,7 @@ def _checked_direct(model: SentenceTransformer, direct: _Direct, texts: list[str
     tokenized = direct.tokenizer.tokenize([prompt + text for text in texts] if prompt else texts)
     agreement = direct.verdicts.get(prompt)
     if agreement is None:
-        probe = np.unique(np.concatenate([np.arange(PROBE_TEXTS),
-                                          np.argsort([-len(text) for text in texts], kind="stable")[:PROBE_TEXTS]]))
-        reference = tokenize_with_preprocess(model, [texts[row] for row in probe], prompt)
-        agreement = (_Agreement(tuple(reference.values), reference.shared)
-                     if _same_tokens(tokenized, probe, reference) else False)
+        agreement = _probe(model, direct.tokenizer, texts, tokenized, prompt)
         direct.verdicts[prompt] = agreement
         if agreement is False:
             logger.info("%s: its Rust tokenizer called directly differs from preprocess; tokenizing through "
@@ -177,13 +175,31 @@ def _checked_direct(model: SentenceTransformer, direct: _Direct, texts: list[str
                                shared=agreement.shared)
 
 
-def _same_tokens(tokenized: Tokenized, probe: np.ndarray, reference: Tokenized) -> bool:
-    if tokenized.left_padded != reference.left_padded or not np.array_equal(tokenized.lengths[probe],
-                                                                            reference.lengths):
+def _probe(model: SentenceTransformer, fast: FastTokenizer, texts: list[str], tokenized: Tokenized,
+           prompt: str | None) -> _Agreement | bool:
+    """Compare ``tokenized``'s first and longest rows, and a text twice the length limit (truncation shows
+    whatever the call holds), with what ``preprocess`` gives for them."""
+    probe = np.unique(np.concatenate([np.arange(PROBE_TEXTS),
+                                      np.argsort([-len(text) for text in texts], kind="stable")[:PROBE_TEXTS]]))
+    overlong = "a " * (2 * fast.max_seq_length)
+    reference = tokenize_with_preprocess(model, [*(texts[row] for row in probe), overlong], prompt)
+    cut = fast.tokenize([(prompt or "") + overlong])
+    rows = np.arange(len(probe))
+    if not (_same_tokens(tokenized, probe, reference, rows)
+            and _same_tokens(cut, np.zeros(1, dtype=np.int64), reference, rows[-1:] + 1)
+            and cut.truncated == 1):
         return False
-    mine, theirs = tokenized.batch(probe), reference.batch(np.arange(len(probe)))
-    return all(key in tokenized.values and tokenized.pad_values.get(key, 0) == reference.pad_values.get(key, 0)
-               and np.array_equal(mine[key], theirs[key]) for key in reference.values)
+    return _Agreement(tuple(reference.values), reference.shared)
+
+
+def _same_tokens(mine: Tokenized, rows: np.ndarray, reference: Tokenized, reference_rows: np.ndarray) -> bool:
+    """``mine``'s ``rows`` are ``reference``'s ``reference_rows``: ids, mask, type ids, lengths, padding."""
+    if mine.left_padded != reference.left_padded or not np.array_equal(mine.lengths[rows],
+                                                                       reference.lengths[reference_rows]):
+        return False
+    ours, theirs = mine.batch(rows), reference.batch(reference_rows)
+    return all(key in mine.values and mine.pad_values.get(key, 0) == reference.pad_values.get(key, 0)
+               and np.array_equal(ours[key], theirs[key]) for key in reference.values)
 
 
 _DIRECT: weakref.WeakKeyDictionary[object, _Direct | None] = weakref.WeakKeyDictionary()
