@@ -104,8 +104,7 @@ def encode_texts(
     from neobert_embed.inference.pipeline import collect
 
     dimension = int(model.get_embedding_dimension())
-    return collect(encode_text_chunks(model, checked, batch_size=batch_size, prompt_name=prompt_name,
-                                      show_progress=show_progress), len(checked), dimension)
+    return collect(_checked_chunks(model, checked, batch_size, prompt_name, show_progress), len(checked), dimension)
 
 
 def encode_text_chunks(
@@ -123,7 +122,12 @@ def encode_text_chunks(
         >>> sum(len(rows) for rows in encode_text_chunks(model, texts))
         200000
     """
-    checked = check_texts(texts)
+    return _checked_chunks(model, check_texts(texts), batch_size, prompt_name, show_progress)
+
+
+def _checked_chunks(model: SentenceTransformer, checked: list[str], batch_size: int, prompt_name: str | None,
+                    show_progress: bool) -> Iterator[np.ndarray]:
+    """:func:`encode_text_chunks` of texts :func:`check_texts` passed (checked once, when the call is made)."""
     if not checked:
         return
     from neobert_embed.console import document_progress

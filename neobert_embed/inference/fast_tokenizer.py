@@ -22,24 +22,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from neobert_embed.inference.tokenized import Tokenized
+from neobert_embed.inference.tokenized import Padding, Tokenized
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-
-
-@dataclass(frozen=True)
-class Padding:
-    """How the tokenizer pads a batch: its pad id, pad type id and side."""
-
-    pad_id: int = 0
-    pad_type_id: int = 0
-    left: bool = False
 
 
 class FastTokenizer:
@@ -75,12 +65,8 @@ class FastTokenizer:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if not isinstance(backend, Tokenizer):
             return None
-        pad_id = getattr(tokenizer, "pad_token_id", None)
-        padding = Padding(int(pad_id) if pad_id is not None else 0,
-                          int(getattr(tokenizer, "pad_token_type_id", 0) or 0),
-                          getattr(tokenizer, "padding_side", "right") == "left")
         return cls(Tokenizer.from_str(backend.to_str()), max_seq_length,
-                   str(getattr(tokenizer, "truncation_side", "right")), padding)
+                   str(getattr(tokenizer, "truncation_side", "right")), Padding.of(tokenizer))
 
     def set_max_seq_length(self, length: int) -> None:
         """Truncate at ``length`` tokens from now on (at start-up only: not while batches run)."""
@@ -109,7 +95,4 @@ class FastTokenizer:
         return Tokenized.from_lists({"input_ids": [e.ids for e in encodings],
                                      "attention_mask": [e.attention_mask for e in encodings],
                                      "token_type_ids": [e.type_ids for e in encodings]},
-                                    pad_values={"input_ids": self.padding.pad_id,
-                                                "token_type_ids": self.padding.pad_type_id},
-                                    truncated=sum(1 for e in encodings if e.overflowing),
-                                    left_padded=self.padding.left)
+                                    padding=self.padding, truncated=sum(1 for e in encodings if e.overflowing))

@@ -42,9 +42,10 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
-from neobert_embed.inference.fast_tokenizer import FastTokenizer, Padding
+from neobert_embed.inference.fast_tokenizer import FastTokenizer
 from neobert_embed.inference.pipeline import CHUNK_TEXTS, plan_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
+from neobert_embed.inference.tokenized import Padding
 from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import EXPORT
 

@@ -61,7 +61,7 @@ import numpy as np
 from neobert_embed.errors import UserInputError
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
 from neobert_embed.inference.native_memory import release_freed_memory
-from neobert_embed.inference.tokenized import Tokenized
+from neobert_embed.inference.tokenized import Padding, Tokenized
 
 if TYPE_CHECKING:
     import torch
@@ -122,9 +122,9 @@ def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | Non
     (:class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer`: 0.11 s of Python for 9,100 texts
     where ``preprocess`` spends 0.6 s), once a probe of the first call (its first and longest texts, and
     a text twice the length limit) gave exactly ``preprocess``'s ids, mask, type ids, padding, lengths
-    and truncation; the verdict holds for that
-    model, prompt and tokenizer settings. Otherwise (another input module, a chat template, a custom
-    ``preprocess``) every call goes through :func:`tokenize_with_preprocess`.
+    and truncation; the verdict holds for that model, prompt and tokenizer settings. Otherwise (another
+    input module, a chat template, a custom ``preprocess``) every call goes through
+    :func:`tokenize_with_preprocess`.
 
     Example:
         >>> tokenize(model, ["a cat", "word " * 600]).truncated
@@ -194,12 +194,10 @@ def _probe(model: SentenceTransformer, fast: FastTokenizer, texts: list[str], to
 
 def _same_tokens(mine: Tokenized, rows: np.ndarray, reference: Tokenized, reference_rows: np.ndarray) -> bool:
     """``mine``'s ``rows`` are ``reference``'s ``reference_rows``: ids, mask, type ids, lengths, padding."""
-    if mine.left_padded != reference.left_padded or not np.array_equal(mine.lengths[rows],
-                                                                       reference.lengths[reference_rows]):
+    if mine.padding != reference.padding or not np.array_equal(mine.lengths[rows], reference.lengths[reference_rows]):
         return False
     ours, theirs = mine.batch(rows), reference.batch(reference_rows)
-    return all(key in mine.values and mine.pad_values.get(key, 0) == reference.pad_values.get(key, 0)
-               and np.array_equal(ours[key], theirs[key]) for key in reference.values)
+    return all(key in mine.values and np.array_equal(ours[key], theirs[key]) for key in reference.values)
 
 
 _DIRECT: weakref.WeakKeyDictionary[object, _Direct | None] = weakref.WeakKeyDictionary()
@@ -248,9 +246,7 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
         _, first = np.unique(samples, return_index=True)  # each text's first row: what encode reads
         truncated = int((np.bincount(samples) > 1).sum())  # a text cut once or more: its overflow rows
         rows = {key: _first_rows(value, first) for key, value in rows.items()}
-    tokenizer = getattr(model, "tokenizer", None)
-    details = {"pad_values": _pad_values(tokenizer), "shared": shared,
-               "left_padded": getattr(tokenizer, "padding_side", "right") == "left"}
+    details = {"padding": Padding.of(getattr(model, "tokenizer", None)), "shared": shared}
     if isinstance(rows["attention_mask"], list):
         tokenized = Tokenized.from_lists(rows, **details)
     else:
@@ -270,14 +266,6 @@ def _preprocess(model: SentenceTransformer, texts: list[str], prompt: str | None
         return dict(model.preprocess(texts, prompt=prompt, processing_kwargs=_RAGGED_KWARGS))
     except TypeError:  # an input module whose preprocess takes no processing_kwargs
         return dict(model.preprocess(texts, prompt=prompt))
-
-
-def _pad_values(tokenizer: object) -> dict[str, int]:
-    """What the tokenizer's own padding writes: its pad id and pad type id, 0 in the mask."""
-    pad_id = getattr(tokenizer, "pad_token_id", None)
-    return {"input_ids": int(pad_id) if pad_id is not None else 0,
-            "token_type_ids": int(getattr(tokenizer, "pad_token_type_id", 0) or 0),
-            "attention_mask": 0, "special_tokens_mask": 1}
 
 
 def _first_rows(value: list | torch.Tensor, first: np.ndarray) -> list | torch.Tensor:

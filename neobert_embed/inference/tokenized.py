@@ -23,6 +23,36 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class Padding:
+    """How a tokenizer pads a batch: its pad id, pad type id and side (0 in the attention mask).
+
+    Example:
+        >>> Padding(pad_id=1).value("input_ids"), Padding(pad_id=1).value("attention_mask")
+        (1, 0)
+    """
+
+    pad_id: int = 0
+    pad_type_id: int = 0
+    left: bool = False
+
+    @classmethod
+    def of(cls, tokenizer: object) -> Padding:
+        """A transformers tokenizer's padding (its ``pad_token_id``, ``pad_token_type_id``, ``padding_side``).
+
+        Example:
+            >>> Padding.of(AutoTokenizer.from_pretrained("bert-base-uncased"))
+            Padding(pad_id=0, pad_type_id=0, left=False)
+        """
+        pad_id = getattr(tokenizer, "pad_token_id", None)
+        return cls(int(pad_id) if pad_id is not None else 0, int(getattr(tokenizer, "pad_token_type_id", 0) or 0),
+                   getattr(tokenizer, "padding_side", "right") == "left")
+
+    def value(self, key: str) -> int:
+        """What ``key``'s padded positions hold, as the tokenizer's own padding writes them."""
+        return {"input_ids": self.pad_id, "token_type_ids": self.pad_type_id, "special_tokens_mask": 1}.get(key, 0)
+
+
+@dataclass(frozen=True)
 class Tokenized:
     """The output of one tokenization call, one row per text, rows in the order the texts were given,
     held without padding: a batch is padded to its own longest text when it is made.
@@ -35,19 +65,17 @@ class Tokenized:
         values: per key (``input_ids``, ``attention_mask``, ``token_type_ids``), every text's tokens one
             after another, int32 (vocabularies stay far below 2**31; a batch hands back int64).
         lengths: tokens of each text after truncation (its row in ``values``).
-        pad_values: what each key holds where a batch pads (the tokenizer's pad id and pad type id;
-            0 for the attention mask).
+        padding: how a batch pads (the tokenizer's pad id, pad type id and side; on the left, a
+            batch's texts end at its last column).
         shared: what ``preprocess`` returned for the whole call (``modality``, ``prompt_length``).
         truncated: how many texts were longer than the model reads (cut at ``max_seq_length``).
-        left_padded: the tokenizer pads on the left (a batch's texts end at its last column).
     """
 
     values: dict[str, np.ndarray]
     lengths: np.ndarray
-    pad_values: dict[str, int] = field(default_factory=dict)
+    padding: Padding = Padding()
     shared: dict[str, object] = field(default_factory=dict)
     truncated: int = 0
-    left_padded: bool = False
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
@@ -70,10 +98,10 @@ class Tokenized:
         within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         source = np.repeat(self.starts[rows], lengths) + within
         target = (np.repeat(np.arange(len(rows)), lengths),
-                  within + np.repeat(width - lengths, lengths) if self.left_padded else within)
+                  within + np.repeat(width - lengths, lengths) if self.padding.left else within)
         features: dict[str, np.ndarray | object] = {}
         for key, values in self.values.items():
-            padded = np.full((len(rows), width), self.pad_values.get(key, 0), dtype=np.int64)
+            padded = np.full((len(rows), width), self.padding.value(key), dtype=np.int64)
             padded[target] = values[source]
             features[key] = padded
         return {**features, **self.shared}
