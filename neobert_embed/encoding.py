@@ -288,7 +288,7 @@ def encode_file(
     from neobert_embed.inference.runtime import load_inference_model
     from neobert_embed.machine import check_compute_precision
     from neobert_embed.model_files import check_length_flag, check_model_files
-    from neobert_embed.outputs import check_output_file, sidecar_path
+    from neobert_embed.outputs import claimed_file, sidecar_path
     from neobert_embed.sentence import resolve_prompt
 
     if compute_precision is not None:
@@ -299,66 +299,67 @@ def encode_file(
     from neobert_embed.distributed import encode_across_ranks, init_world, on_main
 
     output_path = Path(output_path)
-    world = init_world()  # under torchrun, rank r encodes chunks i = r mod world; rank 0 writes the file
+    with contextlib.ExitStack() as claim:  # the output's writer lock, from its check to its publication
+        world = init_world()  # under torchrun, rank r encodes chunks i = r mod world; rank 0 writes the file
 
-    def preflight():  # rank 0 checks; its refusal reaches every rank (no rank waits on a barrier)
-        check_output_file(output_path, writer=ENCODE_WRITER, inputs=[input_path, calibration], overwrite=overwrite,
-                          suffix=".npy")
-        loaded = load_calibration(calibration) if calibration is not None else None
-        if loaded is not None and loaded.precision != precision:
-            raise UserInputError(f"--calibration {calibration} is for {loaded.precision} vectors but --store-precision "
-                                 f"is {precision}; pass --store-precision {loaded.precision}")
-        check_model_files(model_name)
-        check_length_flag(model_name, max_seq_length, "--max-length")
-        return loaded
+        def preflight():  # rank 0 checks; its refusal reaches every rank (no rank waits on a barrier)
+            claim.enter_context(claimed_file(output_path, writer=ENCODE_WRITER, inputs=[input_path, calibration],
+                                             overwrite=overwrite, suffix=".npy"))
+            loaded = load_calibration(calibration) if calibration is not None else None
+            if loaded is not None and loaded.precision != precision:
+                raise UserInputError(f"--calibration {calibration} is for {loaded.precision} vectors but --store-precision "
+                                     f"is {precision}; pass --store-precision {loaded.precision}")
+            check_model_files(model_name)
+            check_length_flag(model_name, max_seq_length, "--max-length")
+            return loaded
 
-    saved = on_main(world, preflight)
-    texts, skipped = apply_blank_policy(read_texts(input_path, field), blank, input_path)
-    # an exported graph (--backend onnx/openvino) computes as it was saved: no recorded precision applies
-    follows = saved is not None and compute_precision is None and backend == "torch"
-    recorded = saved.computed_at if follows else None
-    loaded = load_inference_model(model_name, compute_precision or recorded or "auto", device=world.device(None),
-                                  backend=backend, max_seq_length=max_seq_length, sample_texts=texts,
-                                  batch_size=batch_size, agree=functools.partial(on_main, world))
-    model, compute = loaded.model, loaded.choice
-    if recorded is not None:  # nobody asked: the used: line says where the precision came from
-        compute = replace(compute, requested="calibration",
-                          reason=f"the calibration's own: {calibration} was encoded at it")
-    prompt_name = prompt_name or ""  # None, like '', is no prompt here
-    prompt = resolve_prompt(model, prompt_name, required=None if prompt_name == DOCUMENT_PROMPT else "--prompt-name")
-    if world.is_main:  # the matrix must fit beside the old one (replaced only once complete)
-        check_free_space(output_path, stored_bytes(len(texts), model.get_embedding_dimension(), precision) + 4096,
-                         what=f"the matrix of {len(texts)} texts")
-    start = time.perf_counter()
-    record = dict(model=model_name, input=str(input_path), texts=len(texts), compute=compute.to_json(), blank=blank,
-                  skipped_rows=skipped, calibration_from=str(calibration) if calibration is not None else None)
-    chunks = functools.partial(encode_text_chunks, model, batch_size=batch_size, prompt_name=prompt_name)
-    dimension = int(model.get_embedding_dimension())
-    if not world.distributed and streams(precision, saved):  # written as it goes: the matrix is never held
-        fitted = _stream_matrix(output_path, chunks(texts, show_progress=show_progress), len(texts), dimension,
-                                precision, saved, **record)
-    else:
-        embeddings = encode_across_ranks(
-            world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,
-                                                               prompt_name=prompt_name,
-                                                               show_progress=show_progress and world.is_main),
-            Path(str(output_path) + ".parts"))
-        if embeddings is None:  # not rank 0: rank 0 writes the matrix and reports
-            return EncodeReport(texts=len(texts), dimension=dimension, precision=precision,
-                                seconds=round(time.perf_counter() - start, 3), texts_per_second=0.0,
-                                output=str(output_path), max_seq_length=int(model.max_seq_length),
-                                compute_precision=compute.description)
-        fitted = _store_matrix(output_path, embeddings, precision, saved, **record)
-    seconds = time.perf_counter() - start
-    return EncodeReport(texts=len(texts), dimension=dimension, precision=precision,
-                        seconds=round(seconds, 3), texts_per_second=round(len(texts) / max(seconds, 1e-9), 1),
-                        output=str(output_path), max_seq_length=int(model.max_seq_length),
-                        prompt_name=prompt_name if prompt else None, prompt=prompt or None,
-                        used=used_line(model, [prompt_name],
-                                       None if source_format(input_path, stream=True) == "txt" else field, compute.description)
-                        + (f"; {len(skipped)} blank texts skipped (rows {listing(skipped, 5)})" if skipped else ""),
-                        calibration=str(sidecar_path(output_path)) if fitted is not None else None,
-                        compute_precision=compute.description)
+        saved = on_main(world, preflight)
+        texts, skipped = apply_blank_policy(read_texts(input_path, field), blank, input_path)
+        # an exported graph (--backend onnx/openvino) computes as it was saved: no recorded precision applies
+        follows = saved is not None and compute_precision is None and backend == "torch"
+        recorded = saved.computed_at if follows else None
+        loaded = load_inference_model(model_name, compute_precision or recorded or "auto", device=world.device(None),
+                                      backend=backend, max_seq_length=max_seq_length, sample_texts=texts,
+                                      batch_size=batch_size, agree=functools.partial(on_main, world))
+        model, compute = loaded.model, loaded.choice
+        if recorded is not None:  # nobody asked: the used: line says where the precision came from
+            compute = replace(compute, requested="calibration",
+                              reason=f"the calibration's own: {calibration} was encoded at it")
+        prompt_name = prompt_name or ""  # None, like '', is no prompt here
+        prompt = resolve_prompt(model, prompt_name, required=None if prompt_name == DOCUMENT_PROMPT else "--prompt-name")
+        if world.is_main:  # the matrix must fit beside the old one (replaced only once complete)
+            check_free_space(output_path, stored_bytes(len(texts), model.get_embedding_dimension(), precision) + 4096,
+                             what=f"the matrix of {len(texts)} texts")
+        start = time.perf_counter()
+        record = dict(model=model_name, input=str(input_path), texts=len(texts), compute=compute.to_json(), blank=blank,
+                      skipped_rows=skipped, calibration_from=str(calibration) if calibration is not None else None)
+        chunks = functools.partial(encode_text_chunks, model, batch_size=batch_size, prompt_name=prompt_name)
+        dimension = int(model.get_embedding_dimension())
+        if not world.distributed and streams(precision, saved):  # written as it goes: the matrix is never held
+            fitted = _stream_matrix(output_path, chunks(texts, show_progress=show_progress), len(texts), dimension,
+                                    precision, saved, **record)
+        else:
+            embeddings = encode_across_ranks(
+                world, len(texts), lambda first, stop: encode_texts(model, texts[first:stop], batch_size=batch_size,
+                                                                   prompt_name=prompt_name,
+                                                                   show_progress=show_progress and world.is_main),
+                Path(str(output_path) + ".parts"))
+            if embeddings is None:  # not rank 0: rank 0 writes the matrix and reports
+                return EncodeReport(texts=len(texts), dimension=dimension, precision=precision,
+                                    seconds=round(time.perf_counter() - start, 3), texts_per_second=0.0,
+                                    output=str(output_path), max_seq_length=int(model.max_seq_length),
+                                    compute_precision=compute.description)
+            fitted = _store_matrix(output_path, embeddings, precision, saved, **record)
+        seconds = time.perf_counter() - start
+        return EncodeReport(texts=len(texts), dimension=dimension, precision=precision,
+                            seconds=round(seconds, 3), texts_per_second=round(len(texts) / max(seconds, 1e-9), 1),
+                            output=str(output_path), max_seq_length=int(model.max_seq_length),
+                            prompt_name=prompt_name if prompt else None, prompt=prompt or None,
+                            used=used_line(model, [prompt_name],
+                                           None if source_format(input_path, stream=True) == "txt" else field, compute.description)
+                            + (f"; {len(skipped)} blank texts skipped (rows {listing(skipped, 5)})" if skipped else ""),
+                            calibration=str(sidecar_path(output_path)) if fitted is not None else None,
+                            compute_precision=compute.description)
 
 
 def streams(precision: str, calibration: Calibration | None) -> bool:

@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -317,13 +318,71 @@ def remove_debris(target: str | Path) -> list[Path]:
     old = sorted(target.parent.glob(f".{target.name}.old-*"))
     if old and not target.exists():
         os.replace(old.pop(), target)
-    found = [*target.parent.glob(f".{target.name}.*.tmp"), *old]
+    temporary = re.compile(rf"\.{re.escape(target.name)}\.[A-Za-z0-9_-]+\.tmp")  # not ".NAME.other.XXXX.tmp":
+    found = [*(p for p in target.parent.iterdir() if temporary.fullmatch(p.name)), *old]  # another output's
     for path in found:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
     return found
+
+
+NAME_LIMIT = 200  # bytes of a name read from a file, leaving room for what writers add beside it
+
+
+def name_problem(name: object) -> str | None:
+    """Why ``name`` (read from a file) cannot be one entry of a folder, or None when it can.
+
+    Why one rule: task names (``task.json``), split names, shard and checkpoint file names in
+    manifests all become file names; one that holds ``/`` or ``..`` walks out of the output,
+    and one starting with ``.`` collides with the hidden files writers keep (locks, temporaries).
+
+    Example:
+        >>> name_problem("STS12"), name_problem("../../X")
+        (None, "holds '/' (a name must be one path component)")
+    """
+    if not isinstance(name, str):
+        return f"is a {type(name).__name__}, not a text name"
+    if not name.strip():
+        return "is empty"
+    for bad in ("/", "\\", "\0"):
+        if bad in name:
+            return f"holds {bad!r} (a name must be one path component)"
+    if name.startswith("."):
+        return "starts with '.' (hidden names and '..' are reserved for the toolkit's own files)"
+    if any(ord(char) < 32 for char in name):
+        return "holds a control character"
+    if len(name.encode("utf-8")) > NAME_LIMIT:
+        return f"is {len(name.encode('utf-8'))} bytes (at most {NAME_LIMIT})"
+    return None
+
+
+def safe_name(name: object, what: str, source: str | Path) -> str:
+    """``name``, read from ``source``, checked to be one safe folder entry (:func:`name_problem`);
+    otherwise one :class:`UserInputError` naming the file, the name and what to do.
+
+    Example:
+        >>> safe_name("../../X", "task name", "tasks/t/task.json")
+        Traceback (most recent call last):
+        UserInputError: tasks/t/task.json: task name '../../X' holds '/' ...
+    """
+    problem = name_problem(name)
+    if problem is not None:
+        raise UserInputError(f"{source}: {what} {name!r} {problem}; names read from files become file names, "
+                             "so use letters, digits, '_', '-', '.', spaces (not first '.')")
+    return str(name)
+
+
+def named_path(root: str | Path, *names: object, what: str, source: str | Path) -> Path:
+    """``root / name / ...`` for names read from ``source``, each checked by :func:`safe_name`: the
+    one way a name from a file becomes a path, so the result always lies inside ``root``.
+
+    Example:
+        >>> named_path("prepared/shards", "000001.arrow", what="shard", source="prepared/corpus.json")
+        PosixPath('prepared/shards/000001.arrow')
+    """
+    return Path(root).joinpath(*(safe_name(name, what, source) for name in names))
 
 
 def value_digest(value: str | dict | list, length: int = 16) -> str:

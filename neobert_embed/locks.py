@@ -34,6 +34,9 @@ from neobert_embed.files import atomic_write_json, read_json_object_or_none
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
+_HELD: set[str] = set()
+"""Lock files this process holds: taking one again inside its block is a no-op (an flock taken twice
+by one process through two handles would wait for itself)."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +114,17 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
     Example:
         >>> with writer_lock("runs/x", command="train-contrastive", wait=False):
         ...     train(...)
+
+    Re-entrant within a process: a writer that already holds the lock of ``target`` (a command
+    that claimed its output file, then publishes it) passes straight through.
     """
     from filelock import FileLock, Timeout
 
     target = Path(target)
+    held = str(lock_path(target).absolute())
+    if held in _HELD:  # this process holds it already (a command's claim, then its publishing step)
+        yield
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(lock_path(target)), thread_local=False, poll_interval=POLL_SECONDS)
     try:
@@ -143,7 +153,9 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
             _write_note(target, command)
         except UserInputError as exc:  # a full disk: say it of the output, not of the hidden note
             raise (system_failure(exc.__cause__, target) if exc.__cause__ else exc) from None
+        _HELD.add(held)
         yield
     finally:
+        _HELD.discard(held)
         _note_path(target).unlink(missing_ok=True)
         lock.release()

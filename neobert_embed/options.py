@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 
 MAX_BATCH = 1 << 20  # texts per forward pass: more than any machine's memory holds at once
 MAX_STEPS = 10**9
+MAX_LEARNING_RATE = 1.0  # --lr and every recipe's learning rate: (0, 1]
+MAX_TEMPERATURE = 10.0
+MAX_SEED = 2**32 - 1  # numpy's seed range
+MAX_LENGTH = 1 << 20  # tokens
 
 
 def finite_float(low: float, high: float | None = None, *, low_open: bool = False) -> Callable[[str], float]:
@@ -101,7 +105,7 @@ def check_device_option(value: str | None) -> str | None:
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show third-party warnings and progress bars on "
                                        "screen instead of writing them to the run's log (OUTPUT.log).")]
-MaxLength = Annotated[int | None, typer.Option("--max-length", min=1, max=1 << 20, help="Truncate inputs to this many tokens "
+MaxLength = Annotated[int | None, typer.Option("--max-length", min=1, max=MAX_LENGTH, help="Truncate inputs to this many tokens "
                                                "(default: the model's own max_seq_length, or the recipe's).")]
 OldMaxLength = Annotated[int | None, typer.Option("--max-seq-length", min=1, hidden=True,
                                                   help="Deprecated spelling of --max-length.")]

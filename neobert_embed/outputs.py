@@ -24,6 +24,7 @@ import contextlib
 import enum
 import fnmatch
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,14 +38,16 @@ from neobert_embed.files import (
     FilePin,
     atomic_path,
     read_json_object_or_none,
+    remove_debris,
     write_synced,
     writing,
 )
-from neobert_embed.locks import is_lock_file
+from neobert_embed.locks import is_lock_file, writer_lock
 
 if TYPE_CHECKING:
     from neobert_embed.records import RecordFile
 
+logger = logging.getLogger(__name__)
 RecordNames: TypeAlias = "str | RecordFile | tuple[str | RecordFile, ...]"
 """What marks a directory as a command's own: a record (any of its names), a file name, or several."""
 
@@ -220,7 +223,8 @@ def published_file(path: str | Path, writer: str, **fields: Any) -> Iterator[Sta
     or a record with no matrix. Now a failure while writing (a full disk) leaves the previous
     pair whole (or nothing), and the record pins the file it describes (size and SHA-256), so
     even a process killed between the two renames leaves a pair a reader can tell apart
-    (:func:`check_record_matches`).
+    (:func:`check_record_matches`). It holds the output's writer lock (:func:`claimed_file`, which
+    a command takes before its work, already holds it), so two writers never publish at once.
 
     Example:
         >>> with published_file("out/docs.npy", "neobert-embed encode", model="bert") as staged:
@@ -228,7 +232,8 @@ def published_file(path: str | Path, writer: str, **fields: Any) -> Iterator[Sta
         ...     staged.record["texts"] = len(vectors)
     """
     path = Path(path)
-    with writing(path), atomic_path(sidecar_path(path)) as record_tmp, atomic_path(path) as data_tmp:
+    with writing(path), _file_lock(path, writer), atomic_path(sidecar_path(path)) as record_tmp, \
+            atomic_path(path) as data_tmp:
         staged = StagedFile(data_tmp, dict(fields))
         yield staged
         write_synced(data_tmp)
@@ -237,6 +242,42 @@ def published_file(path: str | Path, writer: str, **fields: Any) -> Iterator[Sta
                   PIN_KEY: {"size": pin.size, "sha256": pin.sha256}}
         write_synced(record_tmp, (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8"))
     # atomic_path publishes the inner file (the data) first, the record last
+
+
+@contextlib.contextmanager
+def claimed_file(path: str | Path, *, writer: str, inputs: Iterable[str | Path | None] = (), overwrite: bool = False,
+                 flag: str = "--output", suffix: str | None = None, wait: bool = True) -> Iterator[Path]:
+    """Own the file output ``path`` for the block: the one way a command starts writing a file.
+
+    The path is checked before any work (:func:`check_output_file`), then this process takes the
+    output's writer lock (:func:`~neobert_embed.locks.writer_lock`: a second command on the same
+    output waits, saying for whom, or with ``wait=False`` refuses at once), removes what a killed
+    writer of this output left (its hidden ``.NAME.XXXXXXXX.tmp`` files: no live writer has any
+    while we hold the lock), and checks again: an output another writer finished meanwhile is
+    replaced only with ``overwrite``, like one that was there before.
+
+    Why: two ``encode`` runs to one ``-o`` both exited 0, the later silently replacing the other's
+    finished matrix, and ``kill -9`` left temporary files that each rerun added to.
+
+    Example:
+        >>> with claimed_file("docs.npy", writer="neobert-embed encode", inputs=["docs.txt"], suffix=".npy"):
+        ...     encode_into("docs.npy")
+    """
+    check = dict(writer=writer, inputs=list(inputs), overwrite=overwrite, flag=flag, suffix=suffix)
+    check_output_file(path, **check)
+    with writing(path), _file_lock(path, writer, wait=wait):
+        check_output_file(path, **check)
+        yield Path(path)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path | str, writer: str, wait: bool = True) -> Iterator[None]:
+    """The writer lock of a file output, and a killed writer's temporary files cleared under it."""
+    with writer_lock(path, command=writer, wait=wait):
+        for target in (Path(path), sidecar_path(path)):
+            for removed in remove_debris(target):
+                logger.warning("removed %s, left by a writer of %s that was stopped", removed, path)
+        yield
 
 
 def check_record_matches(path: str | Path, flag: str = "--calibration") -> None:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import functools
 import json
 import re
+import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from neobert_embed.errors import UserInputError, located
@@ -61,6 +63,10 @@ class Spec:
         """
         overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
         data = {**self.data, **overrides} if overrides else self.data
+        for key in _yes_no_for_numbers(model, data):  # pydantic takes true for 1
+            where = f"{self.source}:{self.lines[key]}" if key in self.lines else self.source
+            raise UserInputError(f"{where}: key {'.'.join(map(str, key))!r}: {_at(data, key)!r} is a yes/no value, "
+                                 "but a number is expected here; write the number")
         try:
             folder = Path(self.source).parent if Path(self.source).is_file() else None
             return model.model_validate(data, context={"directory": folder} if folder else None)
@@ -99,11 +105,15 @@ def read_spec(path: str | Path, what: str = "recipe", hint: str = "") -> Spec:
         raise UserInputError(f"{path}: {what} file not found" + (f"; {hint}" if hint else ""))
     try:
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys) if path.suffix.lower() == ".json" \
+            else yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError:
         raise UserInputError(f"{path}: not valid UTF-8; re-encode the {what} as UTF-8") from None
     except json.JSONDecodeError as exc:
         raise located(path, exc.lineno, f"invalid JSON ({exc.msg}, column {exc.colno})") from None
+    except _DuplicateKey as exc:
+        raise located(path, exc.line or _key_lines(text).get((exc.key,)), f"key {exc.key!r} appears twice in one "
+                      "mapping (only one value can hold); keep one") from None
     except yaml.YAMLError as exc:
         mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None) or exc
         raise located(path, mark.line + 1 if mark else None, f"invalid YAML: {problem}") from None
@@ -123,6 +133,89 @@ def load_spec(path: str | Path | None, model: type[M], what: str = "recipe", def
     from neobert_embed.paths import recipe_path
 
     return read_spec(recipe_path(default) if path is None else path, what).validate(model, overrides)
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, line: int | None = None) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice is refused (``json`` keeps the last silently)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(key)
+        data[key] = value
+    return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, Hashable) and key in seen:
+                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yes_no_for_numbers(model: Any, data: Any, prefix: Key = ()) -> Iterator[Key]:
+    """Key paths of ``data`` holding ``true``/``false`` where ``model``'s field takes a number
+    (pydantic's lax mode reads ``max_steps: true`` as 1), nested models and lists included."""
+    fields = getattr(model, "model_fields", None)
+    if fields is None or not isinstance(data, dict):
+        return
+    for name, value in data.items():
+        field = fields.get(name)
+        if field is not None:
+            yield from _bad_values(field.annotation, value, prefix + (name,))
+
+
+def _bad_values(annotation: Any, value: Any, key: Key) -> Iterator[Key]:
+    kinds = _kinds(annotation)
+    if isinstance(value, bool) and kinds & {int, float} and not kinds & {bool, Any, object}:
+        yield key
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _bad_values(_item_type(annotation), item, key + (index,))
+    elif isinstance(value, dict):
+        inner = _model_in(annotation)
+        if inner is not None:
+            yield from _yes_no_for_numbers(inner, value, key)
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    """The plain types an annotation admits (``int | None`` → {int, NoneType}; ``Annotated`` unwrapped)."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _kinds(args[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return set().union(*map(_kinds, args))
+    if typing.get_origin(annotation) is typing.Literal:
+        return {type(arg) for arg in args}
+    return {annotation}
+
+
+def _item_type(annotation: Any) -> Any:
+    """The element type of a list annotation (through ``Optional``/``Annotated``), else Any."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _item_type(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        found = [_item_type(arg) for arg in typing.get_args(annotation) if arg is not type(None)]
+        return found[0] if len(found) == 1 else Any
+    args = typing.get_args(annotation)
+    return args[0] if typing.get_origin(annotation) in (list, tuple) and args else Any
+
+
+def _at(data: Any, key: Key) -> Any:
+    for part in key:
+        data = data[part]
+    return data
 
 
 def _key_lines(text: str) -> dict[Key, int]:

@@ -65,7 +65,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
         >>> mine_negatives("runs/x", "pairs.parquet", "mined.jsonl", num_negatives=5, margin=0.05)
     """
     from neobert_embed.model_files import check_model_files
-    from neobert_embed.outputs import check_output_file, published_file
+    from neobert_embed.outputs import claimed_file, published_file
 
     if num_negatives < 1:
         raise UserInputError(f"--num-negatives must be at least 1, got {num_negatives}")
@@ -76,50 +76,50 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
     if margin is not None and not (math.isfinite(margin) and margin >= 0):
         raise UserInputError(f"--margin {margin}: must be a finite number ≥ 0 (a score difference below the positive)")
     check_precision_fits(check_compute_precision(precision), describe_machine(device))
-    check_output_file(output, writer=MINE_WRITER, inputs=[data, model], overwrite=overwrite, suffix=".jsonl")
-    check_model_files(model)
-    if range_max is not None and range_max - range_min < num_negatives:
-        raise UserInputError(f"--range {range_min}:{range_max} leaves fewer than {num_negatives} candidates")
-    from sentence_transformers.util import mine_hard_negatives
+    with claimed_file(output, writer=MINE_WRITER, inputs=[data, model], overwrite=overwrite, suffix=".jsonl"):
+        check_model_files(model)
+        if range_max is not None and range_max - range_min < num_negatives:
+            raise UserInputError(f"--range {range_min}:{range_max} leaves fewer than {num_negatives} candidates")
+        from sentence_transformers.util import mine_hard_negatives
 
-    from neobert_embed.encoding import used_line
-    from neobert_embed.inference.runtime import load_inference_model
+        from neobert_embed.encoding import used_line
+        from neobert_embed.inference.runtime import load_inference_model
 
-    pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
-    if pairs.num_rows < 2:
-        raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
-    check_free_space(output, _mined_bytes(pairs["anchor"], pairs["positive"], num_negatives), what="the mined rows")
-    loaded = load_inference_model(model, precision, device=device, max_seq_length=max_seq_length,
-                                  sample_texts=_sample_texts(pairs), batch_size=batch_size)
-    sentence_model = loaded.model
-    prompts = {"query_prompt": resolve_prompt(sentence_model, QUERY_PROMPT),
-               "corpus_prompt": resolve_prompt(sentence_model, DOCUMENT_PROMPT)}
-    anchors, positives = pairs["anchor"], pairs["positive"]
-    repeats = repeated_rows(list(zip(anchors, positives, strict=True)))
-    logger.info(used_line(sentence_model, [QUERY_PROMPT, DOCUMENT_PROMPT], field="anchor/positive",
-                          compute=loaded.choice.description) + _said(repeats, "duplicate (anchor, positive) rows left out"))
-    mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",
-                                positive_column_name="positive", range_min=range_min, range_max=range_max,
-                                absolute_margin=margin, num_negatives=num_negatives, sampling_strategy="top",
-                                output_format="n-tuple", batch_size=batch_size, use_faiss=True, verbose=False,
-                                **prompts)
-    if mined.num_rows == 0:
-        raise UserInputError(f"{data}: no row got {num_negatives} negatives; widen --range, lower --margin "
-                             "or --num-negatives")
-    kept = set(zip(mined["anchor"], mined["positive"], strict=True))
-    repeated = {row for row, _ in repeats}
-    short = [(row, None) for row, pair in enumerate(zip(anchors, positives, strict=True), start=1)
-             if row not in repeated and pair not in kept]
-    if short:
-        logger.warning("%s: %s", data, _said(short, f"rows with fewer than {num_negatives} negatives left out "
-                                                     "(widen --range or lower --margin to keep them)").lstrip("; "))
-    with published_file(output, MINE_WRITER, model=model, data=str(data), rows=mined.num_rows,
-                        num_negatives=num_negatives, range=[range_min, range_max], margin=margin,
-                        precision=loaded.choice.to_json(), duplicates_left_out=_dropped(repeats),
-                        short_rows_left_out=_dropped(short)) as staged, \
-            open(staged.path, "w", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in mined)
-    return Path(output)
+        pairs = load_examples("mine", DataSource(path=str(data))).select_columns(["anchor", "positive"])
+        if pairs.num_rows < 2:
+            raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
+        check_free_space(output, _mined_bytes(pairs["anchor"], pairs["positive"], num_negatives), what="the mined rows")
+        loaded = load_inference_model(model, precision, device=device, max_seq_length=max_seq_length,
+                                      sample_texts=_sample_texts(pairs), batch_size=batch_size)
+        sentence_model = loaded.model
+        prompts = {"query_prompt": resolve_prompt(sentence_model, QUERY_PROMPT),
+                   "corpus_prompt": resolve_prompt(sentence_model, DOCUMENT_PROMPT)}
+        anchors, positives = pairs["anchor"], pairs["positive"]
+        repeats = repeated_rows(list(zip(anchors, positives, strict=True)))
+        logger.info(used_line(sentence_model, [QUERY_PROMPT, DOCUMENT_PROMPT], field="anchor/positive",
+                              compute=loaded.choice.description) + _said(repeats, "duplicate (anchor, positive) rows left out"))
+        mined = mine_hard_negatives(pairs, sentence_model, anchor_column_name="anchor",
+                                    positive_column_name="positive", range_min=range_min, range_max=range_max,
+                                    absolute_margin=margin, num_negatives=num_negatives, sampling_strategy="top",
+                                    output_format="n-tuple", batch_size=batch_size, use_faiss=True, verbose=False,
+                                    **prompts)
+        if mined.num_rows == 0:
+            raise UserInputError(f"{data}: no row got {num_negatives} negatives; widen --range, lower --margin "
+                                 "or --num-negatives")
+        kept = set(zip(mined["anchor"], mined["positive"], strict=True))
+        repeated = {row for row, _ in repeats}
+        short = [(row, None) for row, pair in enumerate(zip(anchors, positives, strict=True), start=1)
+                 if row not in repeated and pair not in kept]
+        if short:
+            logger.warning("%s: %s", data, _said(short, f"rows with fewer than {num_negatives} negatives left out "
+                                                         "(widen --range or lower --margin to keep them)").lstrip("; "))
+        with published_file(output, MINE_WRITER, model=model, data=str(data), rows=mined.num_rows,
+                            num_negatives=num_negatives, range=[range_min, range_max], margin=margin,
+                            precision=loaded.choice.to_json(), duplicates_left_out=_dropped(repeats),
+                            short_rows_left_out=_dropped(short)) as staged, \
+                open(staged.path, "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in mined)
+        return Path(output)
 
 
 def repeated_rows(pairs: list[tuple[str, str]]) -> list[tuple[int, int]]:

@@ -21,6 +21,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from neobert_embed.options import (
+    MAX_BATCH,
+    MAX_LEARNING_RATE,
+    MAX_LENGTH,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TEMPERATURE,
+)
 from neobert_embed.paths import recipe_path
 from neobert_embed.recipes import read_spec
 
@@ -74,21 +82,21 @@ class ContrastiveRecipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # optimisation
-    max_steps: int = Field(2000, ge=1)
-    learning_rate: float = Field(1e-4, gt=0)
+    max_steps: int = Field(2000, ge=1, le=MAX_STEPS)  # ranges: the flags'
+    learning_rate: float = Field(1e-4, gt=0, le=MAX_LEARNING_RATE)
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = Field(0.01, ge=0)
     lr_scheduler: Literal["cosine", "linear", "constant_with_warmup"] = "cosine"
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     max_grad_norm: float = Field(1.0, gt=0)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     # inputs
-    max_length: int = Field(1024, ge=8)
+    max_length: int = Field(1024, ge=8, le=MAX_LENGTH)
     query_instruction: str = ""
     document_instruction: str = ""
     # loss
-    temperature: float = Field(0.07, gt=0)
+    temperature: float = Field(0.07, gt=0, le=MAX_TEMPERATURE)
     symmetric: bool = False
     cached: bool = False
     mini_batch_size: int | None = Field(None, ge=1)
@@ -96,8 +104,8 @@ class ContrastiveRecipe(BaseModel):
     gather_across_devices: bool = False
     # batches
     alpha: float = Field(0.5, ge=0, le=1)
-    text_budget: int | None = Field(128, ge=2)
-    batch_size: int | None = Field(None, ge=2)
+    text_budget: int | None = Field(128, ge=2, le=MAX_BATCH)
+    batch_size: int | None = Field(None, ge=2, le=MAX_BATCH)
     # bookkeeping
     logging_steps: int = Field(1, ge=1)
     save_steps: int = Field(500, ge=1)

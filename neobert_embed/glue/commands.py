@@ -31,7 +31,7 @@ def glue_command(
     epochs: float = typer.Option(None, "--epochs", parser=opt.positive_float(1000.0), help="Override the preset's epochs."),
     max_length: opt.MaxLength = None,
     batch_size: int = typer.Option(None, "--batch-size", min=1, max=opt.MAX_BATCH, help="One batch size instead of the preset's grid."),
-    learning_rate: float = typer.Option(None, "--lr", parser=opt.positive_float(1.0), help="One learning rate instead of the preset's grid."),
+    learning_rate: float = typer.Option(None, "--lr", parser=opt.positive_float(opt.MAX_LEARNING_RATE), help="One learning rate instead of the preset's grid."),
     devices: str = typer.Option(None, "--devices", help="Parallel trials, one per device: cuda:0,cuda:1 (or cpu,cpu)."),
     predict_test: bool = typer.Option(False, "--predict-test",
                                       help="Write GLUE-server TSVs for tasks with (unlabelled) test files."),

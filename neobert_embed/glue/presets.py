@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from neobert_embed.glue.tasks import TASKS
+from neobert_embed.options import MAX_LEARNING_RATE, MAX_SEED
 from neobert_embed.recipes import load_spec
 
 BUNDLED = {"quick": "glue-quick.yaml", "paper": "glue-paper.yaml"}
@@ -51,9 +52,9 @@ class GluePreset(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     batch_size: list[Annotated[int, Field(gt=0)]] = Field(default_factory=lambda: [32])
-    learning_rate: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [2e-5])
+    learning_rate: list[Annotated[float, Field(gt=0, le=MAX_LEARNING_RATE)]] = Field(default_factory=lambda: [2e-5])
     weight_decay: list[Annotated[float, Field(ge=0)]] = Field(default_factory=lambda: [0.01])
-    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0])
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(default_factory=lambda: [0])
     epochs: float = Field(3, gt=0)
     eval_steps: int | None = Field(None, ge=1)
     early_stopping_patience: int | None = Field(None, ge=1)

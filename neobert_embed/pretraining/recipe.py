@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.options import MAX_LEARNING_RATE, MAX_SEED, MAX_STEPS
 from neobert_embed.recipes import Spec, load_spec
 
 
@@ -110,7 +111,7 @@ class MaskingSection(_Section):
 class OptimizerSection(_Section):
     """AdamW as in the NeoBERT paper."""
 
-    lr: float = Field(default=6e-4, gt=0)
+    lr: float = Field(default=6e-4, gt=0, le=MAX_LEARNING_RATE)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.1, ge=0)
@@ -135,13 +136,13 @@ class TrainingSection(_Section):
     the GPU or CPU has bf16 matrix units, else fp32 (:mod:`neobert_embed.training_precision`).
     """
 
-    max_steps: int = Field(default=1_000_000, gt=0)
+    max_steps: int = Field(default=1_000_000, gt=0, le=MAX_STEPS)
     micro_batch_size: int = Field(default=8, gt=0)
     gradient_accumulation_steps: int = Field(default=1, gt=0)
     precision: Literal["auto", "bf16", "fp32"] = "bf16"
     engine: Literal["auto", "deepspeed", "torch"] = "auto"
     zero_stage: int = Field(default=0, ge=0, le=3)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     cpu_threads: int | None = Field(default=None, gt=0)
     max_bad_steps: int = Field(default=10, gt=0)
     log_every_steps: int = Field(default=10, gt=0)
