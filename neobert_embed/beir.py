@@ -19,7 +19,8 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +61,17 @@ def _read_id_text_file(path: Path, with_title: bool) -> dict:
     return rows
 
 
+QRELS_HEADER = ("query-id", "corpus-id", "score")
+GRADE = re.compile(r"[+-]?[0-9]+")
+
+
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
-    """Read a BEIR qrels TSV (header, then ``query-id corpus-id score``) into nested dicts.
+    """Read a BEIR qrels TSV (header, then ``query-id corpus-id score``) into nested dicts: the one
+    reader of judgements (``mteb``'s local tasks and ``index eval`` both come here).
+
+    Strict, since a judgement read loosely scores silently wrong: the first line must be the
+    header; a grade is an integer (``0.5`` was read as 0, ``inf`` was a traceback); a pair judged
+    twice is refused (the last row used to win); every refusal names the file and line.
 
     Example:
         >>> read_qrels("task/qrels/test.tsv")["q1"]
@@ -71,21 +81,59 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     if not path.is_file():
         raise UserInputError(f"{path}: file not found (expected qrels/<split>.tsv in the BEIR layout)")
     qrels: dict[str, dict[str, int]] = {}
+    lines: dict[tuple[str, str], int] = {}
     for number, text in iter_text_lines(path):  # blank lines skipped; a line that is not UTF-8 is named
-        if number == 1:
-            continue  # the header line
-        parts = text.split("\t")
+        parts = [part.strip() for part in text.split("\t")]
         if len(parts) != 3:
             raise located(path, number, f"expected 3 tab-separated fields (query-id, corpus-id, score), "
                           f"got {len(parts)}")
-        try:
-            score = int(float(parts[2]))
-        except ValueError:
-            raise located(path, number, f"score {parts[2]!r} is not a number") from None
-        qrels.setdefault(parts[0], {})[parts[1]] = score
+        if not lines and not qrels and number == 1:
+            if _is_number(parts[2]):  # a judgement where the header belongs: it would be skipped unread
+                raise located(path, number, f"expected the header {chr(9).join(QRELS_HEADER)!r}, got {text!r}; "
+                              "add the header line (the first line is never read as a judgement)")
+            continue
+        if not parts[0] or not parts[1]:
+            raise located(path, number, f"empty {'query-id' if not parts[0] else 'corpus-id'}")
+        if not GRADE.fullmatch(parts[2]):
+            raise located(path, number, f"score {parts[2]!r} is not an integer grade (0 = not relevant, "
+                          "1, 2, … more relevant); write whole numbers")
+        pair = (parts[0], parts[1])
+        if pair in lines:
+            raise located(path, number, f"query {pair[0]!r} judges document {pair[1]!r} again (first on line "
+                          f"{lines[pair]}); keep one row per pair")
+        lines[pair] = number
+        qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
     if not qrels:
         raise UserInputError(f"{path}: no judgements after the header line")
     return qrels
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def check_judged_documents(qrels_path: str | Path, qrels: Mapping[str, Mapping[str, int]],
+                           unknown: Callable[[list[str]], list[str]], where: str) -> None:
+    """Refuse judgements of documents that ``unknown`` (ids → those absent) says are not in ``where``
+    (a corpus file, an index): a judgement of a missing document silently lowers every score.
+
+    Example:
+        >>> check_judged_documents("t/qrels/test.tsv", {"q1": {"d9": 1}}, lambda ids: ids, "t/corpus.jsonl")
+        Traceback (most recent call last):
+        UserInputError: t/qrels/test.tsv: corpus-id 'd9' (query 'q1') is not in t/corpus.jsonl; ...
+    """
+    judged = sorted({doc_id for docs in qrels.values() for doc_id in docs})
+    missing = set(unknown(judged))
+    for query_id, docs in qrels.items():
+        absent = [doc_id for doc_id in docs if doc_id in missing]
+        if absent:
+            raise UserInputError(f"{qrels_path}: corpus-id {absent[0]!r} (query {query_id!r}) is not in {where}"
+                                 f"{f' ({len(missing)} judged documents are missing)' if len(missing) > 1 else ''}; "
+                                 "judge only documents it holds")
 
 
 def read_beir_task(directory: str | Path, split: str = "test", *, with_corpus: bool = True) -> BeirTask:
@@ -104,14 +152,12 @@ def read_beir_task(directory: str | Path, split: str = "test", *, with_corpus: b
     queries = _read_id_text_file(directory / "queries.jsonl", with_title=False)
     qrels_path = directory / "qrels" / f"{split}.tsv"
     qrels = read_qrels(qrels_path)
-    for query_id, judged in qrels.items():
+    for query_id in qrels:
         if query_id not in queries:
             raise UserInputError(f"{qrels_path}: query-id {query_id!r} is not in {directory / 'queries.jsonl'}")
-        if with_corpus:
-            unknown = [doc_id for doc_id in judged if doc_id not in corpus]
-            if unknown:
-                raise UserInputError(f"{qrels_path}: corpus-id {unknown[0]!r} (query {query_id!r}) is not in "
-                                     f"{directory / 'corpus.jsonl'}")
+    if with_corpus:
+        check_judged_documents(qrels_path, qrels, lambda ids: [i for i in ids if i not in corpus],
+                               str(directory / "corpus.jsonl"))
     return BeirTask(corpus=corpus, queries=queries, qrels=qrels)
 
 

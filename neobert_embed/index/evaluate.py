@@ -17,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from neobert_embed.beir import read_beir_task
+from neobert_embed.beir import check_judged_documents, read_beir_task
 from neobert_embed.errors import UserInputError
+from neobert_embed.index.integrity import open_store
+from neobert_embed.index.manifest import read_manifest
 from neobert_embed.index.search import open_index
 
 MTEB_K_VALUES = (1, 3, 5, 10, 20, 100, 1000)
@@ -49,6 +51,9 @@ def evaluate_index(index_dir: str | Path, task_dir: str | Path, *, k: int = 10, 
     task = read_beir_task(task_dir, split, with_corpus=False)
     k_values = sorted({*MTEB_K_VALUES, k})
     query_ids = [qid for qid in task.queries if qid in task.qrels]
+    with open_store(index_dir, read_manifest(index_dir)) as store:  # before the model loads
+        check_judged_documents(Path(task_dir) / "qrels" / f"{split}.tsv", task.qrels, store.unknown_ids,
+                               f"the index {index_dir}")
     with open_index(index_dir, model=model, device=device, batch_size=batch_size, precision=precision,
                     backend=backend) as index:
         depth = min(max(k_values), index.manifest.documents)

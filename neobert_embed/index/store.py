@@ -210,6 +210,21 @@ class DocumentStore:
             raise
         return ImportResult(first_row=first_row, added=row - first_row, replaced=replaced)
 
+    def unknown_ids(self, doc_ids: Sequence[str]) -> list[str]:
+        """The ids of ``doc_ids`` that no live document carries (what a judgement may not name).
+
+        Example:
+            >>> store.unknown_ids(["d1", "nope"])
+            ['nope']
+        """
+        known: set[str] = set()
+        for start in range(0, len(doc_ids), 500):  # SQLite's limit on bound parameters
+            chunk = list(doc_ids[start:start + 500])
+            marks = ",".join("?" * len(chunk))
+            known.update(row[0] for row in self._db.execute(
+                f"SELECT doc_id FROM documents WHERE deleted = 0 AND doc_id IN ({marks})", chunk))
+        return [doc_id for doc_id in doc_ids if doc_id not in known]
+
     def get(self, rows: Sequence[int]) -> list[StoredDocument]:
         """Documents at FAISS ids ``rows``, in the order asked.
 
