@@ -329,6 +329,7 @@ def remove_debris(target: str | Path) -> list[Path]:
 
 
 NAME_LIMIT = 200  # bytes of a name read from a file, leaving room for what writers add beside it
+NAME_HINT = "names read from files become file names: use letters, digits, '_', '-', '.' (not first)"
 
 
 def name_problem(name: object) -> str | None:
@@ -369,8 +370,7 @@ def safe_name(name: object, what: str, source: str | Path) -> str:
     """
     problem = name_problem(name)
     if problem is not None:
-        raise UserInputError(f"{source}: {what} {name!r} {problem}; names read from files become file names, "
-                             "so use letters, digits, '_', '-', '.', spaces (not first '.')")
+        raise UserInputError(f"{source}: {what} {name!r} {problem}; {NAME_HINT}")
     return str(name)
 
 

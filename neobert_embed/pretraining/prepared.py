@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from neobert_embed.errors import UserInputError
+from neobert_embed.files import named_path
 from neobert_embed.records import CORPUS_MANIFEST, CORPUS_SHARDS_KEY
 
 SHARDS_DIR = "shards"  # a prepared corpus's Arrow shards of token ids
@@ -81,7 +82,7 @@ def load_prepared(path: str | Path) -> PreparedCorpus:
                              f"({CORPUS_SHARDS_KEY!r} must list the shard files); {CORPUS_MANIFEST.fix}")
     flats, shard_ids, starts, lengths = [], [], [], []
     for shard_index, name in enumerate(names):
-        shard = path / SHARDS_DIR / name
+        shard = named_path(path / SHARDS_DIR, name, what="shard", source=CORPUS_MANIFEST.path(path))
         try:
             with pa.memory_map(str(shard)) as source:
                 table = pa.ipc.open_stream(source).read_all()
