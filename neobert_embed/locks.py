@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -34,9 +35,9 @@ from neobert_embed.files import atomic_write_json, read_json_object_or_none
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
-_HELD: set[str] = set()
-"""Lock files this process holds: taking one again inside its block is a no-op (an flock taken twice
-by one process through two handles would wait for itself)."""
+_HELD: set[tuple[int, str]] = set()
+"""(thread, lock file) pairs held: a thread taking a lock again inside its block passes through (an
+flock taken twice through two handles would wait for itself); another thread waits as another process would."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
     from filelock import FileLock, Timeout
 
     target = Path(target)
-    held = str(lock_path(target).absolute())
+    held = (threading.get_ident(), str(lock_path(target).absolute()))
     if held in _HELD:  # this process holds it already (a command's claim, then its publishing step)
         yield
         return

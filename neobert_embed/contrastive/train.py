@@ -426,6 +426,7 @@ def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str
         QuietProgressCallback,
         texts_per_example,
     )
+    from neobert_embed.divergence import StopOnNonFinite
 
     batch = max(recipe.batch_examples(texts_per_example(d)) for d in sets.values())
     args = _training_args(recipe, output, batch, _training_prompts(sources, recipe, sets))
@@ -433,6 +434,7 @@ def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str
                                  loss=loss, callbacks=list(callbacks or []))
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(KeepSpecialTokenIds(sentence_model[0].auto_model.config))
+    trainer.add_callback(StopOnNonFinite())  # a NaN/inf loss or gradient stops the run, never trains on
     progress = QuietProgressCallback()
     trainer.add_callback(progress)
     trainer.add_callback(MetricsFileCallback(output / runs.METRICS_FILE, trainer))

@@ -222,6 +222,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
     from transformers.trainer_callback import PrinterCallback
 
     from neobert_embed.contrastive.trainer import KeepSpecialTokenIds
+    from neobert_embed.divergence import StopOnNonFinite
 
     task = data.task
     work_dir = Path(work_dir)
@@ -248,6 +249,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
                       compute_metrics=metrics, callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)  # the runner reports progress; stdout stays clean for --json
     trainer.add_callback(KeepSpecialTokenIds(classifier.config))  # RoBERTa: positions depend on pad_token_id
+    trainer.add_callback(StopOnNonFinite())  # a NaN/inf loss or gradient stops the trial, never trains on
     started = time.perf_counter()
     try:
         output = trainer.train()
