@@ -186,9 +186,11 @@ def create_app(settings: ServeSettings, served: InferenceModel | None = None) ->
     @app.get("/health", tags=["Operations"])
     async def health() -> dict:
         """Liveness and what is served (no API key needed)."""
-        return {"status": "ok", "model": state.settings.name, "precision": state.engine.served.choice.description,
-                "max_seq_length": state.engine.max_seq_length, "indexes": state.indexes.names,
-                "queued_inputs": state.batcher.pending}
+        gone = await run_in_threadpool(state.indexes.unavailable)  # an index whose directory disappeared
+        return {"status": "degraded" if gone else "ok", "model": state.settings.name,
+                "precision": state.engine.served.choice.description, "max_seq_length": state.engine.max_seq_length,
+                "indexes": [name for name in state.indexes.names if name not in gone],
+                "unavailable_indexes": gone, "queued_inputs": state.batcher.pending}
 
     @app.get("/metrics", dependencies=guarded, tags=["Operations"], response_class=Response)
     async def metrics() -> Response:

@@ -49,12 +49,14 @@ def serve(
     connections, finishes the requests in flight and exits 0. Docs at /docs, metrics at /metrics.
     """
     options = dict(locals())  # every flag but --index is the ServeSettings field of the same name
+    import logging
     import signal
 
     import uvicorn
 
     from neobert_embed.console import user_console, without_progress_bars
     from neobert_embed.serve.app import create_app
+    from neobert_embed.serve.connections import connection_limits, exposure_warning
     from neobert_embed.serve.settings import ServeSettings, check_port_free
 
     settings = ServeSettings(indexes=list(options.pop("index") or []), **options)
@@ -80,7 +82,11 @@ def serve(
     # uvicorn re-raises the SIGTERM it handled once it has drained the requests; a handler of our
     # own turns that into a normal return, so a graceful stop exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=None)
+    warning = exposure_warning(host, state.api_key)
+    if warning is not None:
+        console.print(f"[bold yellow]warning:[/] {warning}")
+        logging.getLogger("neobert_embed.serve").warning(warning)
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=None, **connection_limits())
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.serve.batcher import QueueFull
-from neobert_embed.serve.indexes import UnknownIndex
+from neobert_embed.serve.indexes import IndexGone, UnknownIndex
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -66,6 +66,8 @@ def _refusal(exc: Exception) -> tuple[int, str, str, dict[str, str] | None]:
     """Status, message, type and headers of a refused request."""
     if isinstance(exc, APIError):
         return exc.status, exc.message, exc.kind, exc.headers
+    if isinstance(exc, IndexGone):
+        return 503, str(exc), "index_unavailable", None
     if isinstance(exc, UnknownIndex):
         return 404, str(exc), "not_found", None
     if isinstance(exc, QueueFull):

@@ -19,8 +19,10 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,14 +32,22 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.index import Hit, SearchIndex, open_index, read_manifest
 from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.inference.runtime import InferenceModel
+from neobert_embed.locks import read_holder
 from neobert_embed.records import INDEX_MANIFEST
 
 if TYPE_CHECKING:
     import numpy as np
 
+logger = logging.getLogger(__name__)
+VANISH_RECHECK_SECONDS = 0.05  # a missing manifest is looked for again once before the index counts as gone
+
 
 class UnknownIndex(UserInputError):
     """A request named an index this server does not serve."""
+
+
+class IndexGone(UserInputError):
+    """A served index whose directory disappeared under the server (answered 503, and /health says so)."""
 
 
 def _stamp(directory: Path) -> tuple[int, int, int] | None:
@@ -86,6 +96,7 @@ class IndexRegistry:
             read_manifest(directory)  # a clear error now rather than at the first request
             self.directories[name] = directory
         self._open: dict[str, OpenIndex] = {}
+        self.gone: dict[str, str] = {}  # indexes whose directory disappeared: why each is refused
         self._lock = threading.Lock()
 
     @property
@@ -106,6 +117,9 @@ class IndexRegistry:
             raise UnknownIndex(f"unknown index {name!r}; this server has: {', '.join(self.names)}")
         directory = self.directories[name]
         stamp = _stamp(directory)
+        if stamp is None and self._vanished(name, directory):
+            raise IndexGone(f"index {name!r} is unavailable: {self.gone[name]}")
+        self._back(name)
         current = self._open.get(name)
         if current is not None and (stamp is None or stamp == current.stamp):
             return current
@@ -115,6 +129,40 @@ class IndexRegistry:
                 current = self._load(name, directory, stamp)
                 self._open[name] = current  # the old version is released when its searches end
         return current
+
+    def _vanished(self, name: str, directory: Path) -> bool:
+        """Whether ``directory`` is gone for good (not being replaced by ``index add``, which holds its
+        writer lock and renames the new version in within microseconds); logged once."""
+        if read_holder(directory) is not None:
+            return False  # mid-replacement: keep serving the open version
+        time.sleep(VANISH_RECHECK_SECONDS)
+        if _stamp(directory) is not None:
+            return False
+        if name not in self.gone:
+            self.gone[name] = (f"its directory {directory} (or its {INDEX_MANIFEST.name}) disappeared; "
+                               "searches are refused until it is back (rebuild it, or restore it) or the server "
+                               "restarts without it")
+            logger.error("index %r: %s", name, self.gone[name])
+            self._open.pop(name, None)  # release its files
+        return True
+
+    def unavailable(self) -> dict[str, str]:
+        """Served indexes whose directory has disappeared, with why (looked at now, nothing opened).
+
+        Example:
+            >>> registry.unavailable()
+            {'news-index': 'its directory runs/news-index (or its manifest.json) disappeared; ...'}
+        """
+        for name, directory in self.directories.items():
+            if _stamp(directory) is None:
+                self._vanished(name, directory)
+            else:
+                self._back(name)
+        return dict(self.gone)
+
+    def _back(self, name: str) -> None:
+        if self.gone.pop(name, None) is not None:
+            logger.warning("index %r is back; searching it again", name)
 
     def open_all(self) -> None:
         """Open every index now (at startup) so the first request does not pay for it."""

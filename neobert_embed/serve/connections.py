@@ -1,0 +1,116 @@
+"""What the server allows a TCP connection: how long it may idle or dribble, and who may reach it.
+
+Why: 50 slow clients, each holding a socket open by sending a request one byte at a time (or
+nothing at all), were never disconnected: uvicorn closes a keep-alive connection idle for
+``timeout_keep_alive`` seconds, but any byte cancels that timer and a connection that never
+completes a request has no deadline. Here every connection must deliver a complete request (head
+and body) within :data:`REQUEST_READ_SECONDS` of opening or of its previous response, else it is
+closed; idle keep-alive connections close after :data:`KEEP_ALIVE_SECONDS`; a request head larger
+than :data:`MAX_HEAD_BYTES` is refused by h11. docs/serving.md states these limits.
+
+Example:
+    >>> uvicorn.run(app, host="127.0.0.1", port=8080, **connection_limits())
+    >>> exposure_warning("0.0.0.0", api_key=None)
+    'listening on 0.0.0.0 (beyond this machine) without an API key: ...'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+logger = logging.getLogger(__name__)
+
+KEEP_ALIVE_SECONDS = 5.0  # an idle keep-alive connection is closed after this (uvicorn's timeout_keep_alive)
+REQUEST_READ_SECONDS = 30.0  # a whole request (head and body) must arrive within this
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers (h11_max_incomplete_event_size)
+
+
+class DeadlineH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for receiving each request (:data:`REQUEST_READ_SECONDS`,
+    or the class's ``read_seconds``): started when the connection opens and after each response,
+    cleared once a request has fully arrived."""
+
+    read_seconds: float = REQUEST_READ_SECONDS
+    _deadline: asyncio.TimerHandle | None = None
+    _answered: object = None  # the request cycle answered last (a new one has to arrive in time)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not self._answered and not self.cycle.more_body:
+            self._disarm()  # a new request arrived whole
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()  # the next request on this connection gets its own deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._answered = self.cycle
+        if not self.transport.is_closing():
+            self._deadline = self.loop.call_later(self.read_seconds, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            logger.info("closed a connection from %s: no complete request within %.0f s", self.client,
+                        self.read_seconds)
+            self.transport.close()
+
+
+def connection_limits(read_seconds: float = REQUEST_READ_SECONDS) -> dict[str, Any]:
+    """The keyword arguments of ``uvicorn.run``/``uvicorn.Config`` that bound every connection.
+
+    Example:
+        >>> connection_limits()["timeout_keep_alive"]
+        5.0
+    """
+    protocol = type("DeadlineH11Protocol", (DeadlineH11Protocol,), {"read_seconds": read_seconds})
+    return {"http": protocol, "timeout_keep_alive": KEEP_ALIVE_SECONDS,
+            "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine (``127.0.0.1``, ``::1``, ``localhost``).
+
+    Example:
+        >>> is_loopback("127.0.0.1"), is_loopback("0.0.0.0"), is_loopback("localhost")
+        (True, False, True)
+    """
+    if host.strip().lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """The warning for a server reachable beyond this machine without an API key, or None.
+
+    Example:
+        >>> exposure_warning("127.0.0.1", None) is None
+        True
+    """
+    if api_key or is_loopback(host):
+        return None
+    return (f"listening on {host} (beyond this machine) without an API key: anyone who can reach this port can "
+            "use the model and read the indexes' documents; pass --api-key KEY (or set NEOBERT_EMBED_API_KEY), "
+            "or --host 127.0.0.1")
