@@ -101,7 +101,7 @@ def _write_note(target: Path, command: str) -> None:
 
 @contextlib.contextmanager
 def writer_lock(target: str | Path, *, command: str, wait: bool = True,
-                on_stale: Callable[[LockHolder], None] | None = None) -> Iterator[None]:
+                on_stale: Callable[[LockHolder], None] | None = None, reentrant: bool = False) -> Iterator[None]:
     """Hold the exclusive writer lock of ``target`` for the duration of the block.
 
     Args:
@@ -116,14 +116,14 @@ def writer_lock(target: str | Path, *, command: str, wait: bool = True,
         >>> with writer_lock("runs/x", command="train-contrastive", wait=False):
         ...     train(...)
 
-    Re-entrant within a process: a writer that already holds the lock of ``target`` (a command
-    that claimed its output file, then publishes it) passes straight through.
+    With ``reentrant``, a thread that already holds the lock of ``target`` (a command that claimed
+    its output file, then publishes it) passes straight through; otherwise it is one more writer.
     """
     from filelock import FileLock, Timeout
 
     target = Path(target)
     held = (threading.get_ident(), str(lock_path(target).absolute()))
-    if held in _HELD:  # this process holds it already (a command's claim, then its publishing step)
+    if reentrant and held in _HELD:  # this thread holds it already (a command's claim, then its publishing step)
         yield
         return
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -273,7 +273,7 @@ def claimed_file(path: str | Path, *, writer: str, inputs: Iterable[str | Path |
 @contextlib.contextmanager
 def _file_lock(path: Path | str, writer: str, wait: bool = True) -> Iterator[None]:
     """The writer lock of a file output, and a killed writer's temporary files cleared under it."""
-    with writer_lock(path, command=writer, wait=wait):
+    with writer_lock(path, command=writer, wait=wait, reentrant=True):
         for target in (Path(path), sidecar_path(path)):
             for removed in remove_debris(target):
                 logger.warning("removed %s, left by a writer of %s that was stopped", removed, path)
