@@ -22,7 +22,7 @@ from typing import Any
 
 from neobert_embed.backbones import BACKBONES, resolve_model_name, usable_max_length
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import read_json
+from neobert_embed.files import NAME_HINT, name_problem, read_json
 from neobert_embed.records import read_record
 
 WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -132,6 +132,8 @@ def saved_modules(directory: str | Path) -> list[SavedModule]:
                 and all(isinstance(name, str) for name in kwargs)):
             raise UserInputError(f"{file}: module {position} needs a string 'path' and 'type' (and 'kwargs', "
                                  f"when given, a list of names), got {entry!r}; {FIX}")
+        if path and name_problem(path) is not None:  # a module's folder is read (and code-free loaded) from it
+            raise UserInputError(f"{file}: module {position}'s path {path!r} {name_problem(path)}; {NAME_HINT}")
         modules.append(SavedModule(str(fields.get("name", position)), path, kind, tuple(kwargs)))
     return modules
 

@@ -20,14 +20,27 @@ import typing
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
 
 from neobert_embed.errors import UserInputError, located
+from neobert_embed.files import NAME_HINT, name_problem
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def _file_name(value: str) -> str:
+    problem = name_problem(value)
+    if problem is not None:
+        raise ValueError(f"{value!r} {problem}; {NAME_HINT}")
+    return value
+
+
+FileName = Annotated[str, AfterValidator(_file_name)]
+"""A spec field whose value becomes a file name (a task's name, a split, a file an index lists): one
+path component (:func:`~neobert_embed.files.name_problem`), refused otherwise with the spec's file and line."""
 TASK_FILE = "task.json"  # what makes a directory a local task (GLUE, MTEB, the demo's retrieval task)
 Key = tuple[str | int, ...]
 

@@ -79,6 +79,39 @@ def test_a_name_from_task_json_never_becomes_a_path(spec, tmp_path, tiny_bert, c
     one_line_refusal(code, err, "task.json", "key")
 
 
+def test_a_file_an_index_manifest_lists_stays_inside_the_index(tmp_path, small_index, capsys):
+    import shutil
+
+    from neobert_embed.files import FilePin
+
+    index = tmp_path / "idx"
+    shutil.copytree(small_index, index)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not part of the index")
+    manifest = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+    pin = FilePin.of(outside)
+    manifest["files"]["../outside.bin"] = {"size": pin.size, "sha256": pin.sha256}
+    (index / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    code, _, err = run_main(["index", "verify", index], capsys)
+    one_line_refusal(code, err, "manifest.json", "../outside.bin")
+
+
+def test_a_module_folder_from_modules_json_stays_inside_the_model(tmp_path, prompted_bert, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(prompted_bert, model)
+    modules = json.loads((model / "modules.json").read_text(encoding="utf-8"))
+    pooling = next(entry for entry in modules if entry["path"])
+    shutil.move(model / pooling["path"], tmp_path / "pooling")  # beside the model, not in it
+    pooling["path"] = "../pooling"
+    (model / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
+    texts = tmp_path / "t.txt"
+    texts.write_text("one\n", encoding="utf-8")
+    code, _, err = run_main(["encode", "--model", model, "--input", texts, "--output", tmp_path / "v.npy"], capsys)
+    one_line_refusal(code, err, "modules.json", "../pooling")
+
+
 # 2. one writer per output -------------------------------------------------------------------------
 
 HOLD_AND_PUBLISH = """

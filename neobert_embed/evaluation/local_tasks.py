@@ -33,13 +33,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.evaluation import task_data
 from neobert_embed.evaluation.task_data import LABEL, NUMBER, TEXT
-from neobert_embed.files import NAME_HINT, directory_digest, name_problem
-from neobert_embed.recipes import TASK_FILE, load_spec
+from neobert_embed.files import directory_digest
+from neobert_embed.recipes import TASK_FILE, FileName, load_spec
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -58,24 +58,15 @@ class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mteb_task: str | None = None
-    name: str | None = None
+    name: FileName | None = None  # names become file names: <name>.json results, <split>.jsonl data
     type: Literal[TASK_TYPES] | None = None  # type: ignore[valid-type]
     main_score: str | None = None
     min_score: float | None = None
     max_score: float | None = None
-    eval_split: str | None = None
-    hf_subset: str | None = None
+    eval_split: FileName | None = None
+    hf_subset: FileName | None = None
     instruction: str | dict[Literal["query", "document"], str] | None = None
     description: str | None = None
-
-    @field_validator("name", "eval_split", "hf_subset")
-    @classmethod
-    def _file_name(cls, value: str | None) -> str | None:
-        """Task and split names become file names (``<name>.json`` results, ``<split>.jsonl`` data)."""
-        problem = name_problem(value) if value is not None else None
-        if problem is not None:
-            raise ValueError(f"{value!r} {problem}; {NAME_HINT}")
-        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> TaskSpec:

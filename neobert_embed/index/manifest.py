@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import FilePin
+from neobert_embed.recipes import FileName
 from neobert_embed.records import INDEX_MANIFEST
 from neobert_embed.runs import partial_directory
 
@@ -72,7 +73,7 @@ class IndexManifest(BaseModel):
     vectors: int = Field(description="vectors in the FAISS index, replaced ones included")
     replaced: int = 0
     sources: list[str] = Field(default_factory=list)
-    files: dict[str, FilePin] = Field(default_factory=dict, description="checksums of index.faiss, "
+    files: dict[FileName, FilePin] = Field(default_factory=dict, description="checksums of index.faiss, "
                                         "documents.sqlite, and index.ivfdata / vectors.f16.npy where they exist "
                                         "(empty for indexes made before checksums)")
     on_disk: bool = Field(default=False, description="inverted lists memory-mapped from index.ivfdata")
