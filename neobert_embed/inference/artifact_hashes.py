@@ -82,8 +82,9 @@ def verify_export(directory: str | Path, graph: str | Path | None) -> None:
     """Refuse an export whose files differ from the pins in its ``export.json``, in one line naming the file.
 
     ``graph`` is the graph file the light runtime loads; None checks what the torch backend reads (every
-    pinned file but the graphs). A directory without ``export.json`` (a SentenceTransformer directory
-    not written by ``neobert-embed export``) has nothing to check against and passes.
+    pinned file but the graphs). A directory whose ``export.json`` is not a graph export's (``pretrain export``
+    writes one too), or that has none (a SentenceTransformer directory made by hand), has nothing to check
+    against and passes.
 
     Example:
         >>> verify_export("runs/x-onnx", "runs/x-onnx/onnx/model.onnx")
@@ -91,9 +92,10 @@ def verify_export(directory: str | Path, graph: str | Path | None) -> None:
         UserInputError: runs/x-onnx/onnx/model.onnx: contents differ from the recorded checksum (same size) ...
     """
     directory = Path(directory)
-    if not EXPORT.exists(directory):
+    record = EXPORT.read(directory) if EXPORT.exists(directory) else {}
+    if PINS_KEY not in record and "format" not in record:  # not a graph export (``pretrain export`` writes one)
         return
-    pins = EXPORT.read(directory).get(PINS_KEY)
+    pins = record.get(PINS_KEY)
     if not isinstance(pins, dict) or not pins:
         raise UserInputError(f"{EXPORT.path(directory)}: this export records no hashes of its files (it predates "
                              f"them), so a changed or damaged file cannot be told apart; {REEXPORT}")

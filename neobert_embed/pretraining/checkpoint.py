@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import pickle
 import random
 import re
 import shutil
@@ -125,9 +126,11 @@ def verify_checkpoint(directory: Path) -> None:
             raise CorruptCheckpoint(f"{directory / name}: contents changed since it was saved ({difference})")
     try:  # before any engine unpickles them (DeepSpeed's own reader would run code)
         check_tensor_files(directory, skip=RNG_PREFIX)
-    except Exception as exc:
-        raise CorruptCheckpoint(f"{directory}: a file holds more than tensors and plain data, so it is not "
-                                f"loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from None
+    except pickle.UnpicklingError as exc:
+        raise CorruptCheckpoint(f"{exc}, so it is not loaded (loading it could run code)") from None
+    except Exception as exc:  # a file torch cannot read at all
+        raise CorruptCheckpoint(f"{directory}: unreadable ({type(exc).__name__}: "
+                                f"{(str(exc).splitlines() or [''])[0][:160]})") from None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -156,8 +159,6 @@ def _restore_rng(state: dict[str, Any]) -> None:
 def _load_rng(file: Path) -> None:
     """Restore the RNGs from ``file``; one that holds more than tensors and plain data (a checkpoint saved
     before RNG states were, or a tampered one) is not loaded: the run continues with fresh RNGs, and says so."""
-    import pickle
-
     try:
         state = load_tensors(file)
     except pickle.UnpicklingError:

@@ -226,9 +226,15 @@ def check_tensor_files(directory: Path, skip: str = "") -> None:
     Example:
         >>> check_tensor_files(Path("runs/x/checkpoints/step-00001000"), skip="rng-")
     """
+    import pickle
+
     for path in sorted(directory.rglob("*.pt")):
-        if not (skip and path.name.startswith(skip)):
+        if skip and path.name.startswith(skip):
+            continue
+        try:
             load_tensors(path, mmap=True)
+        except pickle.UnpicklingError:
+            raise pickle.UnpicklingError(f"{path}: holds more than tensors and plain data") from None
 
 
 class TorchEngine:
