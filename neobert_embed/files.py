@@ -447,12 +447,22 @@ class FilePin:
         path = Path(path)
         if not path.is_file():
             return "missing"
-        size = path.stat().st_size
-        if size != self.size:
-            return f"{size} bytes, but {self.size} were recorded"
-        if checksum and sha256_file(path) != self.sha256:
+        found = path.stat()
+        if found.st_size != self.size:
+            return f"{found.st_size} bytes, but {self.size} were recorded"
+        identity = (self.sha256, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+        if not checksum or _VERIFIED.get(path.resolve()) == identity:
+            return None
+        if sha256_file(path) != self.sha256:
             return "contents differ from the recorded checksum (same size)"
+        _VERIFIED[path.resolve()] = identity
         return None
+
+
+#: Files this process has hashed and found as pinned, by what ``os.stat`` says of them (inode, size, and
+#: the modification and change times, which no write leaves as they were): a file opened by several
+#: readers of one command (an index's openers, a resumed build's passes over its shards) is hashed once.
+_VERIFIED: dict[Path, tuple[object, ...]] = {}
 
 
 def directory_digest(directory: str | Path, skip: tuple[str, ...] = ()) -> str:

@@ -214,7 +214,7 @@ def check_model_files(name_or_path: str | Path) -> None:
         raise UserInputError(f"{directory}: no config.json, so not a Hugging Face or SentenceTransformer "
                              f"model directory; {FIX}")
     for settings in _settings_files(directory):  # config.json first: the encoder's is the likeliest damaged
-        read_record(settings, "model file", FIX)  # each an object, or one located error
+        refuse_remote_code(settings, read_record(settings, "model file", FIX))  # each an object, or one line
     if not any((encoder_dir / name).is_file() for name in WEIGHT_NAMES) and not any(
             encoder_dir.glob("*.safetensors")):
         raise UserInputError(f"{encoder_dir}: no weights (model.safetensors or pytorch_model.bin); {FIX}")
@@ -225,7 +225,45 @@ def check_model_files(name_or_path: str | Path) -> None:
         check_safetensors(weights)
     for weights in sorted({*directory.glob("pytorch_model*.bin"), *directory.glob("*/pytorch_model*.bin")}):
         check_torch_bin(weights)
+    from neobert_embed.inference.artifact_hashes import verify_export
+
+    verify_export(directory, None)  # an export's files as it wrote them (none of its graphs: torch reads none)
     check_memory_for(str(directory), weights_size(directory))
+
+
+def refuse_remote_code(settings: Path, values: dict[str, Any]) -> None:
+    """Refuse, in one line, a settings file that makes transformers run Python code shipped with the model.
+
+    Why: nothing the toolkit reads runs code. An ``auto_map`` names classes in the model's own ``.py``
+    files; transformers either runs them (``trust_remote_code``) or fails with a traceback. It is
+    harmless only where transformers has the architecture itself (``model_type`` known, NeoBERT
+    included: the official checkpoint carries an ``auto_map`` and loads natively), or for a tokenizer
+    whose ``tokenizer_class`` transformers has.
+
+    Example:
+        >>> refuse_remote_code(Path("m/config.json"), {"model_type": "mine", "auto_map": {"AutoModel": "m.Mine"}})
+        Traceback (most recent call last):
+        UserInputError: m/config.json: the model needs its own Python code (auto_map: m.Mine) ...
+    """
+    auto_map = values.get("auto_map")
+    if not auto_map:
+        return
+    try:
+        import transformers
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:  # no transformers: nothing here could run the model's code
+        return
+    if settings.name == "config.json":
+        native = values.get("model_type") in CONFIG_MAPPING
+    else:
+        wanted = values.get("tokenizer_class")
+        native = isinstance(wanted, str) and hasattr(transformers, wanted)
+    if native:
+        return
+    classes = sorted({str(v) for v in (auto_map.values() if isinstance(auto_map, dict) else auto_map)})
+    raise UserInputError(f"{settings}: the model needs its own Python code (auto_map: {', '.join(classes)[:160]}), "
+                         "and neobert-embed never runs code from model files; use a model whose architecture "
+                         "transformers has, or convert this one to such an architecture")
 
 
 def weights_size(directory: str | Path) -> int:

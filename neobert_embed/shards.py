@@ -2,7 +2,10 @@
 
 Why: encoding is the expensive part of a build. Each finished chunk is written atomically as its
 own file, so a killed build loses at most the chunk in flight, and the final index can be trained
-and filled from memory-mapped shards without holding every float vector in RAM twice.
+and filled from memory-mapped shards without holding every float vector in RAM twice. Each shard's
+size and SHA-256 are written beside it (``chunk-NNNNNN.npy.pin``): a resumed build counts a chunk as
+finished only when its shard matches, and encodes a truncated or damaged one again (saying so) instead
+of failing on it at the end of every rerun.
 
 Example:
     >>> shards = ShardDirectory("runs/index.partial/shards")
@@ -14,13 +17,19 @@ Example:
 from __future__ import annotations
 
 import io
+import json
+import logging
 import shutil
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from neobert_embed.files import atomic_write_bytes
+from neobert_embed.files import FilePin, atomic_write_bytes, atomic_write_text
+
+logger = logging.getLogger(__name__)
+PIN_SUFFIX = ".pin"
 
 
 class ShardDirectory:
@@ -35,19 +44,41 @@ class ShardDirectory:
         return self.directory / f"chunk-{chunk:06d}.npy"
 
     def write(self, chunk: int, vectors: np.ndarray) -> None:
-        """Persist one chunk atomically (temporary file, fsync, rename)."""
+        """Persist one chunk atomically (temporary file, fsync, rename), then its pin."""
         buffer = io.BytesIO()
         np.save(buffer, np.ascontiguousarray(vectors, dtype=np.float32))
         atomic_write_bytes(self.path(chunk), buffer.getvalue())
+        atomic_write_text(self._pin(chunk), json.dumps(asdict(FilePin.of(self.path(chunk)))))
+
+    def _pin(self, chunk: int) -> Path:
+        return self.path(chunk).with_name(self.path(chunk).name + PIN_SUFFIX)
 
     def finished(self) -> set[int]:
-        """Chunks whose shard is on disk (written atomically, so present means complete).
+        """Chunks whose shard is on disk and matches its pin; one that does not (truncated, damaged, or its
+        pin lost) is left out with a warning, so that it is encoded again (and replaced).
 
         Example:
             >>> ShardDirectory("runs/index.partial/shards").finished()
             {0, 1, 3}
         """
-        return {int(path.stem.split("-")[1]) for path in self.directory.glob("chunk-*.npy")}
+        found = set()
+        for path in sorted(self.directory.glob("chunk-*.npy")):
+            chunk = int(path.stem.split("-")[1])
+            problem = self._problem(chunk)
+            if problem is None:
+                found.add(chunk)
+                continue
+            logger.warning("%s: %s; encoding chunk %d again", path, problem, chunk)
+        return found
+
+    def _problem(self, chunk: int) -> str | None:
+        """Why chunk ``chunk``'s shard cannot be used, or None."""
+        try:
+            pin = FilePin(**json.loads(self._pin(chunk).read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            return "no readable pin beside it (written by a build killed in between, or damaged)"
+        difference = pin.difference(self.path(chunk))
+        return None if difference is None else f"{difference} (truncated or damaged since it was written)"
 
     def load(self, chunk: int) -> np.ndarray:
         """Memory-map one chunk."""

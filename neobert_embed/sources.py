@@ -32,13 +32,13 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from neobert_embed.errors import UserInputError, located
-from neobert_embed.files import STDIN, is_stream, iter_jsonl, iter_text_lines, value_digest
+from neobert_embed.files import STDIN, is_stream, iter_jsonl, iter_text_lines, sha256_file, value_digest
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet",
            ".pq": "parquet", ".txt": "txt", ".text": "txt", ".tsv": "txt", "": "txt"}
@@ -146,10 +146,10 @@ def iter_records(source: str | Path, *, split: str = "train", subset: str | None
 
 
 def fingerprint(source: str | Path, split: str = "train") -> str:
-    """A short id of a source's version: path, size and modification time of every local file (or
-    the dataset id and split), so a resumed job can refuse data that changed underneath it. A
-    directory counts only the files :func:`iter_records` reads (no hidden files such as
-    ``.DS_Store``, no files of unknown format).
+    """A short id of a source's version: path and SHA-256 of the content of every local file (or the
+    dataset id and split), so a resumed job can refuse data that changed underneath it, whatever its
+    size or modification time say. A directory counts only the files :func:`iter_records` reads (no
+    hidden files such as ``.DS_Store``, no files of unknown format).
 
     Example:
         >>> fingerprint("corpus.jsonl")
@@ -157,8 +157,26 @@ def fingerprint(source: str | Path, split: str = "train") -> str:
     """
     path = Path(source)
     files = [path] if path.is_file() else _directory_files(path, source_format(path)) if path.is_dir() else []
-    parts = [f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files] or [f"hub:{source}"]
+    parts = [f"{p.resolve()}:{sha256_file(p)}" for p in files] or [f"hub:{source}"]
     return value_digest("\n".join([f"split:{split}", *parts]), 16)
+
+
+DATA_CONTENT_KEY = "data_content"
+
+
+def data_content(sources: Iterable[str | Path], recorded: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{"data_content": {absolute path: fingerprint}}`` of the local ``sources``, for a run's record: a
+    ``--resume`` after a data file's content changed is then refused by ``check_resume``, naming the file.
+    Empty when ``recorded`` (the run's record) predates it, so that such a run still resumes.
+
+    Example:
+        >>> data_content(["train.jsonl"], None)
+        {'data_content': {'/home/me/train.jsonl': 'a3f9c2d81b7e4f60'}}
+    """
+    if recorded is not None and DATA_CONTENT_KEY not in recorded:
+        return {}
+    local = [Path(source) for source in sources if Path(source).exists()]
+    return {DATA_CONTENT_KEY: {str(path.resolve()): fingerprint(path) for path in local}}
 
 
 def _directory_files(directory: Path, kind: str) -> list[Path]:

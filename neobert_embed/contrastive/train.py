@@ -54,6 +54,7 @@ from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import Spec
 from neobert_embed.records import RUN, TRAINER_STATE, TRAINING_SUMMARY
 from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT, is_sentence_transformer_dir
+from neobert_embed.sources import data_content
 from neobert_embed.training_precision import TrainingPrecision
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ def last_checkpoint(output: Path) -> Path | None:
     for checkpoint in _complete_checkpoints(output):
         try:
             TRAINER_STATE.validate(checkpoint, ResumedTrainerState)
+            _check_tensor_files(checkpoint)
             return checkpoint
         except UserInputError as exc:
             problem = str(exc)
@@ -127,10 +129,26 @@ def last_checkpoint(output: Path) -> Path | None:
     return None
 
 
-def _record(model: str, sources: dict[str, DataSource], recipe: ContrastiveRecipe) -> dict[str, Any]:
-    """What run.json holds: the model and the recipe with the data it trains on."""
+def _check_tensor_files(checkpoint: Path) -> None:
+    """Refuse a checkpoint whose weights, optimizer or scheduler file is truncated or not what it should
+    be (read their headers only: milliseconds), so that ``--resume`` falls back to the one before instead
+    of failing in the Trainer with a traceback."""
+    from neobert_embed.model_files import check_safetensors, check_torch_bin
+
+    for path in sorted(checkpoint.rglob("*")):
+        if path.suffix == ".safetensors":
+            check_safetensors(path)
+        elif path.suffix in (".pt", ".pth", ".bin") and path.is_file():
+            check_torch_bin(path)
+
+
+def _record(model: str, sources: dict[str, DataSource], recipe: ContrastiveRecipe,
+            saved: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What run.json holds: the model, the recipe with the data it trains on, and that data's content
+    (:func:`~neobert_embed.sources.data_content`; not for a ``saved`` record written before it)."""
     return {"model": model, "recipe": {**recipe.model_dump(mode="json"),
-                                       "data": {k: v.model_dump(mode="json") for k, v in sources.items()}}}
+                                       "data": {k: v.model_dump(mode="json") for k, v in sources.items()}},
+            **data_content([source.path for source in sources.values()], saved)}
 
 
 def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
@@ -141,7 +159,7 @@ def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
     if saved is not None:
         saved_recipe = Spec(f"{RUN.path(output)} (recipe)", saved["recipe"]).validate(ContrastiveRecipe)
         asked = _record(model or saved["model"], _sources(data, saved_recipe) if data else saved_recipe.data,
-                        recipe or saved_recipe)
+                        recipe or saved_recipe, saved)
         runs.check_resume(output, asked, hint="drop those options or start a new --output")
         return saved["model"], saved_recipe.data, saved_recipe
     if resume:

@@ -22,7 +22,7 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.manifest import IndexManifest
-from neobert_embed.inference.runtime import model_fingerprint
+from neobert_embed.inference.runtime import fingerprints_match, model_fingerprint
 from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT, resolve_prompt
 
 if TYPE_CHECKING:
@@ -103,13 +103,23 @@ class IndexEncoder:
         return encode_with(self.model, texts, prompt=prompt or None, batch_size=self.batch_size,
                            normalize=self.normalized, advance=advance)
 
+    def matches(self, manifest: IndexManifest) -> bool:
+        """Whether this is the model the index was built with: its fingerprint (weights, pooling, normalization,
+        tokenizer: :func:`~neobert_embed.inference.runtime.model_fingerprint`) and dimension.
+
+        Example:
+            >>> encoder.matches(read_manifest("runs/news-index"))
+            True
+        """
+        return fingerprints_match(manifest.model_fingerprint, self.fingerprint) and self.dimension == manifest.dimension
+
     def check_matches(self, manifest: IndexManifest, index_dir: str | Path) -> None:
         """Refuse to use this model with an index built by another one.
 
         Example:
             >>> encoder.check_matches(read_manifest("runs/news-index"), "runs/news-index")
         """
-        if self.fingerprint == manifest.model_fingerprint and self.dimension == manifest.dimension:
+        if self.matches(manifest):
             return
         raise UserInputError(
             f"{index_dir}: this index was built with model {manifest.model!r} (fingerprint "

@@ -3,8 +3,8 @@
 Why: a truncated copy, a disk error or an ``index.faiss`` copied from another index used to fail
 deep inside FAISS or SQLite with a long traceback (once a bare ``AssertionError``), or worse, to
 load and return wrong documents. The manifest records each file's size and SHA-256 when the index
-is written; opening an index compares sizes (cheap) and what FAISS and SQLite hold against the
-manifest; ``neobert-embed index verify DIR`` recomputes the checksums.
+is written; opening an index (search, add, serve) checks both, and what FAISS and SQLite hold, against
+the manifest; ``neobert-embed index verify DIR`` recomputes the checksums and reports every difference.
 
 Example:
     >>> report = verify_index("runs/news-index")
@@ -52,22 +52,32 @@ def with_checksums(directory: str | Path, manifest: IndexManifest) -> IndexManif
 
 
 def check_index_files(directory: str | Path) -> IndexManifest:
-    """The manifest of ``directory``, after checking that every file it lists is there at its
-    recorded size (no hashing: milliseconds, so commands run it before loading a model).
+    """The manifest of ``directory``, after checking every file it lists against its recorded size and
+    SHA-256 (:func:`check_checksums`): what ``index search``, ``add`` and ``serve`` run before they load a model.
 
     Example:
         >>> check_index_files("runs/news-index").documents
         120000
     """
     manifest = read_manifest(directory)
-    _check_sizes(Path(directory), manifest)
+    check_checksums(Path(directory), manifest)
     return manifest
 
 
-def _check_sizes(directory: Path, manifest: IndexManifest) -> None:
+def check_checksums(directory: Path, manifest: IndexManifest) -> None:
+    """Refuse, in one line naming the file, an index file that is missing or differs from the size or the
+    SHA-256 in the manifest: the one check before every search, add and serve, so a damaged index is never
+    searched, and ``index add`` never records new checksums over a damaged file.
+
+    Hashing reads each file once (~1.6 GB/s on a 2-core EPYC; the index is read next anyway, from the page
+    cache); a file this process verified and nothing wrote since is not hashed again (:class:`FilePin`).
+
+    Example:
+        >>> check_checksums(Path("runs/news-index"), read_manifest("runs/news-index"))
+    """
     for name, recorded in manifest.files.items():
         path = directory / name
-        difference = recorded.difference(path, checksum=False)
+        difference = recorded.difference(path)
         if difference == "missing":
             raise UserInputError(f"{path}: missing; {_advice(directory)}")
         if difference is not None:
@@ -85,7 +95,7 @@ def open_faiss(directory: str | Path, manifest: IndexManifest) -> faiss.Index:
         7600
     """
     directory = Path(directory)
-    _check_sizes(directory, manifest)
+    check_checksums(directory, manifest)
     path = directory / INDEX_NAME
     try:
         index = read_on_disk(directory) if manifest.on_disk else read_faiss_index(path, manifest.binary)
@@ -107,6 +117,7 @@ def open_store(directory: str | Path, manifest: IndexManifest, read_only: bool =
         7600
     """
     directory = Path(directory)
+    check_checksums(directory, manifest)
     path = directory / STORE_NAME
     store = None
     try:

@@ -230,6 +230,7 @@ def export_model(
     check_export_output(output, source, overwrite)
 
     from neobert_embed.files import atomic_directory, check_free_space, remove_debris
+    from neobert_embed.inference.artifact_hashes import PINS_KEY, pin_export
     from neobert_embed.inference.runners import GRAPH_FILES, OUTPUT_NAME
     from neobert_embed.inference.runtime import model_fingerprint
     from neobert_embed.model_files import model_bytes
@@ -278,6 +279,7 @@ def export_model(
             record = {**report.to_json(), "writer": WRITER, "opset": opset,
                       "file": str(report.file.relative_to(output))}  # relative: the directory may move
             del record["output"]
+            record[PINS_KEY] = pin_export(tmp)  # every file written above; checked at each load
             EXPORT.write(tmp, record)
     return report
 

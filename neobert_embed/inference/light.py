@@ -42,6 +42,7 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
+from neobert_embed.inference.artifact_hashes import verify_export
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
 from neobert_embed.inference.pipeline import CHUNK_TEXTS, plan_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
@@ -406,7 +407,8 @@ def load_light_model(path: str | Path, backend: str, *, threads: int | None = No
         inference_precision: OpenVINO only (``fp32`` | ``bf16`` | ``fp16``; default the device's choice).
 
     Raises:
-        UserInputError: a missing graph or tokenizer, or a module the light runtime cannot run (naming it).
+        UserInputError: a missing graph or tokenizer, a module the light runtime cannot run (naming it), or a
+            file that differs from the hash the export pinned (:mod:`~neobert_embed.inference.artifact_hashes`).
 
     Example:
         >>> load_light_model("runs/minilm-openvino", "openvino", inference_precision="fp32").description
@@ -414,6 +416,7 @@ def load_light_model(path: str | Path, backend: str, *, threads: int | None = No
     """
     directory = Path(path)
     located = locate_graph(directory, backend, quantized, inference_precision)
+    verify_export(directory, located.file)  # every file read below is the one the export wrote
     pooling, normalizes = _pipeline(directory, located.modules)
     settings = _json(located.transformer_dir / "sentence_bert_config.json")
     task = settings.get("transformer_task", "feature-extraction")

@@ -38,6 +38,7 @@ import copy
 import functools
 import gc
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -180,15 +181,20 @@ class InferenceModel:
 
 
 def model_fingerprint(model: SentenceTransformer) -> str:
-    """Hash every parameter and buffer (names, shapes, dtypes, bytes) of a SentenceTransformer.
+    """``WEIGHTS-SETTINGS``: a hash of every parameter and buffer (names, shapes, dtypes, bytes) of a
+    SentenceTransformer, and one of what else decides its vectors (:func:`pipeline_settings`).
 
-    Why: a fingerprint of the weights, not the model's name, decides whether a model matches an
-    index (a path can be retrained in place; two names can hold the same weights). It is taken
-    before any precision is applied, so it names the fp32 weights as saved.
+    Why: a fingerprint, not the model's name, decides whether a model matches an index (a path can be
+    retrained in place; two names can hold the same weights), and the same weights pooled by CLS
+    instead of mean, or tokenized without lower-casing, give other vectors. It is taken before any
+    precision is applied, so it names the fp32 weights as saved; an export records its source's, so
+    the export matches the source's index (its files are pinned: :mod:`~neobert_embed.inference.artifact_hashes`).
+    An index built before the settings were hashed recorded the weights' part alone
+    (:func:`fingerprints_match`).
 
     Example:
         >>> model_fingerprint(load_sentence_model("runs/my-embedder"))
-        'b1946ac92492d234'
+        'b1946ac92492d234-5e0c1f9a'
     """
     import torch
 
@@ -197,7 +203,50 @@ def model_fingerprint(model: SentenceTransformer) -> str:
         value = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{tuple(value.shape)}|{value.dtype}".encode())
         digest.update(value.reshape(-1).view(torch.uint8).numpy())  # hashed in place, not copied first
-    return digest.hexdigest()
+    settings = json.dumps(pipeline_settings(model), sort_keys=True, default=str)
+    return f"{digest.hexdigest()}-{hashlib.blake2b(settings.encode(), digest_size=4).hexdigest()}"
+
+
+#: The parts of a fast tokenizer's ``tokenizer.json`` that decide its ids (padding and truncation are
+#: set per call by transformers, and the batch's padding does not reach the pooled vectors).
+TOKENIZER_PARTS = ("normalizer", "pre_tokenizer", "model", "post_processor", "added_tokens")
+
+
+def pipeline_settings(model: SentenceTransformer) -> list[dict[str, object]]:
+    """What decides a SentenceTransformer's vectors besides its weights: each module's kind and saved
+    settings (pooling modes, ``include_prompt``, a Normalize), the Transformer's ``do_lower_case`` and its
+    tokenizer (:data:`TOKENIZER_PARTS`). ``max_seq_length`` is left out: it may be set per command.
+
+    Example:
+        >>> [part["module"] for part in pipeline_settings(model)]
+        ['Transformer', 'Pooling', 'Normalize']
+    """
+    parts: list[dict[str, object]] = []
+    for module in model:
+        part: dict[str, object] = {"module": type(module).__name__}
+        if hasattr(module, "get_config_dict"):
+            part["config"] = module.get_config_dict()
+        if hasattr(module, "do_lower_case"):
+            part["do_lower_case"] = bool(module.do_lower_case)
+        backend = getattr(getattr(module, "tokenizer", None), "backend_tokenizer", None)
+        if backend is not None:
+            saved = json.loads(backend.to_str())
+            part["tokenizer"] = {key: saved.get(key) for key in TOKENIZER_PARTS}
+        parts.append(part)
+    return parts
+
+
+def fingerprints_match(recorded: str | None, current: str | None) -> bool:
+    """Whether a model of fingerprint ``current`` is the one ``recorded`` (an index's manifest): equal, or
+    ``recorded`` is of the weights alone (an index built before the settings were hashed) and they agree.
+
+    Example:
+        >>> fingerprints_match("b1946ac92492d234", "b1946ac92492d234-5e0c1f9a")
+        True
+    """
+    if recorded is None or current is None:
+        return False
+    return recorded == current or ("-" not in recorded and current.split("-")[0] == recorded)
 
 
 def apply_precision(model: SentenceTransformer, precision: str, machine: Machine) -> None:

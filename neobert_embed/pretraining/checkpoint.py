@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import pickle
 import random
 import re
 import shutil
@@ -31,7 +32,12 @@ import torch
 
 from neobert_embed.errors import UserInputError, listing
 from neobert_embed.files import FilePin, follow_umask, remove_debris, replace_directory
-from neobert_embed.pretraining.engine import CHECKPOINT_FORMATS, TrainingEngine
+from neobert_embed.pretraining.engine import (
+    CHECKPOINT_FORMATS,
+    TrainingEngine,
+    check_tensor_files,
+    load_tensors,
+)
 from neobert_embed.records import CHECKPOINT_MANIFEST, TRAINER_STATE
 from neobert_embed.runs import CHECKPOINTS_DIR
 
@@ -41,6 +47,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 PREFIX = "step-"
+RNG_PREFIX = "rng-"
 MODEL_FILES = "model"
 
 
@@ -117,21 +124,49 @@ def verify_checkpoint(directory: Path) -> None:
             raise CorruptCheckpoint(f"{directory / name}: missing")
         if difference is not None:
             raise CorruptCheckpoint(f"{directory / name}: contents changed since it was saved ({difference})")
+    try:  # before any engine unpickles them (DeepSpeed's own reader would run code)
+        check_tensor_files(directory, skip=RNG_PREFIX)
+    except pickle.UnpicklingError as exc:
+        raise CorruptCheckpoint(f"{exc}, so it is not loaded (loading it could run code)") from None
+    except Exception as exc:  # a file torch cannot read at all
+        raise CorruptCheckpoint(f"{directory}: unreadable ({type(exc).__name__}: "
+                                f"{(str(exc).splitlines() or [''])[0][:160]})") from None
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors and plain values, so that :func:`load_tensors` reads it back."""
+    version, internal, gauss = random.getstate()
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    state = {"python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                       "has_gauss": int(has_gauss), "cached": float(cached)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def _restore_rng(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    python, numpy = state["python"], state["numpy"]
+    random.setstate((python["version"], tuple(python["internal"].tolist()), python["gauss"]))
+    np.random.set_state((numpy["name"], numpy["keys"].numpy().astype(np.uint32), numpy["position"],
+                         numpy["has_gauss"], numpy["cached"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _load_rng(file: Path) -> None:
+    """Restore the RNGs from ``file``; one that holds more than tensors and plain data (a checkpoint saved
+    before RNG states were, or a tampered one) is not loaded: the run continues with fresh RNGs, and says so."""
+    try:
+        state = load_tensors(file)
+    except pickle.UnpicklingError:
+        warnings.warn(f"{file}: not restored (it holds more than tensors and plain data: an older checkpoint's "
+                      "format, or a tampered file, and loading it could run code); the random streams start "
+                      "afresh from here", stacklevel=3)
+        return
+    _restore_rng(state)
 
 
 def save_checkpoint(engine: TrainingEngine, root: Path, step: int, trainer_state: dict[str, Any],
@@ -150,7 +185,7 @@ def save_checkpoint(engine: TrainingEngine, root: Path, step: int, trainer_state
         staging.mkdir(parents=True)
     engine.barrier()
     engine.save(staging)
-    torch.save(_rng_state(), staging / f"rng-rank{engine.rank}.pt")
+    torch.save(_rng_state(), staging / f"{RNG_PREFIX}rank{engine.rank}.pt")
     engine.barrier()
     if engine.rank == 0:
         TRAINER_STATE.write(staging, trainer_state | {"engine": engine.kind})
@@ -172,8 +207,9 @@ def _load_one(engine: TrainingEngine, directory: Path) -> dict[str, Any]:
         state = TRAINER_STATE.read(directory)
         if state is None:
             raise FileNotFoundError(f"no {TRAINER_STATE.name}")
-        rng_file = next(f for f in (directory / f"rng-rank{engine.rank}.pt", directory / "rng-rank0.pt") if f.is_file())
-        _restore_rng(torch.load(rng_file, map_location="cpu", weights_only=False))
+        rng_file = next(f for f in (directory / f"{RNG_PREFIX}rank{engine.rank}.pt", directory / f"{RNG_PREFIX}rank0.pt")
+                        if f.is_file())
+        _load_rng(rng_file)
     except Exception as exc:  # any failure to load means this checkpoint is unusable; try the previous
         raise CorruptCheckpoint(f"{directory}: failed to load ({type(exc).__name__}: {exc})") from exc
     return state

@@ -180,6 +180,63 @@ def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> tuple[tor
                                       schedule.decay_fraction, schedule.final_lr_ratio)
 
 
+def load_tensors(path: Path, *, mmap: bool = False) -> Any:
+    """``torch.load`` of a checkpoint file with ``weights_only=True``: tensors and plain data (dicts, lists,
+    numbers, strings), never code. DeepSpeed's ZeRO optimizer files also hold three of its record classes
+    (:func:`_deepspeed_records`), rebuilt from their fields like a dict; anything else is refused by
+    torch's unpickler (``pickle.UnpicklingError``).
+
+    Why: a checkpoint whose engine state or RNG file held a pickle payload ran it on ``pretrain export``
+    and ``pretrain --resume``, although ``checkpoint.json`` pins the files (whoever can write a file can
+    re-hash it). DeepSpeed itself reads its files with ``weights_only=False``, so :func:`check_tensor_files`
+    reads each of them this way first.
+
+    Example:
+        >>> sorted(load_tensors(Path("runs/x/checkpoints/step-00001000/engine.pt")))
+        ['module', 'optimizer', 'scheduler']
+    """
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        records = _deepspeed_records()
+        if not records:
+            raise
+    with torch.serialization.safe_globals(records):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def _deepspeed_records() -> list[type]:
+    """The plain record classes DeepSpeed pickles into ZeRO optimizer states (none without DeepSpeed)."""
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except ImportError:
+        return []
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def check_tensor_files(directory: Path, skip: str = "") -> None:
+    """Read every ``*.pt`` file under ``directory`` (but those whose name starts with ``skip``) as
+    :func:`load_tensors` does, memory-mapped (no tensor data is read): raises ``pickle.UnpicklingError`` for
+    one that holds more than tensors and plain data, before an engine loads it.
+
+    Example:
+        >>> check_tensor_files(Path("runs/x/checkpoints/step-00001000"), skip="rng-")
+    """
+    import pickle
+
+    for path in sorted(directory.rglob("*.pt")):
+        if skip and path.name.startswith(skip):
+            continue
+        try:
+            load_tensors(path, mmap=True)
+        except pickle.UnpicklingError:
+            raise pickle.UnpicklingError(f"{path}: holds more than tensors and plain data") from None
+
+
 class TorchEngine:
     """Single-process PyTorch engine (bf16 through autocast, fp32 master weights and optimizer)."""
 
@@ -224,10 +281,10 @@ class TorchEngine:
 
     @classmethod
     def consolidated_state_dict(cls, directory: Path) -> dict[str, torch.Tensor]:
-        return torch.load(directory / cls.STATE, map_location="cpu", weights_only=False)["module"]
+        return load_tensors(directory / cls.STATE)["module"]
 
     def load(self, directory: Path) -> None:
-        state = torch.load(directory / self.STATE, map_location="cpu", weights_only=False)
+        state = load_tensors(directory / self.STATE)
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -328,7 +385,7 @@ class DeepSpeedEngine:
         from deepspeed.utils import zero_to_fp32
 
         model_states = zero_to_fp32.get_model_state_files(str(directory / cls.TAG))[0]
-        states = torch.load(model_states, map_location="cpu", mmap=True, weights_only=False)  # read the stage, not the tensors
+        states = load_tensors(Path(model_states), mmap=True)  # read the stage, not the tensors
         if states["ds_config"]["zero_optimization"]["stage"]:
             return zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=cls.TAG)
         return {key: value.float() for key, value in states["module"].items()}

@@ -53,6 +53,7 @@ from neobert_embed.runs import (
     check_resume,
     claimed_directory,
 )
+from neobert_embed.sources import data_content
 
 if TYPE_CHECKING:
     from neobert_embed.modeling import NeoBERTForMaskedLM
@@ -144,7 +145,8 @@ def _pretrain_claimed(recipe: PretrainRecipe, corpus: str | Path, output: Path, 
         raise UserInputError(f"{output} already holds a run (checkpoint {existing[0].name}); pass --resume "
                              "to continue it, or choose another --output")
     settings = {**recipe.model_dump(mode="json"),
-                "corpus": os.path.abspath(corpus) if Path(corpus).exists() else str(corpus)}
+                "corpus": os.path.abspath(corpus) if Path(corpus).exists() else str(corpus),
+                **data_content([corpus], RUN.read(output))}  # its content, not its mtime
     # a resume must continue the run the checkpoints belong to; a run that stopped before its first
     # checkpoint still has its record, which a rerun must match too (and never silently replaces)
     recorded = check_resume(output, settings, operational=OPERATIONAL_KEYS,

@@ -173,7 +173,7 @@ class IndexRegistry:
         manifest = read_manifest(directory)
         encoder = self._served_encoder()
         # an export computes as saved whatever precision the index was built at (as `index search` with it)
-        if (encoder is not None and encoder.fingerprint == manifest.model_fingerprint
+        if (encoder is not None and encoder.matches(manifest)
                 and int(self.served.model.max_seq_length) == manifest.max_seq_length
                 and (self.served.backend != "torch" or encoder.compute_precision == manifest.compute_precision)):
             return OpenIndex(name, open_index(directory, encoder=encoder), stamp, shared=True)
