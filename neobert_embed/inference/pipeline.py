@@ -77,6 +77,10 @@ CHUNKS_AHEAD = 1
 #: Padded tokens per batch on a GPU when batches are cut by tokens (text-embeddings-inference's
 #: ``max_batch_tokens`` is 16,384; a larger batch amortizes the per-layer kernel launches).
 GPU_BATCH_TOKENS = 65536
+#: Padded tokens per batch on a CPU, on top of ``--batch-size`` texts: 32 texts of 512 tokens (the batches
+#: of a BERT-window model are unchanged), so 32 texts of 4,096 tokens run as 8 batches of 4 and never
+#: hold a 32 x 4,096 attention at once (docs/performance.md, "Long inputs").
+CPU_BATCH_TOKENS = 16384
 #: How batches run on a multi-core CPU (what ``used:`` lines and records say).
 SIDE_BY_SIDE = "batches side by side, one per thread"
 #: ``encode`` arguments and the values under which each row depends on its own text only; a call
@@ -342,11 +346,12 @@ class EncodePipeline:
         return self.model.device.type != "cpu"
 
     def plan(self, tokenized: Tokenized, batch_size: int) -> list[np.ndarray]:
-        """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``); on a GPU by tokens only
+        """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``), within :data:`CPU_BATCH_TOKENS`
+        padded tokens; on a GPU by tokens only
         (``max_batch_tokens``), since a GPU's speed depends on the tokens in a batch, not its texts."""
         if self.on_gpu:
             return plan_batches(tokenized.lengths, max_tokens=self.max_batch_tokens)
-        return plan_batches(tokenized.lengths, max_texts=batch_size)
+        return plan_batches(tokenized.lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS)
 
     def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
         """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host)."""
@@ -403,6 +408,19 @@ class EncodePipeline:
             yield vectors
         if on_truncated is not None:
             on_truncated(truncated)
+
+    def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False) -> np.ndarray:
+        """Vectors of texts already tokenized (rows in order): the passages of long documents, cut from one
+        tokenization of each document (:mod:`neobert_embed.index.passages`), batched as :meth:`chunks` batches.
+
+        Example:
+            >>> pipeline.encode_tokenized(passages, batch_size=32).shape
+            (96, 384)
+        """
+        vectors = self._encode_chunk(tokenized, batch_size, normalize)
+        if not self.on_gpu:
+            release_freed_memory()
+        return vectors
 
     def _tokenized_chunks(self, texts: Sequence[str], prompt: str | None) -> Iterator[tuple[int, Tokenized]]:
         """(first row, tokenized chunk) in input order, tokenized on a worker thread ahead of the caller."""
