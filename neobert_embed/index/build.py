@@ -386,8 +386,11 @@ def _store_passages(partial: Path, n_chunks: int) -> int:
     """Rank 0: the shards' passages, in chunk order, into the store (their FAISS ids); returns how many."""
     with DocumentStore(partial / STORE_NAME) as store:
         if not store.has_passages():  # a resumed build that stopped after this step has them already
-            for chunk in range(n_chunks):
-                store.add_passages(read_spans(_shards(partial).directory, chunk))
+            spans = read_spans(_shards(partial).directory)
+            if len(spans) != sum(len(block) for _, block in _shards(partial).blocks(n_chunks)):
+                raise UserInputError(f"{partial}: the encoded chunks' passages and vectors differ in number (chunks "
+                                     "encoded without --passages?); rebuild with --overwrite")
+            store.add_passages(spans)
         return store.vector_count()
 
 

@@ -321,10 +321,13 @@ def write_spans(directory: Path, chunk: int, spans: np.ndarray) -> None:
     atomic_write_bytes(_spans_path(directory, chunk), buffer.getvalue())
 
 
-def read_spans(directory: Path, chunk: int) -> np.ndarray:
-    """One chunk's passage spans ``(document row, start, end)``, as :func:`write_spans` left them."""
-    path = _spans_path(directory, chunk)
-    if not path.is_file():
-        raise UserInputError(f"{path}: missing: this chunk's vectors were encoded without passages; rebuild with "
-                             "--overwrite")
-    return np.load(path, allow_pickle=False)
+def read_spans(directory: Path) -> np.ndarray:
+    """Every span :func:`write_spans` left in ``directory``, in the order of their chunk numbers (their rows).
+
+    Example:
+        >>> read_spans(Path("runs/index.partial/shards")).shape
+        (61, 3)
+    """
+    files = sorted(Path(directory).glob("spans-*.npy"), key=lambda path: int(path.stem.split("-")[1]))
+    parts = [np.load(path, allow_pickle=False).reshape(-1, 3) for path in files]
+    return np.concatenate(parts) if parts else np.empty((0, 3), dtype=np.int64)
