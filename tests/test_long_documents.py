@@ -156,3 +156,18 @@ def test_stride_needs_passages_and_fits_the_window(built: dict[str, Path], tmp_p
         build_index(minilm_path, built["corpus"], tmp_path / "b", passages=True, stride=500,
                     max_seq_length=WINDOW, compute_precision="fp32", show_progress=False)
     assert np.array_equal(token_windows(3, 2, 2), [(0, 2), (1, 3)])
+
+
+def test_without_passages_the_warning_counts_what_was_cut(built: dict[str, Path], tmp_path: Path,
+                                                           minilm_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="neobert_embed.index.build"):
+        build_index(minilm_path, built["corpus"], tmp_path / "cut", max_seq_length=WINDOW, compute_precision="fp32",
+                    show_progress=False)
+    line = next(record.getMessage() for record in caplog.records if "--passages" in record.getMessage())
+    # every document but the short one is cut; the tokens past the window are counted and the flag named
+    assert line.startswith(f"{len(OPENINGS) + 1} of {len(OPENINGS) + 2} documents are longer than the model's "
+                           f"window ({WINDOW} tokens)")
+    lost = int(line.split("cut there: ")[1].split(" tokens")[0].replace(",", ""))
+    with DocumentStore(built["passages"] / "documents.sqlite", read_only=True) as store:
+        spans = store.passages(range(store.vector_count()))
+    assert lost > 0 and len(spans) > len(OPENINGS) + 2

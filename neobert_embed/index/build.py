@@ -36,7 +36,7 @@ from neobert_embed.distributed import World, barrier, init_world, on_main
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import check_free_space, remove_debris, replace_directory
 from neobert_embed.index.documents import CorpusFields, read_corpus
-from neobert_embed.index.encoder import IndexEncoder, load_encoder
+from neobert_embed.index.encoder import IndexEncoder, Truncation, load_encoder
 from neobert_embed.index.factory import (
     IndexSpec,
     as_codes,
@@ -200,6 +200,7 @@ def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexE
     finished = shards.finished()
     todo = world.my_chunks(n_chunks, finished)
     label = f"encoding documents (rank 0 of {world.size})" if world.distributed else "encoding documents"
+    cut = Truncation()
     with document_progress(show_progress and world.is_main) as progress:
         task = progress.add_task(label, total=total, completed=min(total, len(finished) * options.chunk_size))
         for chunk in todo:
@@ -212,10 +213,14 @@ def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexE
                 vectors = passages.vectors
             else:
                 vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], DOCUMENT_PROMPT,
-                                                         advance=advance)
+                                                         advance=advance, cut=cut)
             shards.write(chunk, vectors)
             if on_chunk is not None:
                 on_chunk(ChunkDone(chunk, n_chunks, first + len(documents), total))
+    warning = cut.warning(sum(min(options.chunk_size, total - c * options.chunk_size) for c in todo),
+                          int(encoder.model.max_seq_length))
+    if warning:
+        log.warning("%s%s", warning, f" (rank {world.rank}'s chunks)" if world.distributed else "")
     return n_chunks
 
 

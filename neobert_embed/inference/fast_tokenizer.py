@@ -140,4 +140,6 @@ class FastTokenizer:
         return Tokenized.from_lists({"input_ids": [e.ids for e in encodings],
                                      "attention_mask": [e.attention_mask for e in encodings],
                                      "token_type_ids": [e.type_ids for e in encodings]},
-                                    padding=self.padding, truncated=sum(1 for e in encodings if e.overflowing))
+                                    padding=self.padding, truncated=sum(1 for e in encodings if e.overflowing),
+                                    lost_tokens=sum(len(o.ids) - sum(o.special_tokens_mask)
+                                                    for e in encodings for o in e.overflowing))

@@ -244,11 +244,12 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
     if "attention_mask" not in rows:
         raise UserInputError(f"{type(model[0]).__name__} returns no attention_mask: this model's inputs "
                              "cannot be batched by length; encode it with sentence-transformers directly")
-    truncated = None
+    truncated, lost = None, None
     if mapping is not None:
         samples = np.asarray(mapping, dtype=np.int64)
         _, first = np.unique(samples, return_index=True)  # each text's first row: what encode reads
         truncated = int((np.bincount(samples) > 1).sum())  # a text cut once or more: its overflow rows
+        lost = _overflow_tokens(model, rows["attention_mask"], first)
         rows = {key: _first_rows(value, first) for key, value in rows.items()}
     details = {"padding": Padding.of(getattr(model, "tokenizer", None)), "shared": shared}
     if isinstance(rows["attention_mask"], list):
@@ -258,7 +259,18 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
         tokenized = Tokenized.from_padded(arrays, arrays["attention_mask"], **details)
     if truncated is None:
         truncated = int((tokenized.lengths >= int(model.max_seq_length or 1 << 30)).sum())
-    return dataclasses.replace(tokenized, truncated=truncated)
+    return dataclasses.replace(tokenized, truncated=truncated, lost_tokens=lost)
+
+
+def _overflow_tokens(model: SentenceTransformer, mask: list | torch.Tensor, first: np.ndarray) -> int | None:
+    """Tokens of text in the overflow rows (every row but each text's first), less their special tokens."""
+    specials = getattr(getattr(model, "tokenizer", None), "num_special_tokens_to_add", None)
+    if specials is None:
+        return None
+    lengths = np.asarray([sum(row) for row in mask] if isinstance(mask, list) else mask.sum(dim=1).numpy())
+    overflow = np.ones(len(lengths), dtype=bool)
+    overflow[first] = False
+    return int(lengths[overflow].sum()) - int(overflow.sum()) * int(specials(pair=False))
 
 
 #: What ``tokenize`` asks of ``preprocess``: per-text lists, unpadded, and the overflow rows.
@@ -376,17 +388,20 @@ class EncodePipeline:
 
     def encode(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
                normalize: bool = False, advance: Callable[[int], None] | None = None,
-               on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
+               on_truncated: Callable[[int], None] | None = None,
+               on_lost_tokens: Callable[[int | None], None] | None = None) -> np.ndarray:
         """Vectors of ``texts`` (float32, (n, dimension), rows in input order); see the module docstring.
 
-        ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut.
+        ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut,
+        and ``on_lost_tokens(n)`` with how many tokens lay past the cuts (None: the tokenizer did not say).
         """
         chunks = self.chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                             on_truncated=on_truncated)
+                             on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
         return collect(chunks, len(texts), int(self.model.get_embedding_dimension()), advance)
 
     def chunks(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
-               normalize: bool = False, on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
+               normalize: bool = False, on_truncated: Callable[[int], None] | None = None,
+               on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
         """The vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows at a time, in input order: what a
         caller writing its output as it goes consumes (``encode`` of a big file holds one chunk, not the matrix).
 
@@ -398,9 +413,10 @@ class EncodePipeline:
             >>> [len(vectors) for vectors in pipeline.chunks(texts_5000)]
             [2048, 2048, 904]
         """
-        truncated = 0
+        truncated, lost = 0, 0
         for start, tokenized in self._tokenized_chunks(texts, prompt):
             truncated += tokenized.truncated
+            lost = None if lost is None or tokenized.lost_tokens is None else lost + tokenized.lost_tokens
             vectors = self._encode_chunk(tokenized, batch_size, normalize)
             _check_finite(vectors, texts, start)
             if not self.on_gpu:  # the chunk's activations, freed into the threads' arenas
@@ -408,6 +424,8 @@ class EncodePipeline:
             yield vectors
         if on_truncated is not None:
             on_truncated(truncated)
+        if on_lost_tokens is not None:
+            on_lost_tokens(lost if truncated else 0)
 
     def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False) -> np.ndarray:
         """Vectors of texts already tokenized (rows in order): the passages of long documents, cut from one
@@ -583,7 +601,8 @@ def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
 
 def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False, advance: Callable[[int], None] | None = None,
-                on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
+                on_truncated: Callable[[int], None] | None = None,
+                on_lost_tokens: Callable[[int | None], None] | None = None) -> np.ndarray:
     """Vectors of ``texts`` through ``model``'s pipeline (float32, rows in input order): the matrix of
     :func:`chunks_with`'s chunks.
 
@@ -592,13 +611,14 @@ def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, p
         (1, 384)
     """
     chunks = chunks_with(model, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                         on_truncated=on_truncated)
+                         on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
     return collect(chunks, len(texts), int(model.get_embedding_dimension()), advance)
 
 
 def chunks_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False,
-                on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
+                on_truncated: Callable[[int], None] | None = None,
+                on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
     """The vectors of ``texts`` through ``model``'s pipeline, one chunk of rows at a time in input order
     (:meth:`EncodePipeline.chunks`); an exported model run by the light runtime (no torch, no
     ``preprocess``) batches each chunk itself by :func:`plan_batches` in its own ``encode``.
@@ -609,7 +629,7 @@ def chunks_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, p
     """
     if hasattr(model, "preprocess"):
         yield from pipeline_for(model).chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                                              on_truncated=on_truncated)
+                                              on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
         return
     for start in range(0, len(texts), CHUNK_TEXTS):
         yield model.encode(list(texts[start:start + CHUNK_TEXTS]), batch_size=batch_size, prompt=prompt or "",
