@@ -92,13 +92,19 @@ class ShardDirectory:
             yield first, vectors
             first += len(vectors)
 
-    def gather(self, rows: np.ndarray, chunk_size: int) -> np.ndarray:
-        """Vectors at sorted store ``rows`` (a training or calibration sample)."""
+    def gather(self, rows: np.ndarray, chunk_size: int | None = None, starts: np.ndarray | None = None) -> np.ndarray:
+        """Vectors at sorted ``rows`` (a training or calibration sample): chunks of ``chunk_size`` rows each,
+        or chunk ``i`` starting at row ``starts[i]`` (chunks of different sizes: an index of passages)."""
         parts = []
-        chunks = rows // chunk_size
+        chunks = rows // chunk_size if starts is None else np.searchsorted(starts, rows, side="right") - 1
         for chunk in np.unique(chunks):
-            parts.append(np.asarray(self.load(int(chunk))[rows[chunks == chunk] - chunk * chunk_size]))
+            first = int(chunk) * chunk_size if starts is None else int(starts[chunk])
+            parts.append(np.asarray(self.load(int(chunk))[rows[chunks == chunk] - first]))
         return np.concatenate(parts).astype(np.float32, copy=False)
+
+    def starts(self, n_chunks: int) -> np.ndarray:
+        """The first row of each of chunks ``0 .. n_chunks - 1`` (read from the shards' headers)."""
+        return np.concatenate(([0], np.cumsum([len(self.load(chunk)) for chunk in range(n_chunks)])[:-1])).astype(np.int64)
 
     def remove(self) -> None:
         """Delete all shards once the final index holds the vectors."""

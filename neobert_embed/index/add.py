@@ -40,6 +40,7 @@ from neobert_embed.index.manifest import (
     read_manifest,
     write_manifest,
 )
+from neobert_embed.index.passages import PassageEncoder, read_spans, write_spans
 from neobert_embed.index.rerank import RERANK_NAME, append_rerank_vectors
 from neobert_embed.index.search import encoder_for, spec_of
 from neobert_embed.index.store import DocumentStore
@@ -50,6 +51,7 @@ from neobert_embed.sentence import DOCUMENT_PROMPT
 from neobert_embed.sources import source_format
 
 ADD_CHUNK = 4096
+ADD_SPANS = ".add-spans"  # in the work copy: the new passages' spans, one file per ADD_CHUNK rows
 
 
 def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFields | None = None,
@@ -140,14 +142,29 @@ def _stage(index_dir: Path, work: Path, corpus: str | Path, fields: CorpusFields
 
 def _encode_rows(staged: _Staged, encoder: IndexEncoder, start: int, stop: int,
                  advance: Callable[[int], None]) -> np.ndarray:
-    """Vectors of the new documents ``start..stop`` (counted from the first new row)."""
+    """Vectors of the new documents ``start..stop`` (counted from the first new row); in an index of
+    passages, their passages' (whose spans are left in the work copy for :func:`_commit`)."""
     parts = []
+    settings = staged.manifest.passages
+    splitter = PassageEncoder(encoder, settings.stride) if settings is not None else None
     with DocumentStore(staged.work / STORE_NAME, read_only=True) as store:
         for first in range(staged.first_row + start, staged.first_row + stop, ADD_CHUNK):
             documents = store.documents_between(first, min(staged.first_row + stop, first + ADD_CHUNK))
+            if splitter is not None:
+                passages = splitter.encode(documents, advance=advance).offset(first)
+                write_spans(staged.work / ADD_SPANS, first, passages.spans)
+                parts.append(passages.vectors)
+                continue
             parts.append(encoder.encode_in_length_order([d.encoded_text for d in documents], DOCUMENT_PROMPT,
                                                         advance=advance))
     return np.concatenate(parts)
+
+
+def _store_new_passages(staged: _Staged) -> None:
+    """Rank 0: the new passages' spans, in row order, into the work copy's store (after the index's own)."""
+    with DocumentStore(staged.work / STORE_NAME) as store:
+        store.add_passages(read_spans(staged.work / ADD_SPANS))
+    shutil.rmtree(staged.work / ADD_SPANS)
 
 
 def _commit(staged: _Staged, vectors: np.ndarray | None, corpus: str | Path) -> IndexManifest:
@@ -155,9 +172,11 @@ def _commit(staged: _Staged, vectors: np.ndarray | None, corpus: str | Path) -> 
     manifest, work = staged.manifest, staged.work
     index = open_faiss(staged.index_dir, manifest)   # the original, checked; the copy's store has changed
     index.add(as_codes(spec_of(manifest), vectors))
+    if manifest.passages is not None:
+        _store_new_passages(staged)
     with DocumentStore(work / STORE_NAME, read_only=True) as store:
         updated = manifest.model_copy(update={
-            "documents": store.live_count(), "vectors": store.total_rows(),
+            "documents": store.live_count(), "vectors": store.vector_count(),
             "replaced": manifest.replaced + staged.replaced,
             "sources": [*manifest.sources, str(corpus)],
             "updated_at": datetime.now(timezone.utc)})

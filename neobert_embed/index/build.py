@@ -36,7 +36,7 @@ from neobert_embed.distributed import World, barrier, init_world, on_main
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import check_free_space, remove_debris, replace_directory
 from neobert_embed.index.documents import CorpusFields, read_corpus
-from neobert_embed.index.encoder import IndexEncoder, load_encoder
+from neobert_embed.index.encoder import IndexEncoder, Truncation, load_encoder
 from neobert_embed.index.factory import (
     IndexSpec,
     as_codes,
@@ -51,9 +51,11 @@ from neobert_embed.index.manifest import (
     STORE_NAME,
     Calibration,
     IndexManifest,
+    PassageSettings,
     write_manifest,
 )
 from neobert_embed.index.ondisk import IVFDATA_NAME, build_on_disk, check_on_disk, train_index
+from neobert_embed.index.passages import PassageEncoder, read_spans, write_spans
 from neobert_embed.index.preflight import check_factory_for_corpus, count_documents
 from neobert_embed.index.rerank import (
     RERANK_K_FACTOR,
@@ -123,6 +125,8 @@ class BuildOptions(BaseModel):
     revision: str | None
     on_disk: bool
     backend: str | None = None
+    passages: bool = False
+    stride: int | None = Field(default=None, gt=0)
 
     @property
     def fields(self) -> CorpusFields:
@@ -189,22 +193,34 @@ def _import_corpus(store: DocumentStore, options: BuildOptions, show_progress: b
 
 def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexEncoder,
                    options: BuildOptions, total: int, show_progress: bool,
-                   on_chunk: Callable[[ChunkDone], None] | None, world: World = World()) -> int:
+                   on_chunk: Callable[[ChunkDone], None] | None, world: World = World(),
+                   splitter: PassageEncoder | None = None) -> int:
     """Encode this rank's unfinished chunks (all of them in one process); a chunk is finished once its shard exists."""
     n_chunks = math.ceil(total / options.chunk_size)
     finished = shards.finished()
     todo = world.my_chunks(n_chunks, finished)
     label = f"encoding documents (rank 0 of {world.size})" if world.distributed else "encoding documents"
+    cut = Truncation()
     with document_progress(show_progress and world.is_main) as progress:
         task = progress.add_task(label, total=total, completed=min(total, len(finished) * options.chunk_size))
         for chunk in todo:
             first = chunk * options.chunk_size
             documents = store.documents_between(first, first + options.chunk_size)
-            vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], DOCUMENT_PROMPT,
-                                                     advance=lambda n: progress.advance(task, n * world.size))
+            advance = lambda n: progress.advance(task, n * world.size)  # noqa: E731
+            if splitter is not None:  # the chunk's passages: their spans first, the vectors mark it finished
+                passages = splitter.encode(documents, advance=advance).offset(first)
+                write_spans(shards.directory, chunk, passages.spans)
+                vectors = passages.vectors
+            else:
+                vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], DOCUMENT_PROMPT,
+                                                         advance=advance, cut=cut)
             shards.write(chunk, vectors)
             if on_chunk is not None:
                 on_chunk(ChunkDone(chunk, n_chunks, first + len(documents), total))
+    warning = cut.warning(sum(min(options.chunk_size, total - c * options.chunk_size) for c in todo),
+                          int(encoder.model.max_seq_length))
+    if warning:
+        log.warning("%s%s", warning, f" (rank {world.rank}'s chunks)" if world.distributed else "")
     return n_chunks
 
 
@@ -330,26 +346,29 @@ def _build_spec(opts: BuildOptions, total: int, dimension: int) -> IndexSpec:
 
 
 def _encode(partial: Path, opts: BuildOptions, encoder: IndexEncoder, show_progress: bool,
-            on_chunk: Callable[[ChunkDone], None] | None, world: World) -> tuple[int, int]:
+            on_chunk: Callable[[ChunkDone], None] | None, world: World,
+            splitter: PassageEncoder | None = None) -> tuple[int, int]:
     """Import (rank 0), then encode the missing chunks (every rank its share); returns (rows, chunks)."""
     total = on_main(world, lambda: _import_and_check(partial, opts, encoder.dimension, show_progress))
     with DocumentStore(partial / STORE_NAME, read_only=True) as store:
         n_chunks = _encode_chunks(store, _shards(partial), encoder, opts, total, show_progress,
-                                  on_chunk, world)
+                                  on_chunk, world, splitter)
     barrier(world)
     return total, n_chunks
 
 
 def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: int,
                     n_chunks: int) -> tuple[IndexSpec, dict, Any, dict[str, Any]]:
-    """Once every shard exists: train on a sample, fill, calibrate and write the FAISS index."""
+    """Once every shard exists: train on a sample, fill, calibrate and write the FAISS index (``total``
+    vectors: one per document, or with ``--passages`` the passages the shards hold)."""
     shards = _shards(partial)
     missing = sorted(set(range(n_chunks)) - shards.finished())
     if missing:
         raise RuntimeError(f"{partial}: chunks {missing[:10]} were not encoded (a rank failed); rerun with --resume")
     spec = _build_spec(opts, total, dimension)
     blocks = functools.partial(shards.blocks, n_chunks)
-    sample = functools.partial(shards.gather, chunk_size=opts.chunk_size)
+    sample = (functools.partial(shards.gather, starts=shards.starts(n_chunks)) if opts.passages
+              else functools.partial(shards.gather, chunk_size=opts.chunk_size))
     details: dict[str, Any] = {"on_disk": opts.on_disk,
                                "rerank_k_factor": RERANK_K_FACTOR if needs_rerank(spec.factory) else None}
     hold_out = 0 if opts.on_disk else held_out_rows(spec, total)
@@ -368,10 +387,25 @@ def _fill_and_write(partial: Path, opts: BuildOptions, dimension: int, total: in
     return spec, params, calibration, details
 
 
+def _store_passages(partial: Path, n_chunks: int) -> int:
+    """Rank 0: the shards' passages, in chunk order, into the store (their FAISS ids); returns how many."""
+    with DocumentStore(partial / STORE_NAME) as store:
+        if not store.has_passages():  # a resumed build that stopped after this step has them already
+            spans = read_spans(_shards(partial).directory)
+            if len(spans) != sum(len(block) for _, block in _shards(partial).blocks(n_chunks)):
+                raise UserInputError(f"{partial}: the encoded chunks' passages and vectors differ in number (chunks "
+                                     "encoded without --passages?); rebuild with --overwrite")
+            store.add_passages(spans)
+        return store.vector_count()
+
+
 def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncoder, total: int,
-            n_chunks: int) -> IndexManifest:
+            n_chunks: int, splitter: PassageEncoder | None = None) -> IndexManifest:
     """Rank 0: build the FAISS index from the shards, write the manifest, move ``partial`` to ``output``."""
-    spec, params, calibration, details = _fill_and_write(partial, opts, encoder.dimension, total, n_chunks)
+    vectors = _store_passages(partial, n_chunks) if splitter is not None else total
+    spec, params, calibration, details = _fill_and_write(partial, opts, encoder.dimension, vectors, n_chunks)
+    if splitter is not None:
+        details["passages"] = PassageSettings(window=splitter.window, stride=splitter.stride)
     manifest = IndexManifest(
         model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
         model_fingerprint=encoder.fingerprint, dimension=encoder.dimension,
@@ -381,7 +415,7 @@ def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncod
         compute=encoder.choice.to_json() if encoder.choice is not None else None,
         index_type=spec.index_type, factory=spec.factory, precision=spec.precision, binary=spec.binary,
         index_choice=spec.reason, search_params=params, calibration=calibration, documents=total,
-        vectors=total, sources=[opts.corpus], **details)
+        vectors=vectors, sources=[opts.corpus], **details)
     manifest = with_checksums(partial, manifest)
     write_manifest(partial, manifest)
     _shards(partial).remove()
@@ -398,7 +432,7 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, te
                 revision: str | None = None, on_disk: bool = False, resume: bool = False,
                 overwrite: bool = False, show_progress: bool = True,
                 on_chunk: Callable[[ChunkDone], None] | None = None, wait: bool = True,
-                backend: str | None = None) -> IndexManifest:
+                backend: str | None = None, passages: bool = False, stride: int | None = None) -> IndexManifest:
     """Encode ``corpus`` with ``model`` into a searchable index directory ``output``.
 
     Before any model is loaded, the output (absent, empty, or an index: never a directory with
@@ -425,6 +459,9 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, te
         wait: wait for another writer of ``output``; False fails at once.
         backend: ``torch``, ``onnx`` or ``openvino``; None runs a ``neobert-embed export`` directory on
             its own runtime without torch (:mod:`neobert_embed.inference.light`), any other model on torch.
+        passages: index every token: a document longer than the model's window is cut into overlapping
+            passages, and search ranks documents by their best passage (:mod:`neobert_embed.index.passages`).
+        stride: with ``passages``, tokens between passage starts (default: a quarter-window overlap).
 
     Raises:
         Interrupted: on Ctrl-C (a ``KeyboardInterrupt``); finished chunks are kept for ``resume``.
@@ -437,7 +474,10 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, te
                         title_field=title_field, row_ids=row_ids, split=split, index_type=index_type,
                         factory=factory, precision=precision, compute_precision=compute_precision,
                         chunk_size=chunk_size, batch_size=batch_size, max_seq_length=max_seq_length,
-                        device=device, revision=revision, on_disk=on_disk, backend=backend)
+                        device=device, revision=revision, on_disk=on_disk, backend=backend, passages=passages,
+                        stride=stride)
+    if stride is not None and not passages:
+        raise UserInputError("--stride sets the step between passages; pass it with --passages")
     output = Path(output)
     world = init_world()
     with contextlib.ExitStack() as held:
@@ -503,15 +543,18 @@ def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: boo
     check_options(opts.index_type, opts.precision, opts.factory, encoder.dimension)
     if opts.factory is not None:
         create_index(choose_index_spec("auto", 1, encoder.dimension, factory=opts.factory), encoder.dimension)
+    splitter = PassageEncoder(encoder, opts.stride) if opts.passages else None
     state = {**opts.model_dump(include=set(RESUME_KEYS)), "corpus_fingerprint": fingerprint(opts.corpus, opts.split),
              "model_fingerprint": encoder.fingerprint, "compute_precision": encoder.compute_precision}
+    if splitter is not None:  # a build of whole documents keeps the state it always had
+        state.update(passages={"window": splitter.window, "stride": splitter.stride})
     partial = on_main(world, lambda: _prepare_partial(output, state, resume, overwrite))
     try:
-        total, n_chunks = _encode(partial, opts, encoder, show_progress, on_chunk, world)
+        total, n_chunks = _encode(partial, opts, encoder, show_progress, on_chunk, world, splitter)
     except KeyboardInterrupt:
         with DocumentStore(partial / STORE_NAME, read_only=True) as store:
             total = store.total_rows()
         encoded = min(total, len(_shards(partial).finished()) * opts.chunk_size)
         raise Interrupted(f"{encoded} of {total} documents encoded; finished chunks are kept in "
                           f"{partial}") from None
-    return on_main(world, lambda: _finish(partial, output, opts, encoder, total, n_chunks))
+    return on_main(world, lambda: _finish(partial, output, opts, encoder, total, n_chunks, splitter))

@@ -85,6 +85,13 @@ def build(
     on_disk: Annotated[bool, typer.Option(
         "--on-disk", help="IVF indexes only: merge per-shard indexes into memory-mapped on-disk lists "
         "(index.ivfdata), so RAM holds the coarse quantizer, not the corpus.")] = False,
+    passages: Annotated[bool, typer.Option(
+        "--passages", help="Index every token: split each document longer than the model's window (max_seq_length "
+        "less special tokens and the document prompt) into overlapping passages; search ranks documents by their "
+        "best passage and names its characters (span).")] = False,
+    stride: Annotated[int | None, typer.Option(
+        "--stride", min=1, help="With --passages: tokens between passage starts (default: window - window // 4, "
+        "an overlap of a quarter window).")] = None,
     verbose: opt.Verbose = False,
     precision: opt.ComputePrecision = "auto",
     max_seq_length: opt.OldMaxLength = None,
@@ -106,7 +113,7 @@ def build(
                    factory=factory, precision=store_precision or "float32", compute_precision=precision,
                    chunk_size=chunk_size, batch_size=batch_size,
                    max_seq_length=max_seq_length, revision=revision, on_disk=on_disk, wait=not no_wait,
-                   backend=backend)
+                   backend=backend, passages=passages, stride=stride)
     with third_party_log(output, verbose):
         if devices is not None:
             manifest = launch_on_devices(parse_devices(devices), build_index, model=model, corpus=corpus,
@@ -120,6 +127,9 @@ def build(
                if manifest.train_vectors else "")
     extras = "".join([", lists on disk (mmap)" if manifest.on_disk else "",
                       f", top-{manifest.rerank_k_factor}x re-ranked exactly" if manifest.rerank_k_factor else ""])
+    if manifest.passages is not None:
+        extras += (f", {manifest.vectors} passages of {manifest.passages.window} tokens every "
+                   f"{manifest.passages.stride}")
     logger.info("index of %d documents written to %s (%s, %s%s%s%s)", manifest.documents, output, manifest.factory,
                 manifest.search_params or "exact", recall, extras, trained)
 
@@ -194,8 +204,8 @@ def search(
     if as_json:
         for text, hits in zip(texts, results, strict=True):
             typer.echo(json.dumps({"query": text, "hits": [
-                {"rank": h.rank, "score": round(h.score, 6), "id": h.doc_id, "title": h.title, "text": h.text}
-                for h in hits]}, ensure_ascii=False))
+                {"rank": h.rank, "score": round(h.score, 6), "id": h.doc_id, "title": h.title, "text": h.text,
+                 **h.passage_fields} for h in hits]}, ensure_ascii=False))
         return
     _print_tables(texts, results)
 
@@ -212,6 +222,8 @@ def _print_tables(texts: list[str], results: list) -> None:
             table.add_column(column, overflow="fold" if column == "snippet" else "ellipsis")
         for hit in hits:
             snippet = f"{hit.title} — {hit.text}" if hit.title else hit.text
+            if hit.span is not None:  # found through a passage: show it, and where it lies
+                snippet = f"[{hit.span[0]}:{hit.span[1]}] {hit.text[hit.span[0]:hit.span[1]]}"
             table.add_row(str(hit.rank), f"{hit.score:.4f}", hit.doc_id,
                           snippet if len(snippet) <= 100 else snippet[:99] + "…")
         console.print(table)

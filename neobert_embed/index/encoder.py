@@ -41,6 +41,37 @@ def _revision(model: SentenceTransformer) -> str | None:
 
 
 @dataclass
+class Truncation:
+    """What encoding whole documents cut: how many were longer than the model's window, and how many of their
+    tokens lay past it (None when the tokenizer does not say), summed over a build's chunks.
+
+    Example:
+        >>> cut = Truncation()
+        >>> cut.add_documents(2); cut.add_tokens(700)
+        >>> cut.warning(10, 256)[:60]
+        "2 of 10 documents are longer than the model's window (256 to"
+    """
+
+    documents: int = 0
+    tokens: int | None = 0
+
+    def add_documents(self, count: int) -> None:
+        self.documents += count
+
+    def add_tokens(self, count: int | None) -> None:
+        self.tokens = None if self.tokens is None or count is None else self.tokens + count
+
+    def warning(self, total: int, window: int) -> str | None:
+        """The line ``index build`` prints when documents were cut (None when none was)."""
+        if not self.documents:
+            return None
+        lost = f"{self.tokens:,} tokens past it are" if self.tokens is not None else "the text past it is"
+        return (f"{self.documents:,} of {total:,} documents are longer than the model's window ({window} tokens) "
+                f"and were cut there: {lost} not indexed and cannot be found; pass --passages to index every "
+                "token (overlapping passages, documents ranked by their best one)")
+
+
+@dataclass
 class IndexEncoder:
     """A loaded model (a SentenceTransformer, or an export's light model) plus what the manifest needs
     to know about it."""
@@ -86,8 +117,8 @@ class IndexEncoder:
                                     show_progress_bar=False)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
-    def encode_in_length_order(self, texts: list[str], kind: str,
-                               advance: Callable[[int], None] | None = None) -> np.ndarray:
+    def encode_in_length_order(self, texts: list[str], kind: str, advance: Callable[[int], None] | None = None,
+                               cut: Truncation | None = None) -> np.ndarray:
         """Encode a chunk through the model's pipeline (tokenized once and ahead, length-batched,
         :mod:`neobert_embed.inference.pipeline`), reporting progress as its parts are done.
 
@@ -100,8 +131,9 @@ class IndexEncoder:
 
         prompt = self.prompts.get(kind)  # None (an old manifest): the model's default, as encode applies it
         prompt = resolve_prompt(self.model, None) if prompt is None else prompt
+        counted = dict(on_truncated=cut.add_documents, on_lost_tokens=cut.add_tokens) if cut is not None else {}
         return encode_with(self.model, texts, prompt=prompt or None, batch_size=self.batch_size,
-                           normalize=self.normalized, advance=advance)
+                           normalize=self.normalized, advance=advance, **counted)
 
     def matches(self, manifest: IndexManifest) -> bool:
         """Whether this is the model the index was built with: its fingerprint (weights, pooling, normalization,

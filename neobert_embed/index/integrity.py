@@ -122,7 +122,7 @@ def open_store(directory: str | Path, manifest: IndexManifest, read_only: bool =
     store = None
     try:
         store = DocumentStore(path, read_only=read_only)
-        rows, live = store.total_rows(), store.live_count()
+        rows, live = store.vector_count(), store.live_count()
     except sqlite3.DatabaseError as exc:
         if store is not None:
             with contextlib.suppress(sqlite3.DatabaseError):

@@ -42,6 +42,16 @@ class Calibration(BaseModel):
     queries: int
 
 
+class PassageSettings(BaseModel):
+    """How an index of passages (``index build --passages``) cut its documents: ``window`` tokens of text per
+    passage (``max_seq_length`` less special tokens and the document prompt), a new one every ``stride``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    window: int = Field(gt=0)
+    stride: int = Field(gt=0)
+
+
 class IndexManifest(BaseModel):
     """Everything needed to search an index correctly, saved as ``manifest.json``."""
 
@@ -79,6 +89,8 @@ class IndexManifest(BaseModel):
     on_disk: bool = Field(default=False, description="inverted lists memory-mapped from index.ivfdata")
     rerank_k_factor: int | None = Field(
         default=None, description="k x this many candidates re-scored exactly against vectors.f16.npy")
+    passages: PassageSettings | None = Field(default=None, description="an index of passages: vectors are "
+                                             "passages, documents rank by their best one (absent otherwise)")
     train_vectors: int | None = Field(default=None, description="size of the sample the index was trained on")
     train_seconds: float | None = Field(default=None, description="time spent training on that sample")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
@@ -91,7 +103,10 @@ def write_manifest(directory: str | Path, manifest: IndexManifest) -> None:
     Example:
         >>> write_manifest("runs/news-index", manifest)
     """
-    INDEX_MANIFEST.write(directory, manifest.model_dump(mode="json"))
+    record = manifest.model_dump(mode="json")
+    if manifest.passages is None:  # an index of whole documents is written as before passages existed
+        del record["passages"]
+    INDEX_MANIFEST.write(directory, record)
 
 
 def read_manifest(directory: str | Path) -> IndexManifest:

@@ -25,16 +25,27 @@ from neobert_embed.index.manifest import IndexManifest, read_manifest
 from neobert_embed.index.rerank import with_rerank
 from neobert_embed.sentence import QUERY_PROMPT
 
+#: An index of passages is first searched for ``k`` x this many passages; queries whose passages name fewer
+#: than ``k`` documents are searched again, twice as deep, until they do or the index has no more.
+PASSAGE_DEPTH = 4
+
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result."""
+    """One search result: a document; in an index of passages (``index build --passages``), ranked and scored
+    by its best passage, whose characters ``text[span[0]:span[1]]`` are ``span``."""
 
     rank: int
     score: float
     doc_id: str
     title: str
     text: str
+    span: tuple[int, int] | None = None
+
+    @property
+    def passage_fields(self) -> dict[str, list[int]]:
+        """``{"span": [start, end]}`` for a hit found through a passage, else nothing (JSON output)."""
+        return {"span": list(self.span)} if self.span is not None else {}
 
 
 def spec_of(manifest: IndexManifest) -> IndexSpec:
@@ -96,6 +107,7 @@ class SearchIndex:
         self.faiss_index: SearchableIndex = with_rerank(index, self.directory, self.manifest.rerank_k_factor)
         self.store = open_store(self.directory, self.manifest)
         self.excluded = exclusion_selector(self.store.deleted_rows())  # once: its hash set is not free
+        self.documents_of = self.store.passage_documents() if self.manifest.passages is not None else None
         try:
             self.encoder = encoder_for(self.manifest, self.directory, model, device, batch_size, loaded=encoder,
                                        precision=precision, backend=backend)
@@ -136,6 +148,8 @@ class SearchIndex:
             >>> index.hits(index.encoder.encode(["who won?"], "query"), k=1)[0][0].doc_id
             'n1043'
         """
+        if self.documents_of is not None:
+            return self._best_passages(vectors, k)
         scores, rows = self.search_vectors(vectors, k)
         results = []
         for score_row, id_row in zip(scores, rows, strict=True):
@@ -144,6 +158,53 @@ class SearchIndex:
             results.append([Hit(rank, float(score), doc.doc_id, doc.title, doc.text) for rank, (score, doc)
                             in enumerate(zip(score_row[found], documents, strict=True), start=1)])
         return results
+
+
+    def _best_passages(self, vectors: np.ndarray, k: int) -> list[list[Hit]]:
+        """Top-``k`` documents by their best passage (MaxP): passages searched ``PASSAGE_DEPTH`` x ``k`` deep,
+        deeper for the queries whose passages named fewer than ``k`` documents."""
+        depth = min(self.manifest.vectors, k * PASSAGE_DEPTH)
+        best: list[list[tuple[float, int]]] = [[] for _ in range(len(vectors))]
+        todo = np.arange(len(vectors))
+        while len(todo):
+            scores, rows = self.search_vectors(vectors[todo], depth)
+            for query, score_row, id_row in zip(todo.tolist(), scores, rows, strict=True):
+                best[query] = first_per_document(score_row, id_row, self.documents_of, k)
+            short = np.asarray([len(best[q]) < k for q in todo.tolist()], dtype=bool)
+            if depth >= self.manifest.vectors:
+                break
+            todo, depth = todo[short], min(self.manifest.vectors, depth * 2)
+        return [self._passage_hits(found) for found in best]
+
+    def _passage_hits(self, found: list[tuple[float, int]]) -> list[Hit]:
+        """Hits of (score, passage row) pairs, best first: each passage's document, with the passage's span."""
+        passages = self.store.passages([row for _, row in found])
+        documents = self.store.get([document for document, _, _ in passages])
+        return [Hit(rank, float(score), doc.doc_id, doc.title, doc.text, (start, end))
+                for rank, ((score, _), (_, start, end), doc) in enumerate(zip(found, passages, documents, strict=True),
+                                                                         start=1)]
+
+
+def first_per_document(scores: np.ndarray, rows: np.ndarray, documents_of: np.ndarray,
+                       k: int) -> list[tuple[float, int]]:
+    """The best passage of each of the first ``k`` documents in a best-first passage ranking (MaxP).
+
+    Example:
+        >>> first_per_document(np.array([.9, .8, .7]), np.array([4, 5, 0]), np.array([0, 0, 0, 0, 1, 1]), 2)
+        [(0.9, 4), (0.7, 0)]
+    """
+    seen: set[int] = set()
+    found = []
+    for score, row in zip(scores.tolist(), rows.tolist(), strict=True):
+        if row < 0:
+            break
+        document = int(documents_of[row])
+        if document not in seen:
+            seen.add(document)
+            found.append((score, row))
+            if len(found) == k:
+                break
+    return found
 
 
 def open_index(directory: str | Path, model: str | Path | None = None, device: str | None = None,

@@ -42,6 +42,11 @@ CREATE TABLE IF NOT EXISTS documents (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS live_doc_ids ON documents(doc_id) WHERE deleted = 0;
 """
+#: Only in an index of passages (``index build --passages``): FAISS id -> document row and its characters.
+_PASSAGES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS passages (row INTEGER PRIMARY KEY, document INTEGER NOT NULL REFERENCES documents(row),
+                                     start_char INTEGER NOT NULL, end_char INTEGER NOT NULL)
+"""
 _INSERT = "INSERT INTO documents (row, doc_id, title, text, import_id, line) VALUES (?, ?, ?, ?, ?, ?)"
 
 
@@ -109,9 +114,51 @@ class DocumentStore:
         return int(self._db.execute("SELECT COUNT(*) FROM documents WHERE deleted = 0").fetchone()[0])
 
     def deleted_rows(self) -> np.ndarray:
-        """FAISS ids of replaced documents, to exclude at search time."""
-        rows = self._db.execute("SELECT row FROM documents WHERE deleted = 1 ORDER BY row").fetchall()
+        """FAISS ids of replaced documents (of their passages, in an index of passages), to exclude at search time."""
+        query = ("SELECT p.row FROM passages p JOIN documents d ON d.row = p.document WHERE d.deleted = 1 "
+                 "ORDER BY p.row" if self.has_passages() else "SELECT row FROM documents WHERE deleted = 1 ORDER BY row")
+        return np.asarray([r[0] for r in self._db.execute(query).fetchall()], dtype=np.int64)
+
+    def has_passages(self) -> bool:
+        """True for an index of passages (``index build --passages``): FAISS ids are passage rows."""
+        return self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'passages'"
+                                ).fetchone() is not None
+
+    def vector_count(self) -> int:
+        """Vectors the FAISS index holds for this store: its passages, or one per document row."""
+        if self.has_passages():
+            return int(self._db.execute("SELECT COUNT(*) FROM passages").fetchone()[0])
+        return self.total_rows()
+
+    def add_passages(self, spans: np.ndarray) -> int:
+        """Append passages ``(document row, start, end)`` as the next FAISS ids; returns the first id.
+
+        Example:
+            >>> store.add_passages(np.array([[0, 0, 1180], [0, 905, 2043]]))
+            0
+        """
+        self._db.execute(_PASSAGES_SCHEMA)
+        first = self.vector_count()
+        self._db.execute("BEGIN")
+        self._db.executemany("INSERT INTO passages (row, document, start_char, end_char) VALUES (?, ?, ?, ?)",
+                             ((first + i, *map(int, span)) for i, span in enumerate(spans)))
+        self._db.execute("COMMIT")
+        return first
+
+    def passage_documents(self) -> np.ndarray:
+        """The document row of every passage, indexed by its FAISS id."""
+        rows = self._db.execute("SELECT document FROM passages ORDER BY row").fetchall()
         return np.asarray([r[0] for r in rows], dtype=np.int64)
+
+    def passages(self, rows: Sequence[int]) -> list[tuple[int, int, int]]:
+        """``(document row, start, end)`` of the passages at FAISS ids ``rows``, in the order asked."""
+        wanted = [int(r) for r in rows]
+        if not wanted:
+            return []
+        marks = ",".join("?" * len(wanted))
+        found = {r[0]: (r[1], r[2], r[3]) for r in self._db.execute(
+            f"SELECT row, document, start_char, end_char FROM passages WHERE row IN ({marks})", wanted)}
+        return [found[r] for r in wanted]
 
     def import_finished(self, source: str) -> bool:
         """True when an import of ``source`` ran to completion (a resumed build skips re-reading it)."""

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +31,26 @@ from neobert_embed.inference.tokenized import Padding, Tokenized
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+
+@dataclass(frozen=True)
+class TokenOffsets:
+    """One text tokenized whole, for splitting it: ids and type ids without special tokens and untruncated,
+    each token's ``(start, end)`` characters in the text, and the special tokens the model adds around a text
+    (``head`` before, ``tail`` after, with their type ids).
+
+    Example:
+        >>> fast.offsets(["a cat"])[0].offsets.tolist()
+        [[0, 1], [2, 5]]
+    """
+
+    ids: np.ndarray
+    type_ids: np.ndarray
+    offsets: np.ndarray
+    head: tuple[int, ...]
+    tail: tuple[int, ...]
+    head_types: tuple[int, ...]
+    tail_types: tuple[int, ...]
 
 
 class FastTokenizer:
@@ -74,6 +95,30 @@ class FastTokenizer:
         self._batching.enable_truncation(self.max_seq_length, strategy="longest_first",
                                          direction=self.truncation_side)
 
+    def offsets(self, texts: Sequence[str]) -> list[TokenOffsets]:
+        """``texts`` tokenized once each, whole (no truncation) and without special tokens, with every token's
+        character span: the tokenize-once hook that splits long documents into passages
+        (:mod:`neobert_embed.index.passages`). The special tokens around a text come from the same tokenizer.
+
+        Example:
+            >>> [len(t.ids) for t in tokenizer.offsets(["word " * 600])]
+            [600]
+        """
+        from tokenizers import Tokenizer
+
+        whole = Tokenizer.from_str(self._batching.to_str())  # a copy: this one is shared by threads
+        whole.no_truncation()
+        framed = whole.encode("a")
+        mask = framed.special_tokens_mask
+        head = next((i for i, special in enumerate(mask) if not special), len(mask))
+        tail = next((i for i, special in enumerate(reversed(mask)) if not special), 0)
+        ids, types = framed.ids, framed.type_ids
+        framing = dict(head=tuple(ids[:head]), tail=tuple(ids[len(ids) - tail:]),
+                       head_types=tuple(types[:head]), tail_types=tuple(types[len(types) - tail:]))
+        return [TokenOffsets(np.asarray(e.ids, dtype=np.int64), np.asarray(e.type_ids, dtype=np.int64),
+                             np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2), **framing)
+                for e in whole.encode_batch(list(texts), add_special_tokens=False)]
+
     def batch(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """``input_ids``, ``attention_mask`` and ``token_type_ids`` (int64, padded to the longest, truncated).
 
@@ -95,4 +140,6 @@ class FastTokenizer:
         return Tokenized.from_lists({"input_ids": [e.ids for e in encodings],
                                      "attention_mask": [e.attention_mask for e in encodings],
                                      "token_type_ids": [e.type_ids for e in encodings]},
-                                    padding=self.padding, truncated=sum(1 for e in encodings if e.overflowing))
+                                    padding=self.padding, truncated=sum(1 for e in encodings if e.overflowing),
+                                    lost_tokens=sum(len(o.ids) - sum(o.special_tokens_mask)
+                                                    for e in encodings for o in e.overflowing))

@@ -44,9 +44,9 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
 from neobert_embed.inference.artifact_hashes import verify_export
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
-from neobert_embed.inference.pipeline import CHUNK_TEXTS, plan_batches
+from neobert_embed.inference.pipeline import CHUNK_TEXTS, CPU_BATCH_TOKENS, plan_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
-from neobert_embed.inference.tokenized import Padding
+from neobert_embed.inference.tokenized import Padding, Tokenized
 from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import EXPORT
 
@@ -332,9 +332,23 @@ class LightModel:
         out = np.empty((len(texts), self.get_embedding_dimension()), dtype=np.float32)
         for start in range(0, len(texts), CHUNK_TEXTS):  # each text tokenized once, batches cut by its tokens
             tokenized = self.tokenizer.tokenize(texts[start:start + CHUNK_TEXTS])
-            for rows in plan_batches(tokenized.lengths, max_texts=batch_size):  # the pipeline's rule
-                out[start + rows] = self._vectors(tokenized.batch(rows), prompt)
+            out[start:start + len(tokenized)] = self.encode_tokenized(tokenized, batch_size=batch_size, prompt=prompt)
         return _unit_rows(out).astype(np.float32, copy=False) if normalize_embeddings else out
+
+    def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, prompt: str | None = None,
+                         normalize: bool = False) -> np.ndarray:
+        """Vectors of texts already tokenized with ``prompt`` in front (rows in order), batched by the pipeline's
+        rule (``batch_size`` texts within its CPU token budget): ``encode``'s loop, and the passages of long
+        documents cut from one tokenization (:mod:`neobert_embed.index.passages`).
+
+        Example:
+            >>> model.encode_tokenized(model.tokenizer.tokenize(["a cat"])).shape
+            (1, 384)
+        """
+        out = np.empty((len(tokenized), self.get_embedding_dimension()), dtype=np.float32)
+        for rows in plan_batches(tokenized.lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS):
+            out[rows] = self._vectors(tokenized.batch(rows), prompt)
+        return _unit_rows(out).astype(np.float32, copy=False) if normalize else out
 
     @property
     def description(self) -> str:

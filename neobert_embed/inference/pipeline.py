@@ -77,6 +77,10 @@ CHUNKS_AHEAD = 1
 #: Padded tokens per batch on a GPU when batches are cut by tokens (text-embeddings-inference's
 #: ``max_batch_tokens`` is 16,384; a larger batch amortizes the per-layer kernel launches).
 GPU_BATCH_TOKENS = 65536
+#: Padded tokens per batch on a CPU, on top of ``--batch-size`` texts: 32 texts of 512 tokens (the batches
+#: of a BERT-window model are unchanged), so 32 texts of 4,096 tokens run as 8 batches of 4 and never
+#: hold a 32 x 4,096 attention at once (docs/performance.md, "Long inputs").
+CPU_BATCH_TOKENS = 16384
 #: How batches run on a multi-core CPU (what ``used:`` lines and records say).
 SIDE_BY_SIDE = "batches side by side, one per thread"
 #: ``encode`` arguments and the values under which each row depends on its own text only; a call
@@ -240,11 +244,12 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
     if "attention_mask" not in rows:
         raise UserInputError(f"{type(model[0]).__name__} returns no attention_mask: this model's inputs "
                              "cannot be batched by length; encode it with sentence-transformers directly")
-    truncated = None
+    truncated, lost = None, None
     if mapping is not None:
         samples = np.asarray(mapping, dtype=np.int64)
         _, first = np.unique(samples, return_index=True)  # each text's first row: what encode reads
         truncated = int((np.bincount(samples) > 1).sum())  # a text cut once or more: its overflow rows
+        lost = _overflow_tokens(model, rows["attention_mask"], first)
         rows = {key: _first_rows(value, first) for key, value in rows.items()}
     details = {"padding": Padding.of(getattr(model, "tokenizer", None)), "shared": shared}
     if isinstance(rows["attention_mask"], list):
@@ -254,7 +259,18 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
         tokenized = Tokenized.from_padded(arrays, arrays["attention_mask"], **details)
     if truncated is None:
         truncated = int((tokenized.lengths >= int(model.max_seq_length or 1 << 30)).sum())
-    return dataclasses.replace(tokenized, truncated=truncated)
+    return dataclasses.replace(tokenized, truncated=truncated, lost_tokens=lost)
+
+
+def _overflow_tokens(model: SentenceTransformer, mask: list | torch.Tensor, first: np.ndarray) -> int | None:
+    """Tokens of text in the overflow rows (every row but each text's first), less their special tokens."""
+    specials = getattr(getattr(model, "tokenizer", None), "num_special_tokens_to_add", None)
+    if specials is None:
+        return None
+    lengths = np.asarray([sum(row) for row in mask] if isinstance(mask, list) else mask.sum(dim=1).numpy())
+    overflow = np.ones(len(lengths), dtype=bool)
+    overflow[first] = False
+    return int(lengths[overflow].sum()) - int(overflow.sum()) * int(specials(pair=False))
 
 
 #: What ``tokenize`` asks of ``preprocess``: per-text lists, unpadded, and the overflow rows.
@@ -342,11 +358,12 @@ class EncodePipeline:
         return self.model.device.type != "cpu"
 
     def plan(self, tokenized: Tokenized, batch_size: int) -> list[np.ndarray]:
-        """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``); on a GPU by tokens only
+        """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``), within :data:`CPU_BATCH_TOKENS`
+        padded tokens; on a GPU by tokens only
         (``max_batch_tokens``), since a GPU's speed depends on the tokens in a batch, not its texts."""
         if self.on_gpu:
             return plan_batches(tokenized.lengths, max_tokens=self.max_batch_tokens)
-        return plan_batches(tokenized.lengths, max_texts=batch_size)
+        return plan_batches(tokenized.lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS)
 
     def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
         """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host)."""
@@ -371,17 +388,20 @@ class EncodePipeline:
 
     def encode(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
                normalize: bool = False, advance: Callable[[int], None] | None = None,
-               on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
+               on_truncated: Callable[[int], None] | None = None,
+               on_lost_tokens: Callable[[int | None], None] | None = None) -> np.ndarray:
         """Vectors of ``texts`` (float32, (n, dimension), rows in input order); see the module docstring.
 
-        ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut.
+        ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut,
+        and ``on_lost_tokens(n)`` with how many tokens lay past the cuts (None: the tokenizer did not say).
         """
         chunks = self.chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                             on_truncated=on_truncated)
+                             on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
         return collect(chunks, len(texts), int(self.model.get_embedding_dimension()), advance)
 
     def chunks(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
-               normalize: bool = False, on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
+               normalize: bool = False, on_truncated: Callable[[int], None] | None = None,
+               on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
         """The vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows at a time, in input order: what a
         caller writing its output as it goes consumes (``encode`` of a big file holds one chunk, not the matrix).
 
@@ -393,9 +413,10 @@ class EncodePipeline:
             >>> [len(vectors) for vectors in pipeline.chunks(texts_5000)]
             [2048, 2048, 904]
         """
-        truncated = 0
+        truncated, lost = 0, 0
         for start, tokenized in self._tokenized_chunks(texts, prompt):
             truncated += tokenized.truncated
+            lost = None if lost is None or tokenized.lost_tokens is None else lost + tokenized.lost_tokens
             vectors = self._encode_chunk(tokenized, batch_size, normalize)
             _check_finite(vectors, texts, start)
             if not self.on_gpu:  # the chunk's activations, freed into the threads' arenas
@@ -403,6 +424,21 @@ class EncodePipeline:
             yield vectors
         if on_truncated is not None:
             on_truncated(truncated)
+        if on_lost_tokens is not None:
+            on_lost_tokens(lost if truncated else 0)
+
+    def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False) -> np.ndarray:
+        """Vectors of texts already tokenized (rows in order): the passages of long documents, cut from one
+        tokenization of each document (:mod:`neobert_embed.index.passages`), batched as :meth:`chunks` batches.
+
+        Example:
+            >>> pipeline.encode_tokenized(passages, batch_size=32).shape
+            (96, 384)
+        """
+        vectors = self._encode_chunk(tokenized, batch_size, normalize)
+        if not self.on_gpu:
+            release_freed_memory()
+        return vectors
 
     def _tokenized_chunks(self, texts: Sequence[str], prompt: str | None) -> Iterator[tuple[int, Tokenized]]:
         """(first row, tokenized chunk) in input order, tokenized on a worker thread ahead of the caller."""
@@ -565,7 +601,8 @@ def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
 
 def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False, advance: Callable[[int], None] | None = None,
-                on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
+                on_truncated: Callable[[int], None] | None = None,
+                on_lost_tokens: Callable[[int | None], None] | None = None) -> np.ndarray:
     """Vectors of ``texts`` through ``model``'s pipeline (float32, rows in input order): the matrix of
     :func:`chunks_with`'s chunks.
 
@@ -574,13 +611,14 @@ def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, p
         (1, 384)
     """
     chunks = chunks_with(model, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                         on_truncated=on_truncated)
+                         on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
     return collect(chunks, len(texts), int(model.get_embedding_dimension()), advance)
 
 
 def chunks_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False,
-                on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
+                on_truncated: Callable[[int], None] | None = None,
+                on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
     """The vectors of ``texts`` through ``model``'s pipeline, one chunk of rows at a time in input order
     (:meth:`EncodePipeline.chunks`); an exported model run by the light runtime (no torch, no
     ``preprocess``) batches each chunk itself by :func:`plan_batches` in its own ``encode``.
@@ -591,7 +629,7 @@ def chunks_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, p
     """
     if hasattr(model, "preprocess"):
         yield from pipeline_for(model).chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                                              on_truncated=on_truncated)
+                                              on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
         return
     for start in range(0, len(texts), CHUNK_TEXTS):
         yield model.encode(list(texts[start:start + CHUNK_TEXTS]), batch_size=batch_size, prompt=prompt or "",

@@ -69,6 +69,7 @@ class Tokenized:
             batch's texts end at its last column).
         shared: what ``preprocess`` returned for the whole call (``modality``, ``prompt_length``).
         truncated: how many texts were longer than the model reads (cut at ``max_seq_length``).
+        lost_tokens: how many of their tokens lay past the cut (None where the tokenizer does not say).
     """
 
     values: dict[str, np.ndarray]
@@ -76,6 +77,7 @@ class Tokenized:
     padding: Padding = Padding()
     shared: dict[str, object] = field(default_factory=dict)
     truncated: int = 0
+    lost_tokens: int | None = None
 
     @functools.cached_property
     def starts(self) -> np.ndarray:

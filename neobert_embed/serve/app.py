@@ -178,7 +178,8 @@ def create_app(settings: ServeSettings, served: InferenceModel | None = None) ->
         entry = await run_in_threadpool(state.indexes.get, body.index)
         hits = await _search(state, entry, body.texts, body.k)
         results = [{"query": query, "hits": [{"rank": h.rank, "id": h.doc_id, "score": h.score,
-                                              "title": h.title, "text": h.text} for h in found]}
+                                              "title": h.title, "text": h.text, **h.passage_fields}
+                                             for h in found]}
                    for query, found in zip(body.texts, hits, strict=True)]
         return JSONResponse({"index": entry.name, "documents": entry.index.manifest.documents,
                              "results": results})

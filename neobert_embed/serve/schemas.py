@@ -118,6 +118,7 @@ class SearchHit(BaseModel):
     score: float
     title: str
     text: str
+    span: list[int] | None = None  # an index of passages: the best passage's characters of text, [start, end)
 
 
 class QueryResult(BaseModel):
