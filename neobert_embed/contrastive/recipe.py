@@ -85,6 +85,7 @@ class ContrastiveRecipe(BaseModel):
     seed: int = 0
     # inputs
     max_length: int = Field(1024, ge=8)
+    unpadded: bool = True  # each step's texts as one flat token stream (false: padded, as sentence-transformers)
     query_instruction: str = ""
     document_instruction: str = ""
     # loss
