@@ -93,6 +93,7 @@ class ContrastiveRecipe(BaseModel):
     seed: int = Field(0, ge=0, le=MAX_SEED)
     # inputs
     max_length: int = Field(1024, ge=8, le=MAX_LENGTH)
+    unpadded: bool = True  # each step's texts as one flat token stream (false: padded, as sentence-transformers)
     query_instruction: str = ""
     document_instruction: str = ""
     # loss

@@ -327,7 +327,8 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         try:
             trainer, interrupt, progress = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
             started = time.perf_counter()
-            with interrupt, contextlib.closing(progress), writing(output):  # the bar stops however training ends
+            with (_batch_layout(sentence_model, recipe, chosen) as layout, interrupt, contextlib.closing(progress),
+                  writing(output)):  # the bar stops however training ends
                 result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         except UserInputError:
             if fresh and is_main_process() and not _complete_checkpoints(output):
@@ -350,11 +351,27 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
             "wall_s": round(elapsed, 2), "examples_per_s": round(trainer.examples_seen / max(elapsed, 1e-9), 2),
             "datasets": {name: d.num_rows for name, d in sets.items()}, "world_size": trainer.args.world_size,
             "resumed_from": str(checkpoint) if checkpoint else None, "precision": precision,
+            "unpadded": layout.unpadded, "attention_kernel": layout.kernel,
         }
         first = next(iter(sets.values()))
         _save_final(sentence_model, output, summary, first["anchor"][:4] + first["positive"][:4])
         logger.info("saved the model, metrics.jsonl and summary.json in %s", output)
         return output
+
+
+@contextlib.contextmanager
+def _batch_layout(sentence_model, recipe: ContrastiveRecipe, chosen: TrainingPrecision) -> Iterator[Any]:
+    """The recipe's batch layout (``unpadded``) for the duration of training, announced once."""
+    import torch
+
+    from neobert_embed.contrastive.unpadding import training_layout
+    from neobert_embed.training_precision import training_device
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(chosen.dtype)
+    with training_layout(sentence_model, recipe.unpadded, device=training_device(),
+                         autocast_dtype=dtype) as layout:
+        logger.info(layout.announcement)
+        yield layout
 
 
 def _chosen_precision(recipe: ContrastiveRecipe) -> TrainingPrecision:

@@ -72,6 +72,21 @@ def texts_per_example(dataset: Dataset) -> int:
     return len([c for c in dataset.column_names if c != "dataset_name"])
 
 
+def examples_in(inputs: dict[str, Any]) -> int:
+    """Examples (texts of the first column) in a collated batch, padded or a flat token stream
+    (``*cu_seq_lens_q`` holds one offset more than texts).
+
+    Example:
+        >>> examples_in({"anchor_input_ids": torch.ones(1, 9), "anchor_cu_seq_lens_q": torch.tensor([0, 4, 9])})
+        2
+    """
+    offsets = next((v for k, v in inputs.items() if k.endswith("cu_seq_lens_q")), None)
+    if offsets is not None:
+        return int(offsets.shape[0]) - 1
+    anchor = next((v for k, v in inputs.items() if k.endswith("input_ids")), None)
+    return 0 if anchor is None else int(anchor.shape[0])
+
+
 class ContrastiveTrainer(SentenceTransformerTrainer):
     """SentenceTransformerTrainer whose training batches follow a :class:`ContrastiveRecipe`.
 
@@ -104,9 +119,7 @@ class ContrastiveTrainer(SentenceTransformerTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Count examples (rows of the anchor column) before delegating to the recipe's loss."""
         if model.training:
-            anchor = next((v for k, v in inputs.items() if k.endswith("input_ids")), None)
-            if anchor is not None:
-                self.examples_seen += int(anchor.shape[0])
+            self.examples_seen += examples_in(inputs)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 

@@ -418,7 +418,17 @@ def load_flash_attn() -> Callable[..., torch.Tensor]:
     return flash_attn_varlen_func
 
 
-def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, scale: float) -> torch.Tensor:
+def _band(length: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """(length, length) True where two tokens are at most ``window`` apart (None: no window, or the
+    window covers every pair of a ``length``-token document)."""
+    if window is None or window >= length - 1:
+        return None
+    position = torch.arange(length, device=device)
+    return (position[:, None] - position[None, :]).abs() <= window
+
+
+def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch, scale: float,
+                 window: int | None = None, dropout: float = 0.0) -> torch.Tensor:
     outputs = []
     for group in batch.groups:
         if group.index is None:
@@ -427,8 +437,11 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Varle
             q_g, k_g, v_g = q[span].view(shape), k[span].view(shape), v[span].view(shape)
         else:
             q_g, k_g, v_g = q[group.index], k[group.index], v[group.index]
+        mask, band = group.mask, _band(group.length, window, q.device)
+        if band is not None:
+            mask = band if mask is None else mask & band
         attended = F.scaled_dot_product_attention(q_g.transpose(1, 2), k_g.transpose(1, 2), v_g.transpose(1, 2),
-                                                  attn_mask=group.mask, scale=scale)
+                                                  attn_mask=mask, dropout_p=dropout, scale=scale)
         outputs.append(attended.transpose(1, 2).reshape(-1, attended.shape[1], attended.shape[-1]))
     if not outputs:  # every token masked: nothing to attend
         return torch.empty_like(q)
@@ -438,9 +451,14 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Varle
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: VarlenBatch,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, *, window: int | None = None, dropout: float = 0.0) -> torch.Tensor:
     """Bidirectional attention within each document of un-padded (tokens, heads, head_dim) q/k/v,
     with the kernel the plan was built for (``batch.backend``); ``scale`` defaults to 1/√head_dim.
+
+    ``window``: a token attends only to tokens at most this far away (ModernBERT's local layers;
+    flash's ``window_size=(window, window)``). ``dropout``: attention-probability dropout (training);
+    PyTorch's ``varlen_attn`` has none, so a plan for ``native_varlen`` refuses it (the caller picks
+    another kernel: :mod:`neobert_embed.modeling.flat_attention`).
 
     Example:
         >>> plan = build_varlen_batch(torch.tensor([[1, 0], [1, 1]]), None, (2, 2))
@@ -454,13 +472,17 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: V
         # last stride, but a contiguous copy (tokens × hidden, small next to the GEMMs) keeps every
         # backend (flash, cuDNN) on its documented layout.
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    window_size = {} if window is None else {"window_size": (window, window)}
     if batch.backend == "native_varlen":
+        if dropout:
+            raise ValueError("PyTorch's varlen_attn has no attention dropout; plan this forward for another kernel")
         return load_native_varlen()(q, k, v, batch.cu_seqlens, batch.cu_seqlens, batch.max_seqlen,
-                                    batch.max_seqlen, scale=scale)
+                                    batch.max_seqlen, scale=scale, **window_size)
     if batch.backend == "flash_attn":
         return load_flash_attn()(q, k, v, batch.cu_seqlens, batch.cu_seqlens, batch.max_seqlen,
-                                 batch.max_seqlen, dropout_p=0.0, softmax_scale=scale, causal=False)
-    return _sdpa_varlen(q, k, v, batch, scale)
+                                 batch.max_seqlen, dropout_p=dropout, softmax_scale=scale, causal=False,
+                                 **window_size)
+    return _sdpa_varlen(q, k, v, batch, scale, window, dropout)
 
 
 def padded_attention(

@@ -93,6 +93,11 @@ class NeoBERTPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["NeoBERTLayer"]
     _supports_sdpa = True
+    # transformers' attention interface: NeoBERT takes flat token streams (``cu_seq_lens_q``, what
+    # ``DataCollatorWithFlattening`` and sentence-transformers' un-padding pass) under any implementation,
+    # runs the flash-attn package's varlen kernel under ``flash_attention_2`` and its own dispatch otherwise
+    _supports_attention_backend = True
+    _supports_flash_attn = True
     _keys_to_ignore_on_load_unexpected = [r"^decoder\."]
 
     @classmethod
@@ -166,7 +171,12 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
             >>> model.attention_kernel(torch.tensor([[1, 1, 0]]), None)   # on CPU
             'sdpa_varlen'
         """
-        requested = "padded" if self.config._attn_implementation == "eager" else self.config.attention_backend
+        implementation = self.config._attn_implementation or ""
+        requested = self.config.attention_backend
+        if implementation == "eager":
+            requested = "padded"
+        elif implementation.startswith("flash_attention") and requested in ("auto", "varlen"):
+            requested = "flash_attn"
         if requested == "padded" and cu_seqlens is not None:
             raise ValueError("packed documents (cu_seqlens) need the varlen attention path; "
                              "set config.attention_backend to 'auto' or 'varlen'")
@@ -184,6 +194,7 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
@@ -204,6 +215,9 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
                 is then restricted to each document — no token attends across a boundary — and
                 positions restart at 0 in each document. May be combined with ``attention_mask``
                 (masked tokens are dropped from their document).
+            cu_seq_lens_q: the same, under the name transformers' flattening collator
+                (``DataCollatorWithFlattening``) and sentence-transformers' un-padding give it: a flat
+                stream of texts, ``input_ids`` (1, tokens) with ``position_ids`` restarting per text.
             max_seqlen: accepted for compatibility and ignored: the longest document is computed
                 from ``cu_seqlens`` after dropping masked tokens (a stale value passed to a flash
                 kernel would be unsafe).
@@ -220,6 +234,8 @@ class NeoBERTModel(NeoBERTPreTrainedModel):
         return_dict = self.config.return_dict if return_dict is None else return_dict
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if cu_seqlens is None:
+            cu_seqlens = cu_seq_lens_q
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         device = self.encoder.weight.device
         states: list[torch.Tensor] = []

@@ -1,0 +1,182 @@
+"""Un-padded training: each step's texts as one flat token stream, for every backbone of the recipe.
+
+The padded step (what sentence-transformers runs) is the reference: the un-padded one must give the
+same loss and the same gradient for every parameter in fp32, on a batch of very different lengths,
+and the same weights after an optimizer step; on a GPU it must attend through the varlen kernel.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from contrastive_helpers import one_torch_thread, paraphrase_rows, write_jsonl
+from sentence_transformers.sentence_transformer.losses import (
+    CachedMultipleNegativesRankingLoss,
+    MatryoshkaLoss,
+    MultipleNegativesRankingLoss,
+)
+from test_attention_dispatch import ReferenceVarlen
+from tiny_models import ARCHITECTURES, build_tiny_model
+
+from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
+from neobert_embed.contrastive.unpadding import training_layout
+from neobert_embed.modeling import attention
+from neobert_embed.sentence import load_sentence_model
+
+_one_thread = pytest.fixture(autouse=True)(one_torch_thread)
+
+ANCHORS = ["a cat", "the quick brown fox jumps over the lazy dog while the farmer watches from his porch " * 3,
+           "a mid-sized sentence about the weather", "why", "red bird on a wire"]
+POSITIVES = ["a small cat", "a fox and a dog", "it will rain tomorrow in the north of the country " * 4,
+             "because", "a bird sits on a cable above the street"]
+TOLERANCE = 1e-5  # absolute, and relative to gradients above 1 (fp32 rounding of a sum of ~100 terms)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("unpadded-models")
+    return {arch: build_tiny_model(arch, root / arch) for arch in ARCHITECTURES}
+
+
+def load_without_dropout(path):
+    """The model in training mode with every dropout at 0, so two runs can be compared exactly."""
+    torch.manual_seed(0)
+    model = load_sentence_model(str(path), device="cpu")
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    config = model[0].auto_model.config
+    for name in ("attention_probs_dropout_prob", "attention_dropout"):
+        if hasattr(config, name):
+            setattr(config, name, 0.0)
+    return model.train()
+
+
+def step(model, loss, unpadded: bool):
+    """One forward and backward of ``loss`` on the mixed-length batch; the features, loss and gradients."""
+    model.zero_grad(set_to_none=True)
+    with training_layout(model, unpadded):
+        features = [model.preprocess(texts) for texts in (ANCHORS, POSITIVES)]
+        value = loss(features, None)
+        value.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    return features, value.detach(), grads
+
+
+def assert_same_step(padded, unpadded):
+    (_, loss_p, grads_p), (features, loss_u, grads_u) = padded, unpadded
+    assert features[0]["input_ids"].shape[0] == 1 and "cu_seq_lens_q" in features[0]  # one flat stream
+    assert len(features[0]["cu_seq_lens_q"]) == len(ANCHORS) + 1
+    assert abs(loss_p.item() - loss_u.item()) <= TOLERANCE
+    assert grads_p.keys() == grads_u.keys() and len(grads_p) > 4
+    for name, grad in grads_p.items():
+        torch.testing.assert_close(grads_u[name], grad, atol=TOLERANCE, rtol=TOLERANCE, msg=name)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_unpadded_loss_and_every_gradient_equal_padded_in_fp32(arch, tiny_models):
+    model = load_without_dropout(tiny_models[arch])
+    loss = MultipleNegativesRankingLoss(model)
+    padded = step(model, loss, unpadded=False)
+    assert padded[0][0]["input_ids"].shape[0] == len(ANCHORS)
+    assert_same_step(padded, step(model, loss, unpadded=True))
+    assert "cu_seq_lens_q" not in model.preprocess(ANCHORS)  # the model is restored after training
+
+
+@pytest.mark.parametrize("make_loss", [
+    lambda model: CachedMultipleNegativesRankingLoss(model, mini_batch_size=2),
+    lambda model: MatryoshkaLoss(model, MultipleNegativesRankingLoss(model), matryoshka_dims=[32, 8]),
+], ids=["gradcache", "matryoshka"])
+@pytest.mark.parametrize("arch", ["bert", "neobert"])
+def test_gradcache_and_matryoshka_train_unpadded_with_the_padded_gradients(arch, make_loss, tiny_models):
+    model = load_without_dropout(tiny_models[arch])
+    loss = make_loss(model)
+    assert_same_step(step(model, loss, unpadded=False), step(model, loss, unpadded=True))
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert", "neobert"])
+def test_one_optimizer_step_gives_the_same_weights(arch, tiny_models):
+    """SGD: Adam's first step is lr·sign(g), which turns fp32 noise on gradients near 0 into ±lr."""
+    weights = []
+    for unpadded in (False, True):
+        model = load_without_dropout(tiny_models[arch])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, weight_decay=0.01)
+        step(model, MultipleNegativesRankingLoss(model), unpadded)
+        optimizer.step()
+        weights.append({name: p.detach().clone() for name, p in model.named_parameters()})
+    for name, weight in weights[0].items():
+        torch.testing.assert_close(weights[1][name], weight, atol=TOLERANCE, rtol=0, msg=name)
+
+
+def test_dropout_stays_on_in_unpadded_training(tiny_models):
+    model = load_sentence_model(str(tiny_models["bert"]), device="cpu").train()
+    with training_layout(model, unpadded=True):
+        features = model.preprocess(ANCHORS)
+        first, second = (model(dict(features))["sentence_embedding"] for _ in range(2))
+        assert not torch.allclose(first, second)
+        model.eval()
+        first, second = (model(dict(features))["sentence_embedding"] for _ in range(2))
+        torch.testing.assert_close(first, second)
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """Dispatch as on a CUDA sm80+ GPU in bf16, with a reference kernel standing in for ``varlen_attn``."""
+    kernel = ReferenceVarlen()
+    real_choice = attention.choose_attention_backend
+
+    def on_gpu(requested, device_type, dtype, **options):
+        options.update(flash_capable_gpu=True, native_available=True, flash_attn_available=False)
+        return real_choice(requested, "cuda", torch.bfloat16, **options)
+
+    monkeypatch.setattr(attention, "choose_attention_backend", on_gpu)
+    monkeypatch.setattr(attention, "flash_capable", lambda device, head_dim: True)  # no CUDA to ask here
+    monkeypatch.setattr(attention, "load_native_varlen", lambda: kernel)
+    monkeypatch.setattr(attention, "_sdpa_varlen", lambda *a, **k: pytest.fail("per-length SDPA on a GPU"))
+    return kernel
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert", "neobert"])
+def test_on_a_gpu_training_attends_through_one_varlen_call_per_layer(arch, tiny_models, simulated_gpu):
+    model = load_without_dropout(tiny_models[arch])
+    layers = model[0].auto_model.config.num_hidden_layers
+    with training_layout(model, unpadded=True, device="cuda", autocast_dtype=torch.bfloat16) as layout:
+        assert layout.kernel == "native_varlen" and layout.unpadded
+        features = model.preprocess(ANCHORS)
+        model(dict(features))["sentence_embedding"].sum().backward()
+    assert len(simulated_gpu.calls) == layers
+    call = simulated_gpu.calls[0].arguments
+    assert call["cu_seq_q"].tolist() == features["cu_seq_lens_q"].tolist()
+    assert call["max_q"] == max(features["cu_seq_lens_q"].diff().tolist())
+    assert sum(p.grad is not None for p in model.parameters()) > 4  # the backward ran through the kernel
+
+
+def test_on_a_gpu_attention_dropout_never_silently_vanishes(tiny_models, simulated_gpu):
+    """``varlen_attn`` has no dropout: BERT's attention dropout then runs in one padded SDPA call."""
+    model = load_sentence_model(str(tiny_models["bert"]), device="cpu").train()
+    assert model[0].auto_model.config.attention_probs_dropout_prob > 0
+    with training_layout(model, unpadded=True, device="cuda", autocast_dtype=torch.bfloat16) as layout:
+        assert layout.kernel == "padded"
+        model(dict(model.preprocess(ANCHORS)))
+    assert simulated_gpu.calls == []
+
+
+@pytest.mark.parametrize("unpadded", [True, False])
+def test_train_contrastive_reports_its_batch_layout_and_trains(unpadded, tmp_path, tiny_models, caplog):
+    data = write_jsonl(tmp_path / "triplets.jsonl", paraphrase_rows(negatives=1))
+    recipe = load_contrastive_recipe(max_steps=3, batch_size=4, precision="fp32", unpadded=unpadded,
+                                     max_length=64, save_steps=10)
+    with caplog.at_level("INFO", logger="neobert_embed.contrastive.train"):
+        output = train_contrastive(model=str(tiny_models["bert"]), data={"triplets": str(data)}, output=tmp_path / "run",
+                                   recipe=recipe)
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["unpadded"] is unpadded and summary["steps"] == 3
+    assert summary["attention_kernel"] == ("sdpa_varlen" if unpadded else "sdpa")
+    assert summary["examples_per_s"] > 0 and summary["final_loss"] is not None
+    announced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batches:")]
+    assert len(announced) == 1 and announced[0].startswith("batches: un-padded" if unpadded else "batches: padded")
+    assert "cu_seq_lens_q" not in load_sentence_model(str(output)).preprocess(["hi"])
