@@ -90,7 +90,7 @@ SECTIONS = ("train", "pretrain", "cuda_tests", "encode", "forward", "cpu")
 #: left out to keep the run within its ~7 minutes.
 DEFAULT_SECTIONS = ("train", "pretrain", "cuda_tests", "encode", "forward")
 #: Seconds each section may take on the GPU machine (expected: about 2/3 of it); the run's budget caps them too.
-LIMITS_S = {"train": 240, "pretrain": 80, "cuda_tests": 60, "encode": 120, "forward": 60, "cpu": 60}
+LIMITS_S = {"train": 240, "pretrain": 100, "cuda_tests": 60, "encode": 120, "forward": 60, "cpu": 60}
 #: Texts of the warm-up call of each encoder before the timed passes.
 WARMUP_TEXTS = 2048
 #: Models of the encoding section (registry names of :func:`model_config`): ModernBERT-base's row was
@@ -377,6 +377,8 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
         "plain": run_plain,
         "toolkit_auto": lambda count: encode_texts(auto.model, texts[:count], batch_size=batch),
         "toolkit_bf16": lambda count: encode_texts(bf16.model, texts[:count], batch_size=batch),
+        f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}": lambda count: with_chunk_texts(
+            LARGE_CHUNK_TEXTS, lambda: encode_texts(auto.model, texts[:count], batch_size=batch)),
     }
     seconds, vectors = interleaved(ctx, encoders)
     reference = load_inference_model(directory, "fp32", device=ctx.device)
@@ -392,6 +394,8 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
         "plain_dtype": str(plain_dtype).removeprefix("torch."),
         "toolkit_auto_vs_plain": round(rates["toolkit_auto"] / rates["plain"], 3),
         "toolkit_bf16_vs_plain": round(rates["toolkit_bf16"] / rates["plain"], 3),
+        f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}_vs_toolkit_auto": round(
+            rates[f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}"] / rates["toolkit_auto"], 3),
         "auto_choice": auto.choice.description,
         "auto_load_s": round(auto_load_s, 2),
         "tokenize_tokens_per_s": {"pipeline_tokenize": round(tokens / pipeline_tokenize_s, 1),
@@ -404,6 +408,24 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
         cosine = cosine_to(fp32, vectors[name])
         row[f"cosine_to_fp32_{name}"] = {"mean": round(float(cosine.mean()), 6), "min": round(float(cosine.min()), 6)}
     return row
+
+
+#: Texts per tokenized chunk of the encode section's extra row (the pipeline's CHUNK_TEXTS is 2,048:
+#: on an H200 about two batches of 1,024 per chunk and a host wait per chunk).
+LARGE_CHUNK_TEXTS = 8192
+
+
+def with_chunk_texts(texts: int, run: Callable[[], Any]) -> Any:
+    """``run()`` with the encoding pipeline's chunk of ``texts`` texts (its module constant, restored after):
+    measures whether a larger chunk on a GPU reaches the ceiling, before the constant changes."""
+    from neobert_embed.inference import pipeline
+
+    before = pipeline.CHUNK_TEXTS
+    pipeline.CHUNK_TEXTS = texts
+    try:
+        return run()
+    finally:
+        pipeline.CHUNK_TEXTS = before
 
 
 def best_seconds(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -773,7 +795,8 @@ def st_training(ctx: Context, directory: Path, triplets: Path, recipe, spec: Tra
             warmup_steps=recipe.warmup_ratio, max_grad_norm=recipe.max_grad_norm, seed=recipe.seed,
             bf16=cuda, use_cpu=not cuda, save_strategy="no", report_to="none",
             optim="adamw_torch_fused" if cuda else "adamw_torch", batch_sampler="no_duplicates",
-            disable_tqdm=True, **loader)
+            dataloader_drop_last=True,  # full batches only, as the toolkit's sampler gives (a partial one
+            disable_tqdm=True, **loader)  # would time a short step against the full batch's examples)
         trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss,
                                              callbacks=callbacks)
         trainer.train()
@@ -790,11 +813,14 @@ def st_training(ctx: Context, directory: Path, triplets: Path, recipe, spec: Tra
 
 #: The pretraining rows: (name, rows of ``scale.pretrain_length`` tokens per micro-batch (None: the
 #: scale's), steps (None: the scale's), training-section overrides). 128 rows of 1,024 tokens are the
-#: issue's >= 128k-token micro-batch, its MLM logits bounded by chunks of 8,192 masked tokens.
+#: issue's >= 128k-token micro-batch, its MLM logits bounded by chunks of 8,192 masked tokens; by an
+#: estimate of the activations kept for the backward (~44 KB per token per layer in bf16 autocast) it
+#: needs ~160 GB for NeoBERT 28 x 768, so it runs last and an out-of-memory is its measured result.
 PRETRAIN_ROWS: tuple[tuple[str, int | None, int | None, dict[str, Any]], ...] = (
     ("rows_32", None, None, {}),
-    ("rows_128_chunked", 128, 8, {"loss_chunk_tokens": 8192}),
-    ("rows_128_chunked_compile_layers", 128, 8, {"loss_chunk_tokens": 8192, "compile_layers": True}),
+    ("rows_64_chunked", 64, 8, {"loss_chunk_tokens": 8192}),
+    ("rows_64_chunked_compile_layers", 64, 8, {"loss_chunk_tokens": 8192, "compile_layers": True}),
+    ("rows_128_chunked", 128, 6, {"loss_chunk_tokens": 8192}),
 )
 
 
@@ -858,9 +884,13 @@ def pretrain_row(ctx: Context, prepared, size: dict[str, int], rows: int, steps:
     if ctx.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     run = ctx.scratch / "pretrain" / "run"
-    result = pretrain(recipe, prepared.path, run, progress=False)
-    metrics = read_jsonl(result.metrics_path)
-    shutil.rmtree(run, ignore_errors=True)
+    try:
+        metrics = read_jsonl(pretrain(recipe, prepared.path, run, progress=False).metrics_path)
+    except torch.cuda.OutOfMemoryError as exc:  # a measured limit, not a failure of the script
+        return {"rows_per_step": rows, "tokens_per_micro_batch": rows * length, "training_overrides": training,
+                "out_of_memory": str(exc).splitlines()[0][:300]}
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
     timed = metrics[3:] if len(metrics) > 3 else metrics[-1:]
     tokens_per_s = statistics.median(m["tokens_per_s"] for m in timed)
     with torch.device("meta"):
@@ -1025,6 +1055,8 @@ def table(report: dict) -> str:
                          f"{fmt(row['tokenize_tokens_per_s']['pipeline_tokenize'])}  forward "
                          f"{fmt(row['forward_only_tokens_per_s']['toolkit_auto'])}  of ceiling "
                          f"{row['toolkit_auto_of_ceiling']}  cos {row['cosine_to_fp32_toolkit_auto']['mean']}  "
+                         f"chunk {LARGE_CHUNK_TEXTS}/2048 "
+                         f"{row[f'toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}_vs_toolkit_auto']}x  "
                          f"auto: {row['auto_choice'][:60]}")
     train = report.get("train", {})
     for name, row in train.items():
@@ -1044,6 +1076,8 @@ def table(report: dict) -> str:
         if "real_tokens_per_s" in row:
             lines.append(f"pretrain {pretraining['model']} {name:<32} {fmt(row['real_tokens_per_s'])} tok/s  "
                          f"MFU {row['mfu']}  peak {row['peak_memory_gib']} GiB")
+        elif "out_of_memory" in row or "skipped" in row:
+            lines.append(f"pretrain {pretraining['model']} {name:<32} {row.get('out_of_memory') or row['skipped']}")
     for threads, rows in report.get("cpu", {}).get("runs", {}).items():
         lines.append(f"cpu      {threads:>2} thread(s)  " + "  ".join(
             f"{name} {row['texts_per_s']}" for name, row in rows.items() if isinstance(row, dict))
