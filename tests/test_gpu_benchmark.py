@@ -157,3 +157,27 @@ def test_dry_run_reports_every_section_with_numbers(tmp_path):
         assert rows["sentence-transformers torch fp32"]["texts_per_s"] > 0 and rows["toolkit auto"]["texts_per_s"] > 0
     assert cpu["neobert_4x768_unpadded_1_thread"].startswith("skipped in --dry-run")
     assert cpu["cpu_inference_py"]
+
+
+def test_the_profile_summary_counts_gpu_busy_time_once_where_kernels_overlap(tmp_path):
+    """The GPU side of ``summarize_profile`` cannot run on a CPU: fed kineto-shaped events instead."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Interval
+
+    gpu = _gpu_module()
+
+    def event(name, start, end, device=DeviceType.CUDA):
+        return SimpleNamespace(name=name, device_type=device, time_range=Interval(start, end))
+
+    events = [event("ampere_bf16_gemm", 0, 400), event("flash_fwd_kernel", 300, 500),  # overlap: 500 busy
+              event("multi_tensor_apply_kernel<adam>", 900, 1000),
+              event("cudaStreamSynchronize", 0, 10, DeviceType.CPU), event("aten::item", 0, 1, DeviceType.CPU)]
+    profiler = SimpleNamespace(events=lambda: events)
+    ctx = gpu.Context(gpu.GPU_SCALE, tmp_path, tmp_path, tmp_path, "cuda")
+    summary = gpu.summarize_profile(ctx, profiler, wall_s=0.002, step=12, table=False)
+    assert summary["gpu_busy_ms"] == 0.6 and summary["gpu_busy_fraction_of_profiled_step"] == 0.3
+    assert summary["kernels"] == 3 and summary["wall_ms"] == 2.0
+    assert summary["kernel_ms_by_kind"] == {"matmul": 0.4, "attention": 0.2, "optimizer": 0.1}
+    assert summary["host_waits"] == {"cudaStreamSynchronize": 1, "aten::item": 1}
