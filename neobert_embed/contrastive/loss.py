@@ -49,7 +49,8 @@ def build_contrastive_loss(model: SentenceTransformer, recipe: ContrastiveRecipe
     }
     if recipe.cached:
         loss = CachedMultipleNegativesRankingLoss(
-            model, mini_batch_size=recipe.mini_batch_size or DEFAULT_MINI_BATCH, **kwargs)
+            model, mini_batch_size=recipe.mini_batch_size or DEFAULT_MINI_BATCH,
+            mini_batch_num_tokens=recipe.mini_batch_tokens, **kwargs)
     else:
         loss = MultipleNegativesRankingLoss(model, **kwargs)
     if recipe.matryoshka_dims:

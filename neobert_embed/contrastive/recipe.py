@@ -101,8 +101,11 @@ class ContrastiveRecipe(BaseModel):
     symmetric: bool = False
     cached: bool = False
     mini_batch_size: int | None = Field(None, ge=1)
+    mini_batch_tokens: int | None = Field(None, ge=1)  # GradCache mini-batches cut by real tokens (else by texts)
     matryoshka_dims: list[Annotated[int, Field(ge=1)]] | None = None
     gather_across_devices: bool = False
+    # GPU step (neobert_embed.layer_compile): off unless benchmarks/gpu.py measured a win
+    compile_layers: bool = False  # torch.compile(dynamic=True) of each repeated layer's norm/MLP blocks
     # batches
     alpha: float = Field(0.5, ge=0, le=1)
     text_budget: int | None = Field(128, ge=2, le=MAX_BATCH)
@@ -136,6 +139,9 @@ class ContrastiveRecipe(BaseModel):
                              "(examples per step); they are incompatible")
         if self.mini_batch_size is not None and not self.cached:
             raise ValueError("'mini_batch_size' only applies to the cached (GradCache) loss; "
+                             "set 'cached: true' or remove it")
+        if self.mini_batch_tokens is not None and not self.cached:
+            raise ValueError("'mini_batch_tokens' only applies to the cached (GradCache) loss; "
                              "set 'cached: true' or remove it")
         return self
 

@@ -315,6 +315,10 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         check_free_space(output, model_bytes(model_name, 1 + CHECKPOINT_COPIES * kept),
                          what=f"the model and checkpoints of {model_name}")
     sentence_model = _load_model(model_name, recipe, sources)
+    if recipe.compile_layers:
+        from neobert_embed.layer_compile import compile_repeated_layers
+
+        logger.info("compiled %d norm/MLP blocks (compile_layers)", len(compile_repeated_layers(sentence_model)))
     logger.info(chosen.announcement)
     precision = chosen.label
     loss = build_contrastive_loss(sentence_model, recipe)

@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 #: DataLoader worker processes that tokenize and collate batches ahead of a GPU (see :func:`device_flags`).
 GPU_LOADER_WORKERS = 2
+#: Trainer flags that take two host waits out of every GPU step: the batch is copied from pinned memory
+#: without waiting for the previous step's kernels (a blocking copy waits for the whole queue), and the
+#: step's loss is not tested for NaN/inf on the host (``bool(torch.isnan(loss))`` waits for the step); the
+#: logged loss then shows a non-finite step instead of hiding it behind the running mean.
+NO_HOST_WAIT = {"accelerator_config": {"non_blocking": True}, "logging_nan_inf_filter": False}
 
 
 def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
@@ -52,7 +57,8 @@ def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
     a CPU-only machine lets torchrun run DDP over gloo. On a GPU, :data:`GPU_LOADER_WORKERS` worker
     processes tokenize and collate the next batches while the GPU runs this one (in the main process
     the GPU would wait for the tokenizer every step); on a CPU they would take the cores the step
-    computes on, so batches are made in the main process there.
+    computes on, so batches are made in the main process there. On a GPU the step also waits for no
+    host read (:data:`NO_HOST_WAIT`) except at logged steps (``logging_steps``).
 
     Example:
         >>> device_flags("auto", "cpu")   # NEOBERT_EMBED_CPU_FEATURES=none
@@ -62,7 +68,7 @@ def device_flags(precision: str, device: str | None = None) -> dict[str, Any]:
     chosen = resolve_training_precision(precision, kind)
     cuda = kind == "cuda"
     loader = ({"dataloader_num_workers": GPU_LOADER_WORKERS, "dataloader_prefetch_factor": 4,
-               "dataloader_persistent_workers": True} if cuda else {"dataloader_num_workers": 0})
+               "dataloader_persistent_workers": True, **NO_HOST_WAIT} if cuda else {"dataloader_num_workers": 0})
     return {"bf16": chosen.dtype == "bf16", "fp16": chosen.dtype == "fp16", "dataloader_pin_memory": cuda,
             "optim": "adamw_torch_fused" if cuda else "adamw_torch", "use_cpu": kind == "cpu", **loader}
 

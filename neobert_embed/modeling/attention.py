@@ -217,7 +217,7 @@ class VarlenBatch:
         position_ids: RoPE position of every kept token (int64, (tokens,)).
         cu_seqlens: int32 (documents + 1,) cumulative document lengths over the kept tokens, on the
             model's device (what the flash varlen kernels take).
-        max_seqlen: longest document.
+        max_seqlen: longest document (for the GPU kernels of rows: the row length, an upper bound).
         groups: the SDPA calls of ``sdpa_varlen`` (empty for the flash kernels).
         restore: permutation putting the concatenated group outputs back in token order (None
             when they already are).
@@ -376,16 +376,22 @@ def build_varlen_batch(
     positions = (flat - segment_starts[doc_of_token] if position_ids is None
                  else position_ids.to(device).reshape(-1).long())
     token_index = None
-    if attention_mask is not None and not bool(attention_mask.all()):
+    if attention_mask is not None:  # one read-back (nonzero's count) also tells whether anything is masked
         token_index = attention_mask.reshape(-1).nonzero().squeeze(1).to(device)
-        positions, doc_of_token = positions[token_index], doc_of_token[token_index]
+        if token_index.numel() == total:
+            token_index = None
+        else:
+            positions, doc_of_token = positions[token_index], doc_of_token[token_index]
     lengths = torch.bincount(doc_of_token, minlength=segment_starts.numel())
     new_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=device)
     new_cu[1:] = torch.cumsum(lengths, 0)
+    if backend != "sdpa_varlen":
+        # A GPU kernel takes an upper bound on the longest document: the row length for rows (exact for
+        # a batch padded to its longest text) needs no read-back of the lengths; packed documents do.
+        max_seqlen = length if cu_seqlens is None else int(lengths.max()) if lengths.numel() else 0
+        return VarlenBatch(token_index, positions, new_cu, max_seqlen, (), None, backend, "documents")
     host_lengths = lengths.tolist()
     max_seqlen = max(host_lengths, default=0)
-    if backend != "sdpa_varlen":
-        return VarlenBatch(token_index, positions, new_cu, max_seqlen, (), None, backend, "documents")
     tiling = _Tiling(host_lengths, new_cu[:-1].tolist(), [[n] for n in host_lengths])  # one tile per document
     chosen = "documents"
     if (cu_seqlens is not None and layout == "auto") or layout == "rows":

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from neobert_embed.pretraining.masking import mask_tokens
+from neobert_embed.pretraining.objective import target_positions
 from neobert_embed.pretraining.packing import DocumentStream, collate_rows
 from neobert_embed.pretraining.recipe import PretrainRecipe
 
@@ -56,6 +57,7 @@ class BatchMaker:
             batch["input_ids"], rate=masking.rate, mode=masking.mode, mask_id=self.mask_id,
             special_ids=self.special_ids, vocab_size=self.vocab_size,
             generator=torch.Generator().manual_seed(seed))
+        batch["masked_positions"] = target_positions(batch["labels"])  # on the host: the device never counts them
         if not self.recipe.data.packing:  # the baseline: rows are documents, the mask marks padding
             for key in ("position_ids", "cu_seqlens", "max_seqlen"):
                 batch.pop(key)

@@ -165,16 +165,18 @@ def _to(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module) -> tuple[torch.optim.AdamW, LambdaLR]:
+def build_optimizer(recipe: PretrainRecipe, model: torch.nn.Module, fused: bool = False
+                    ) -> tuple[torch.optim.AdamW, LambdaLR]:
     """AdamW with the recipe's settings (norms, biases and embeddings get no weight decay) and
-    its learning-rate schedule."""
+    its learning-rate schedule. ``fused``: one kernel per step for all parameters (needs them on
+    the GPU already; the same update and state as the default multi-tensor kernel)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
     opt = recipe.optimizer
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
+    optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, fused=fused or None)
     schedule = recipe.schedule
     return optimizer, build_scheduler(optimizer, schedule.warmup_steps, recipe.training.max_steps,
                                       schedule.decay_fraction, schedule.final_lr_ratio)
@@ -238,7 +240,8 @@ def check_tensor_files(directory: Path, skip: str = "") -> None:
 
 
 class TorchEngine:
-    """Single-process PyTorch engine (bf16 through autocast, fp32 master weights and optimizer)."""
+    """Single-process PyTorch engine (bf16 through autocast, fp32 master weights and optimizer; on a
+    GPU the fused AdamW kernel, as the contrastive trainer uses)."""
 
     kind = "torch"
     STATE = "engine.pt"
@@ -246,7 +249,7 @@ class TorchEngine:
     def __init__(self, recipe: PretrainRecipe, module: torch.nn.Module) -> None:
         self.device = torch.device(default_device())
         self.module = module.to(self.device)
-        self.optimizer, self.scheduler = build_optimizer(recipe, module)
+        self.optimizer, self.scheduler = build_optimizer(recipe, module, fused=self.device.type == "cuda")
         self.accumulation = recipe.training.gradient_accumulation_steps
         self.clip = recipe.optimizer.grad_clip
         chosen = resolve_training_precision(recipe.training.precision, self.device.type)

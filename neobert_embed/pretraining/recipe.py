@@ -134,6 +134,9 @@ class TrainingSection(_Section):
     machine shared with other jobs one thread avoids OpenMP threads spinning against each other.
     ``precision``: ``bf16`` (mixed precision, fp32 master weights), ``fp32``, or ``auto``: bf16 where
     the GPU or CPU has bf16 matrix units, else fp32 (:mod:`neobert_embed.training_precision`).
+    ``loss_chunk_tokens`` bounds the MLM head's logits for large micro-batches (same loss; the chunks'
+    logits are recomputed in the backward); ``compile_layers`` compiles the repeated layer's norm and
+    MLP blocks. Both are off unless set: ``benchmarks/gpu.py`` measures them.
     """
 
     max_steps: int = Field(default=1_000_000, gt=0, le=MAX_STEPS)
@@ -146,6 +149,8 @@ class TrainingSection(_Section):
     cpu_threads: int | None = Field(default=None, gt=0)
     max_bad_steps: int = Field(default=10, gt=0)
     log_every_steps: int = Field(default=10, gt=0)
+    loss_chunk_tokens: int | None = Field(default=None, gt=0)  # MLM head over at most this many masked tokens at once
+    compile_layers: bool = False  # torch.compile of each layer's norm/MLP blocks (neobert_embed.layer_compile)
     tensorboard: bool = False
     wandb: bool = False
 

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 OPERATIONAL_KEYS = frozenset({
     "training.max_steps", "training.cpu_threads", "training.max_bad_steps", "training.log_every_steps",
     "training.tensorboard", "training.wandb", "checkpoint.every_steps", "checkpoint.keep_last", "data.num_proc",
+    "training.loss_chunk_tokens", "training.compile_layers",  # same loss and gradients, other kernels
 })
 
 logger = logging.getLogger(__name__)
@@ -167,7 +168,11 @@ def _run(recipe: PretrainRecipe, corpus: str | Path, output: Path, resume: bool,
     from neobert_embed.pretraining.objective import MaskedLMObjective
 
     model = build_mlm_model(recipe, prepared.tokenizer)
-    engine = build_engine(recipe, MaskedLMObjective(model))
+    if recipe.training.compile_layers:
+        from neobert_embed.layer_compile import compile_repeated_layers
+
+        logger.info("compiled %d norm/MLP blocks (training.compile_layers)", len(compile_repeated_layers(model)))
+    engine = build_engine(recipe, MaskedLMObjective(model, chunk_tokens=recipe.training.loss_chunk_tokens))
     logger.info("training in %s%s", engine.precision,  # auto depends on the machine: say what it chose
                 "" if engine.precision.startswith("fp32") else " (fp32 master weights)")
     state = RunState()
