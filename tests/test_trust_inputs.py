@@ -206,10 +206,10 @@ def test_a_recipe_value_the_flag_would_refuse_is_refused(body, key, tmp_path, ti
 @pytest.mark.parametrize("loader, text", [
     ("pretrain", "training:\n  seed: -1\n"),
     ("pretrain", "training:\n  max_steps: true\n"),
-    ("pretrain", "optimizer:\n  lr: 50.0\n"),
+    ("pretrain", "training:\n  micro_batch_size: true\n"),
     ("glue", "learning_rate: [5.0]\n"),
     ("glue", "epochs: 3\nepochs: 4\n"),
-], ids=["pretrain-negative-seed", "pretrain-bool-steps", "pretrain-huge-lr", "glue-huge-lr", "glue-duplicate"])
+], ids=["pretrain-negative-seed", "pretrain-bool-steps", "pretrain-bool-batch", "glue-huge-lr", "glue-duplicate"])
 def test_every_recipe_reader_is_as_strict(loader, text, tmp_path):
     from neobert_embed.glue.presets import load_glue_preset
     from neobert_embed.pretraining.recipe import load_pretrain_recipe

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.options import MAX_LEARNING_RATE, MAX_SEED, MAX_STEPS
+from neobert_embed.options import MAX_SEED, MAX_STEPS
 from neobert_embed.recipes import Spec, load_spec
 
 
@@ -111,7 +111,7 @@ class MaskingSection(_Section):
 class OptimizerSection(_Section):
     """AdamW as in the NeoBERT paper."""
 
-    lr: float = Field(default=6e-4, gt=0, le=MAX_LEARNING_RATE)
+    lr: float = Field(default=6e-4, gt=0)  # no --lr flag to mirror; the loop skips and stops on NaN itself
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.1, ge=0)

@@ -318,10 +318,11 @@ class _Loop:
         bar.update(task, completed=state.step,
                    info=f"loss {loss:.3f}  acc {record['mlm_accuracy']:.3f}  {record['tokens_per_s']:,.0f} tok/s")
         if state.bad_in_row >= training.max_bad_steps:
+            good = next(iter(list_checkpoints(self.output / CHECKPOINTS_DIR)), None)
             raise UserInputError(
-                f"the loss was NaN/inf for {state.bad_in_row} steps in a row (step {state.step}; "
-                f"{state.skipped_steps} skipped in all); lower optimizer.lr, check the data, or use "
-                f"precision fp32; the last good checkpoint is in {self.output / CHECKPOINTS_DIR}")
+                f"step {state.step}: the loss was NaN/inf for {state.bad_in_row} steps in a row at learning rate "
+                f"{self.stats_lr:g} ({state.skipped_steps} skipped in all, none applied); last good checkpoint: "
+                f"{good or 'none (no checkpoint saved yet)'}; lower optimizer.lr, check the data, or use precision fp32")
         if state.step % self.recipe.checkpoint.every_steps == 0:
             self._checkpoint()
 
