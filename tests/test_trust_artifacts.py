@@ -128,7 +128,7 @@ EXPORT_EDITS: dict[str, tuple[Callable[[Path, dict], None], tuple[str, ...]]] = 
     "Normalize module appended": (lambda e, w: _add_normalize(e), ("modules.json",)),
     "tokenizer_config.json deleted": (lambda e, w: (e / "tokenizer_config.json").unlink(),
                                       ("tokenizer_config.json", "missing")),
-    "an export without pins (older version)": (lambda e, w: _edit_json(e / "export.json", lambda r: r.pop("pins")),
+    "an export without pins (older version)": (lambda e, w: _edit_json(e / "export.json", lambda r: r.pop("pins", None)),
                                                ("export.json", "export the model again")),
 }
 
