@@ -248,7 +248,7 @@ def refuse_remote_code(settings: Path, values: dict[str, Any]) -> None:
         return
     try:
         import transformers
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+        from transformers import CONFIG_MAPPING
     except ImportError:  # no transformers: nothing here could run the model's code
         return
     if settings.name == "config.json":
@@ -258,7 +258,8 @@ def refuse_remote_code(settings: Path, values: dict[str, Any]) -> None:
         native = isinstance(wanted, str) and hasattr(transformers, wanted)
     if native:
         return
-    classes = sorted({str(v) for v in (auto_map.values() if isinstance(auto_map, dict) else auto_map)})
+    named = auto_map.values() if isinstance(auto_map, dict) else auto_map if isinstance(auto_map, list) else [auto_map]
+    classes = sorted({str(v) for value in named for v in (value if isinstance(value, list) else [value]) if v})
     raise UserInputError(f"{settings}: the model needs its own Python code (auto_map: {', '.join(classes)[:160]}), "
                          "and neobert-embed never runs code from model files; use a model whose architecture "
                          "transformers has, or convert this one to such an architecture")
