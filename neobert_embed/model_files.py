@@ -215,6 +215,7 @@ def check_model_files(name_or_path: str | Path) -> None:
                              f"model directory; {FIX}")
     for settings in _settings_files(directory):  # config.json first: the encoder's is the likeliest damaged
         refuse_remote_code(settings, read_record(settings, "model file", FIX))  # each an object, or one line
+    refuse_module_code(directory)
     if not any((encoder_dir / name).is_file() for name in WEIGHT_NAMES) and not any(
             encoder_dir.glob("*.safetensors")):
         raise UserInputError(f"{encoder_dir}: no weights (model.safetensors or pytorch_model.bin); {FIX}")
@@ -250,7 +251,7 @@ def refuse_remote_code(settings: Path, values: dict[str, Any]) -> None:
         return
     try:
         import transformers
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+        from transformers import CONFIG_MAPPING
     except ImportError:  # no transformers: nothing here could run the model's code
         return
     if settings.name == "config.json":
@@ -260,10 +261,32 @@ def refuse_remote_code(settings: Path, values: dict[str, Any]) -> None:
         native = isinstance(wanted, str) and hasattr(transformers, wanted)
     if native:
         return
-    classes = sorted({str(v) for v in (auto_map.values() if isinstance(auto_map, dict) else auto_map)})
+    named = auto_map.values() if isinstance(auto_map, dict) else auto_map if isinstance(auto_map, list) else [auto_map]
+    classes = sorted({str(v) for value in named for v in (value if isinstance(value, list) else [value]) if v})
     raise UserInputError(f"{settings}: the model needs its own Python code (auto_map: {', '.join(classes)[:160]}), "
                          "and neobert-embed never runs code from model files; use a model whose architecture "
                          "transformers has, or convert this one to such an architecture")
+
+
+def refuse_module_code(directory: Path) -> None:
+    """Refuse, in one line, a ``modules.json`` entry whose class is not one an installed package holds
+    (sentence-transformers', or another library's): its code would come from the model's own files.
+
+    Example:
+        >>> refuse_module_code(Path("runs/custom-pooling"))
+        Traceback (most recent call last):
+        UserInputError: runs/custom-pooling/modules.json: module '1' (my_pooling.MyPooling) is code shipped ...
+    """
+    import importlib.util
+
+    for entry in saved_modules(directory):
+        top = entry.type.split(".")[0]
+        shipped = (directory / f"{top}.py").exists() or (directory / top).is_dir()
+        if not shipped and (top == "sentence_transformers" or (top and importlib.util.find_spec(top) is not None)):
+            continue  # sentence-transformers' own (installed or not: the light runtime runs its modules itself)
+        raise UserInputError(f"{directory / MODULES_FILE}: module {entry.name!r} ({entry.type}) is code shipped with "
+                             "the model, not a class of an installed package, and neobert-embed never runs code "
+                             "from model files; use sentence-transformers' modules")
 
 
 def weights_size(directory: str | Path) -> int:

@@ -142,10 +142,10 @@ MODEL_WORDS = {"empty": ("{case}/model", "empty directory"), "truncated": ("mode
                "garbage": ("model.safetensors", "corrupt"), "config": ("config.json", "damaged model file", "invalid json"),
                "no-weights": ("{case}/model", "no weights"), "bin-garbage": ("pytorch_model.bin", "corrupt"),
                "bin-bad-pickle": ("{case}/model", "could not be loaded")}
-INDEX_WORDS = {"faiss-garbage": ("index.faiss", "not a readable faiss index"),
+INDEX_WORDS = {"faiss-garbage": ("index.faiss", "recorded checksum"),  # same size: the checksum tells
                "faiss-truncated": ("index.faiss", "100 bytes", "recorded in the manifest"),
                "faiss-other": ("index.faiss", "recorded in the manifest"),
-               "sqlite-garbage": ("documents.sqlite", "not a readable document store"),
+               "sqlite-garbage": ("documents.sqlite", "recorded checksum"),
                "sqlite-other": ("documents.sqlite", "another index"),
                "manifest": ("manifest.json", "field required"),
                "no-manifest": ("{case}/index", "not an index", "manifest.json")}

@@ -128,7 +128,7 @@ EXPORT_EDITS: dict[str, tuple[Callable[[Path, dict], None], tuple[str, ...]]] = 
     "Normalize module appended": (lambda e, w: _add_normalize(e), ("modules.json",)),
     "tokenizer_config.json deleted": (lambda e, w: (e / "tokenizer_config.json").unlink(),
                                       ("tokenizer_config.json", "missing")),
-    "an export without pins (older version)": (lambda e, w: _edit_json(e / "export.json", lambda r: r.pop("pins")),
+    "an export without pins (older version)": (lambda e, w: _edit_json(e / "export.json", lambda r: r.pop("pins", None)),
                                                ("export.json", "export the model again")),
 }
 
@@ -321,12 +321,23 @@ def _remote_tokenizer(world: dict[str, Path], target: Path) -> Path:
     return model
 
 
-@pytest.mark.parametrize(("make", "name"), [(_remote_model, "config.json"), (_remote_tokenizer, "tokenizer_config.json")],
-                         ids=["config auto_map", "tokenizer auto_map"])
+def _remote_module(world: dict[str, Path], target: Path) -> Path:
+    model = _copy(world["model"], target)
+
+    def change(modules: list) -> None:
+        modules[1]["type"] = "my_pooling.MyPooling"
+    _edit_json(model / "modules.json", change)
+    (model / "my_pooling.py").write_text(f"open({str(target / 'RAN')!r}, 'w')\n", encoding="utf-8")
+    return model
+
+
+@pytest.mark.parametrize(("make", "name"), [(_remote_model, "config.json"), (_remote_tokenizer, "tokenizer_config.json"),
+                                            (_remote_module, "modules.json")],
+                         ids=["config auto_map", "tokenizer auto_map", "a module of its own"])
 def test_a_model_with_remote_code_is_refused_in_one_line(make, name, world, tmp_path, capsys):
     model = make(world, tmp_path / "remote")
     refused(run_main(["encode", "--model", model, "--input", world["texts"], "--output", tmp_path / "o.npy"],
-                     capsys), name, "Python code")
+                     capsys), name, "never runs code")
     assert not (tmp_path / "remote" / "RAN").exists()
 
 

@@ -177,7 +177,8 @@ def verify_index(directory: str | Path) -> VerifyReport:
             opened = opener(directory, manifest)
         except UserInputError as exc:
             message = str(exc).split("; restore")[0]
-            if message not in " ".join(report.problems):
+            named = message.split(": ")[0]  # the file: a checksum found different above is not reported twice
+            if not any(problem.split(": ")[0] == named for problem in report.problems):
                 report.problems.append(message)
         else:
             if isinstance(opened, DocumentStore):

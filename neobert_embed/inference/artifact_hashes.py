@@ -4,15 +4,19 @@ Why: an export used to be trusted on its ``export.json`` alone. A same-size corr
 ``model.onnx`` encoded all-NaN matrices with exit 0, a pooling edited from mean to CLS or a
 ``tokenizer.json`` without lower-casing appended other vectors to an index built with the original
 model, and another model's graph dropped under the original ``export.json`` was accepted. The
-export now records the size and SHA-256 (:class:`~neobert_embed.files.FilePin`) of every file it
-wrote but its prose (``*.md``) under ``pins`` in ``export.json``; loading checks the files the
-chosen runtime reads (every settings and tokenizer file, and the one graph or the torch weights)
-and refuses, in one line naming the file, one that is missing, changed, or present without a pin.
+export now records the size and content hash (:class:`ExportPin`) of every file it wrote but its prose
+(``*.md``) under ``pins`` in ``export.json``; loading checks the files the chosen runtime reads (every
+settings and tokenizer file, and the one graph or the torch weights) and refuses, in one line naming the
+file, one that is missing, changed, or present without a pin.
 
-SHA-256 is what checkpoints and indexes pin already; on a 2-core EPYC it hashes ~1.6 GB/s, so the
-33.6 MB int8 graph of all-MiniLM-L6-v2 costs ~21 ms (``docs/data-safety.md`` has the whole-process
-figures). Graphs of the other runtime and precision, and the torch weights, are not read by the light
-runtime and not hashed by it (the torch backend hashes the weights and skips the graphs).
+The hash is xxHash's XXH3-128 over a memory map of the file, not SHA-256: loading an export is the
+start of every ``encode --backend onnx``, whose whole process takes about a second, and SHA-256 of
+all-MiniLM-L6-v2's 90 MB graph costs ~60 ms on a 2-core EPYC (1.6 GB/s), over the 5% budget, where
+XXH3 costs a few ms (``docs/data-safety.md`` has the measured shares, ``benchmarks/verification_cost.py``).
+It detects damage and edits, which is what pins are for; it is not a signature (whoever can rewrite a
+graph can rewrite ``export.json`` too, whatever the hash). Graphs of the other runtime and precision, and
+the torch weights, are not read by the light runtime and not hashed by it (the torch backend hashes the
+weights and skips the graphs).
 
 An export written before pins existed is refused with one line saying to export it again: its
 ``source_fingerprint`` covered the weights only, so an index could not tell its pooling or
@@ -25,17 +29,60 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import mmap
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.files import FilePin
 from neobert_embed.records import EXPORT
 
 PINS_KEY = "pins"
 GRAPH_SUFFIXES = (".onnx", ".xml")
 PROSE_SUFFIXES = (".md",)
 REEXPORT = "export the model again with `neobert-embed export MODEL --output DIR --overwrite`"
+
+
+def content_digest(path: Path) -> str:
+    """XXH3-128 of a file's bytes (hex), read through a memory map: no copy of the file is made.
+
+    Example:
+        >>> len(content_digest(Path("runs/x-onnx/onnx/model.onnx")))
+        32
+    """
+    import xxhash
+
+    if path.stat().st_size == 0:
+        return xxhash.xxh3_128().hexdigest()
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        return xxhash.xxh3_128(view).hexdigest()
+
+
+@dataclass(frozen=True)
+class ExportPin:
+    """A file's size and :func:`content_digest` as the export wrote it.
+
+    Example:
+        >>> ExportPin.of(Path("runs/x-onnx/modules.json")).difference(Path("runs/x-onnx/modules.json")) is None
+        True
+    """
+
+    size: int
+    xxh3_128: str
+
+    @classmethod
+    def of(cls, path: Path) -> ExportPin:
+        return cls(size=path.stat().st_size, xxh3_128=content_digest(path))
+
+    def difference(self, path: Path) -> str | None:
+        """How ``path`` differs from this pin (None when it matches)."""
+        if not path.is_file():
+            return "missing"
+        size = path.stat().st_size
+        if size != self.size:
+            return f"{size} bytes, but {self.size} were recorded"
+        if content_digest(path) != self.xxh3_128:
+            return "contents differ from the recorded hash (same size)"
+        return None
 
 
 def _pinned_files(directory: Path) -> list[str]:
@@ -50,14 +97,14 @@ def _pinned_files(directory: Path) -> list[str]:
 
 
 def pin_export(directory: str | Path) -> dict[str, dict[str, object]]:
-    """``{relative name: {"size", "sha256"}}`` of every file of the export in ``directory`` (its record's ``pins``).
+    """``{relative name: {"size", "xxh3_128"}}`` of every file of the export in ``directory`` (its record's ``pins``).
 
     Example:
         >>> sorted(pin_export(Path("runs/x-onnx")))[:2]
         ['1_Pooling/config.json', 'config.json']
     """
     directory = Path(directory)
-    return {name: asdict(FilePin.of(directory / name)) for name in _pinned_files(directory)}
+    return {name: asdict(ExportPin.of(directory / name)) for name in _pinned_files(directory)}
 
 
 def _graph_part(name: str, names: set[str]) -> bool:
@@ -89,7 +136,7 @@ def verify_export(directory: str | Path, graph: str | Path | None) -> None:
     Example:
         >>> verify_export("runs/x-onnx", "runs/x-onnx/onnx/model.onnx")
         Traceback (most recent call last):
-        UserInputError: runs/x-onnx/onnx/model.onnx: contents differ from the recorded checksum (same size) ...
+        UserInputError: runs/x-onnx/onnx/model.onnx: contents differ from the recorded hash (same size) ...
     """
     directory = Path(directory)
     record = EXPORT.read(directory) if EXPORT.exists(directory) else {}
@@ -110,7 +157,7 @@ def verify_export(directory: str | Path, graph: str | Path | None) -> None:
             raise UserInputError(f"{path}: not one of the files the export wrote (no hash in {EXPORT.name}), yet "
                                  f"it would be read; remove it or {REEXPORT}")
         try:
-            pin = FilePin(**pins[name])
+            pin = ExportPin(**pins[name])
         except TypeError:
             raise UserInputError(f"{EXPORT.path(directory)}: damaged entry for {name!r}; {REEXPORT}") from None
         difference = pin.difference(path)
