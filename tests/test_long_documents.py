@@ -227,3 +227,19 @@ def test_synthetic_task_runs_as_a_local_mteb_task_and_longembed_copies_load(tmp_
     official.load_data()
     assert official.metadata.name == "LEMBPasskeyRetrieval" and official.metadata.main_score == "ndcg_at_1"
     assert set(official.dataset["default"]) == {"test_64", "test_300"}
+
+
+def test_serve_search_ranks_documents_and_names_the_passage(built: dict[str, Path], minilm_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from neobert_embed.serve.app import create_app
+    from neobert_embed.serve.settings import ServeSettings
+
+    settings = ServeSettings(model=str(minilm_path), indexes=[str(built["passages"])], precision="fp32")
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/search", json={"query": QUERY, "k": 3})
+    assert response.status_code == 200, response.text
+    hits = response.json()["results"][0]["hits"]
+    assert len(hits) == 3 and len({hit["id"] for hit in hits}) == 3 and hits[0]["id"] == "needle"
+    start, end = hits[0]["span"]
+    assert "zebra seven" in hits[0]["text"][start:end]
