@@ -243,3 +243,17 @@ def test_serve_search_ranks_documents_and_names_the_passage(built: dict[str, Pat
     assert len(hits) == 3 and len({hit["id"] for hit in hits}) == 3 and hits[0]["id"] == "needle"
     start, end = hits[0]["span"]
     assert "zebra seven" in hits[0]["text"][start:end]
+
+
+def test_scores_by_length_table_and_plot(tmp_path: Path, minilm_path: Path, shared_data: Path) -> None:
+    from neobert_embed.evaluation.long_context import scores_by_length
+
+    task = _synth(tmp_path / "synth", minilm_path, shared_data, lengths=[64, 200], documents=3)
+    rows = scores_by_length([minilm_path], [task], tmp_path / "out")
+    assert sorted((row.length, row.passages) for row in rows) == [(64, False), (64, True), (200, False), (200, True)]
+    assert all(0 <= row.score <= 1 and row.metric == "ndcg_at_1" for row in rows)
+    by_mode = {(row.length, row.passages): row.vectors for row in rows}
+    assert by_mode[(200, True)] == by_mode[(200, False)] == 3  # MiniLM reads 256 tokens: nothing to split at 200
+    table = (tmp_path / "out" / "by_length.md").read_text()
+    assert "| model | truncated |" in table and "| model | passages |" in table
+    assert (tmp_path / "out" / "by_length.png").read_bytes()[:4] == b"\x89PNG"

@@ -187,6 +187,9 @@ def compare_command(
     no_wait: opt.NoWait = False,
     as_json: opt.AsJson = False,
     verbose: opt.Verbose = False,
+    by_length: list[Path] = typer.Option(None, "--by-length", help="Long-context task directory with test_<length> "
+                                         "splits (`tasks synth`, LongEmbed copies); repeatable: each fine-tuned model "
+                                         "is also scored by length, truncated and with passages (OUTPUT/by_length.*)."),
 ) -> None:
     """Fine-tune every backbone with one recipe, evaluate each identically: table + one plot per category.
 
@@ -206,6 +209,11 @@ def compare_command(
                                 tasks=opt.comma_list(tasks), task_types=opt.comma_list(task_types),
                                 task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol,
                                 precision=precision, wait=not no_wait)
+        if by_length:
+            from neobert_embed.evaluation.long_context import scores_by_length
+
+            scores_by_length(list(result.models.values()), by_length, output, batch_size=batch_size or 32,
+                             compute_precision=precision or "fp32")
     if as_json:
         typer.echo(json.dumps({"summary_md": str(result.summary_md), "summary_csv": str(result.summary_csv),
                                "plots": [str(p) for p in result.plots],
