@@ -76,15 +76,18 @@ def recall(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         task = Path(scratch) / "task"
         _write_task(task, documents, queries)
-        for passages in (False, True):
-            index = Path(scratch) / f"index-{passages}"
+        modes = [("truncated", False, None)] if args.with_truncated else []
+        modes += [("passages" if length == 0 else f"passages_max_length_{length}", True, length or None)
+                  for length in args.passage_lengths]
+        for name, passages, length in modes:
+            index = Path(scratch) / name
             started = time.perf_counter()
             manifest = build_index(_minilm(), task / "corpus.jsonl", index, index_type="flat", compute_precision="fp32",
-                                   passages=passages, show_progress=False)
+                                   passages=passages, max_seq_length=length, show_progress=False)
             scores = evaluate_index(index, task)
-            out["passages" if passages else "truncated"] = {
-                "recall_at_10": scores["recall_at_10"], "ndcg_at_10": scores["ndcg_at_10"], "vectors": manifest.vectors,
-                "build_seconds": round(time.perf_counter() - started, 1)}
+            out[name] = {"recall_at_10": scores["recall_at_10"], "ndcg_at_10": scores["ndcg_at_10"],
+                         "vectors": manifest.vectors, "window": manifest.passages.window if passages else None,
+                         "build_seconds": round(time.perf_counter() - started, 1)}
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(_minilm())
@@ -199,6 +202,9 @@ def main() -> None:
     parser.add_argument("--sections", default="recall,passkey,throughput,memory")
     parser.add_argument("--recall-documents", type=int, default=200)
     parser.add_argument("--articles", type=int, default=12, help="AG News articles per long document (recall)")
+    parser.add_argument("--passage-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[0],
+                        help="recall: max_seq_length of the passage builds (0: the model's own, 256)")
+    parser.add_argument("--no-truncated", dest="with_truncated", action="store_false")
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 4096])
     parser.add_argument("--kinds", type=lambda s: s.split(","), default=["passkey", "needle"])
     parser.add_argument("--task-documents", type=int, default=50)
