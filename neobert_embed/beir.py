@@ -182,9 +182,20 @@ def write_triplet_task(rows: Iterable[Mapping[str, str]], directory: str | Path,
     task = BeirTask(corpus={doc_id: {"title": "", "text": text} for text, doc_id in ids.items()},
                     queries={f"q{i}": row["anchor"] for i, row in enumerate(rows)},
                     qrels={f"q{i}": {ids[row["positive"]]: 1} for i, row in enumerate(rows)})
+    return write_beir_task(task, directory, split)
+
+
+def write_beir_task(task: BeirTask, directory: str | Path, split: str = "test") -> BeirTask:
+    """Write ``task`` in the BEIR layout (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``) as one
+    unit (a directory appears complete or not at all); other files in ``directory`` are kept.
+
+    Example:
+        >>> write_beir_task(BeirTask({"d0": {"title": "", "text": "a cat"}}, {"q0": "cat"}, {"q0": {"d0": 1}}), "t")
+    """
     with atomic_directory(directory, keep_others=True) as staged:  # corpus, queries and qrels: one unit
-        atomic_write_text(staged / "corpus.jsonl", "".join(json.dumps({"_id": doc_id, "text": text}) + "\n"
-                                                           for text, doc_id in ids.items()))
+        atomic_write_text(staged / "corpus.jsonl", "".join(
+            json.dumps({"_id": doc_id, "title": doc["title"], "text": doc["text"]} if doc.get("title")
+                       else {"_id": doc_id, "text": doc["text"]}) + "\n" for doc_id, doc in task.corpus.items()))
         atomic_write_text(staged / "queries.jsonl", "".join(json.dumps({"_id": qid, "text": text}) + "\n"
                                                             for qid, text in task.queries.items()))
         atomic_write_text(staged / "qrels" / f"{split}.tsv", "query-id\tcorpus-id\tscore\n" + "".join(

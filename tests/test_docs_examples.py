@@ -427,6 +427,23 @@ COVERAGE: dict[str, Run | NotRun] = {
         "(gloo; --devices cpu,cpu) in the index tests",
         covered_by=("tests/test_index_distributed.py::test_torchrun_two_process_build_equals_one_process_build",
                     "tests/test_index_distributed.py::test_devices_cpu_cpu_spawns_two_workers_with_the_same_result")),
+    "docs/indexing.md: neobert-embed index build --model M --corpus reports.jsonl --output idx --passages "
+    "[--stride 191]": NotRun(
+        "a model M and a corpus of long reports; --passages builds, searches (spans), adds and resumes on the real "
+        "all-MiniLM-L6-v2 in its own tests",
+        covered_by=("tests/test_long_documents.py::test_a_match_past_the_window_is_found_with_passages_only",
+                    "tests/test_long_documents.py::test_spans_point_into_the_documents_text")),
+    'docs/evaluation.md: {"mteb_task": "LEMBPasskeyRetrieval", "eval_splits": ["test_256", "test_4096"]}': NotRun(
+        "a local copy of LongEmbed's hub data; the same layout (two lengths, per-split corpora) loads as the "
+        "registered task in its own test",
+        covered_by=("tests/test_long_documents.py::"
+                    "test_synthetic_task_runs_as_a_local_mteb_task_and_longembed_copies_load",)),
+    "docs/evaluation.md: neobert-embed tasks synth --kind passkey --haystack ../shared/data/ag_news/test.jsonl "
+    "--tokenizer M": NotRun(
+        "50 documents of up to 4,096 tokens per length, then two models through an index per length and mode "
+        "(minutes on 2 cores); the writer runs at small sizes in its own tests, both commands in "
+        "benchmarks/long_documents.py",
+        covered_by=("tests/test_long_documents.py::test_synthetic_tasks_are_deterministic",)),
     "docs/indexing.md: neobert-embed index plan --vectors 100000000 --dim 768 [--index-type auto|flat|ivf|hnsw|ivfpq] "
     "[--on-disk] [--json]": Run("index-plan", check=check_index_plan),
     "docs/modeling.md: from transformers import AutoModel": Run(

@@ -171,3 +171,89 @@ def test_without_passages_the_warning_counts_what_was_cut(built: dict[str, Path]
     with DocumentStore(built["passages"] / "documents.sqlite", read_only=True) as store:
         spans = store.passages(range(store.vector_count()))
     assert lost > 0 and len(spans) > len(OPENINGS) + 2
+
+
+# --- long-context tasks ---------------------------------------------------------------------------
+
+def _synth(output: Path, minilm_path: Path, shared_data: Path, **options) -> Path:
+    from neobert_embed.evaluation.long_context import write_synthetic_task
+
+    settings = dict(lengths=[64, 300], documents=4, seed=0) | options
+    return write_synthetic_task(settings.pop("kind", "passkey"), shared_data / "ag_news" / "test.jsonl", output,
+                                tokenizer=minilm_path, **settings)
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(directory)): path.read_bytes() for path in sorted(directory.rglob("*"))
+            if path.is_file() and path.name != "synthesis.json"}
+
+
+@pytest.mark.parametrize("kind", ["passkey", "needle"])
+def test_synthetic_tasks_are_deterministic(kind: str, tmp_path: Path, minilm_path: Path, shared_data: Path) -> None:
+    from transformers import AutoTokenizer
+
+    first = _files(_synth(tmp_path / "a", minilm_path, shared_data, kind=kind))
+    assert first == _files(_synth(tmp_path / "b", minilm_path, shared_data, kind=kind))
+    assert first != _files(_synth(tmp_path / "c", minilm_path, shared_data, kind=kind, seed=1))
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path))
+    for length in (64, 300):
+        split = tmp_path / "a" / f"test_{length}"
+        corpus = [json.loads(line) for line in (split / "corpus.jsonl").read_text().splitlines()]
+        queries = [json.loads(line) for line in (split / "queries.jsonl").read_text().splitlines()]
+        assert len(corpus) == len(queries) == 4
+        assert all(abs(len(tokenizer(doc["text"])["input_ids"]) - length) <= 2 for doc in corpus)
+        subject = "pass key of " if kind == "passkey" else "best thing to do in "
+        for doc, query in zip(corpus, queries, strict=True):  # each document states its own fact, once
+            name = query["text"].split(subject)[1].rstrip("?")
+            assert doc["text"].count(name) == (2 if kind == "passkey" else 1)
+
+
+def test_synthetic_task_runs_as_a_local_mteb_task_and_longembed_copies_load(tmp_path: Path, minilm_path: Path,
+                                                                             shared_data: Path) -> None:
+    import shutil
+
+    from neobert_embed.evaluation.local_tasks import load_task_dir
+
+    task = load_task_dir(_synth(tmp_path / "synth", minilm_path, shared_data))
+    assert task.metadata.main_score == "ndcg_at_1" and task.metadata.eval_splits == ["test_64", "test_300"]
+    task.load_data()
+    assert len(task.dataset["default"]["test_300"]["corpus"]) == 4
+    copy = tmp_path / "LEMBPasskeyRetrieval"  # a local copy of LongEmbed's passkey task, two of its lengths
+    for split in ("test_64", "test_300"):
+        shutil.copytree(tmp_path / "synth" / split, copy / split)
+    (copy / "task.json").write_text(json.dumps({"mteb_task": "LEMBPasskeyRetrieval",
+                                                "eval_splits": ["test_64", "test_300"]}))
+    official = load_task_dir(copy)
+    official.load_data()
+    assert official.metadata.name == "LEMBPasskeyRetrieval" and official.metadata.main_score == "ndcg_at_1"
+    assert set(official.dataset["default"]) == {"test_64", "test_300"}
+
+
+def test_serve_search_ranks_documents_and_names_the_passage(built: dict[str, Path], minilm_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from neobert_embed.serve.app import create_app
+    from neobert_embed.serve.settings import ServeSettings
+
+    settings = ServeSettings(model=str(minilm_path), indexes=[str(built["passages"])], precision="fp32")
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/search", json={"query": QUERY, "k": 3})
+    assert response.status_code == 200, response.text
+    hits = response.json()["results"][0]["hits"]
+    assert len(hits) == 3 and len({hit["id"] for hit in hits}) == 3 and hits[0]["id"] == "needle"
+    start, end = hits[0]["span"]
+    assert "zebra seven" in hits[0]["text"][start:end]
+
+
+def test_scores_by_length_table_and_plot(tmp_path: Path, minilm_path: Path, shared_data: Path) -> None:
+    from neobert_embed.evaluation.long_context import scores_by_length
+
+    task = _synth(tmp_path / "synth", minilm_path, shared_data, lengths=[64, 200], documents=3)
+    rows = scores_by_length([minilm_path], [task], tmp_path / "out")
+    assert sorted((row.length, row.passages) for row in rows) == [(64, False), (64, True), (200, False), (200, True)]
+    assert all(0 <= row.score <= 1 and row.metric == "ndcg_at_1" for row in rows)
+    by_mode = {(row.length, row.passages): row.vectors for row in rows}
+    assert by_mode[(200, True)] == by_mode[(200, False)] == 3  # MiniLM reads 256 tokens: nothing to split at 200
+    table = (tmp_path / "out" / "by_length.md").read_text()
+    assert "| model | truncated |" in table and "| model | passages |" in table
+    assert (tmp_path / "out" / "by_length.png").read_bytes()[:4] == b"\x89PNG"

@@ -187,6 +187,9 @@ def compare_command(
     no_wait: opt.NoWait = False,
     as_json: opt.AsJson = False,
     verbose: opt.Verbose = False,
+    by_length: list[Path] = typer.Option(None, "--by-length", help="Long-context task directory with test_<length> "
+                                         "splits (`tasks synth`, LongEmbed copies); repeatable: each fine-tuned model "
+                                         "is also scored by length, truncated and with passages (OUTPUT/by_length.*)."),
 ) -> None:
     """Fine-tune every backbone with one recipe, evaluate each identically: table + one plot per category.
 
@@ -206,6 +209,11 @@ def compare_command(
                                 tasks=opt.comma_list(tasks), task_types=opt.comma_list(task_types),
                                 task_dirs=task_dir or None, evaluation=evaluation, device=device, protocol=protocol,
                                 precision=precision, wait=not no_wait)
+        if by_length:
+            from neobert_embed.evaluation.long_context import scores_by_length
+
+            scores_by_length(list(result.models.values()), by_length, output, batch_size=batch_size or 32,
+                             compute_precision=precision or "fp32")
     if as_json:
         typer.echo(json.dumps({"summary_md": str(result.summary_md), "summary_csv": str(result.summary_csv),
                                "plots": [str(p) for p in result.plots],
@@ -218,7 +226,58 @@ def compare_command(
             "model task(s)")
 
 
+tasks_app = typer.Typer(help="Write long-context tasks (LongEmbed's synthetic passkey and needle) and score models "
+                        "by document length, with and without passages.", no_args_is_help=True)
+
+
+@tasks_app.command("synth")
+def synth_command(
+    kind: str = typer.Option(..., "--kind", help="passkey | needle (LongEmbed's two synthetic tasks)."),
+    haystack: Path = typer.Option(..., "--haystack", help="Any local text the documents are cut from (.txt, or "
+                                  ".jsonl/.csv/.parquet with a 'text' field), e.g. ../shared/data/ag_news/test.jsonl."),
+    output: Path = typer.Option(..., "--output", "-o", help="Task directory to write (task.json + test_<length>/)."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="Model (directory or name) whose tokenizer counts the "
+                                  "lengths."),
+    lengths: str = typer.Option("256,512,1024,2048,4096", "--lengths", help="Comma-separated document lengths in "
+                                "tokens (LongEmbed: 256 ... 32768)."),
+    documents: int = typer.Option(50, "--documents", min=2, help="Documents (and queries) per length."),
+    seed: int = typer.Option(0, "--seed", help="Same inputs and seed: same bytes."),
+) -> None:
+    """Write a synthetic passkey or needle retrieval task, deterministically, from local text (runs offline)."""
+    from neobert_embed.evaluation.long_context import write_synthetic_task
+
+    written = write_synthetic_task(kind, haystack, output, lengths=[int(x) for x in opt.comma_list(lengths) or []],
+                                   tokenizer=tokenizer, documents=documents, seed=seed)
+    typer.echo(f"wrote {written} ({kind}, lengths {lengths}, {documents} documents each); run it with "
+               f"`neobert-embed mteb --task-dir {written}` or `neobert-embed tasks lengths --task-dir {written}`")
+
+
+@tasks_app.command("lengths")
+def lengths_command(
+    models: str = typer.Option(..., "--models", help="Comma-separated models (directories or names)."),
+    task_dir: list[Path] = typer.Option(..., "--task-dir", help="Task directory with test_<length> splits "
+                                        "(tasks synth, or a local copy of a LongEmbed task); repeatable."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where by_length.json|md|png go."),
+    passages: str = typer.Option("both", "--passages", help="both | with | without."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, max=opt.MAX_BATCH),
+    precision: str = typer.Option("fp32", "--precision", help="Compute precision (fp32: published scores')."),
+) -> None:
+    """Score each model on each length through an exact index of each split, truncated and with --passages:
+    a table by length bucket and a plot (a line per model and mode, score against length)."""
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.evaluation.long_context import scores_by_length
+
+    modes = {"both": (False, True), "with": (True,), "without": (False,)}
+    if passages not in modes:
+        raise UserInputError(f"--passages must be both, with or without, got {passages!r}")
+    scores_by_length(opt.comma_list(models) or [], task_dir, output, passages=modes[passages],
+                     batch_size=batch_size, compute_precision=precision)
+    typer.echo((output / "by_length.md").read_text(encoding="utf-8"))
+    typer.echo(f"table: {output / 'by_length.md'}, {output / 'by_length.json'}; plot: {output / 'by_length.png'}")
+
+
 def register(app: typer.Typer) -> None:
     """Attach this area's commands to the main `neobert-embed` app."""
     app.command("mteb")(mteb_command)
     app.command("compare")(compare_command)
+    app.add_typer(tasks_app, name="tasks")

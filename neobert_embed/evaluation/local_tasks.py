@@ -64,12 +64,17 @@ class TaskSpec(BaseModel):
     min_score: float | None = None
     max_score: float | None = None
     eval_split: FileName | None = None
+    eval_splits: list[FileName] | None = None
     hf_subset: FileName | None = None
     instruction: str | dict[Literal["query", "document"], str] | None = None
     description: str | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> TaskSpec:
+        if self.eval_split is not None and self.eval_splits is not None:
+            raise ValueError("give 'eval_split' (one split) or 'eval_splits' (several), not both")
+        if self.eval_splits is not None and not self.eval_splits:
+            raise ValueError("'eval_splits' is empty; name at least one split")
         if self.mteb_task is not None:
             extra = [key for key in ("name", "type", "main_score", "min_score", "max_score", "instruction")
                      if getattr(self, key) is not None]
@@ -169,7 +174,7 @@ def _registered_task(spec: TaskSpec, directory: Path) -> AbsTask:
                              "'hf_subset' to the one these files hold")
     # as MTEB(eng) runs it: the test split where the task has one (MSMARCO: dev), the English subset
     default_splits = ["test"] if "test" in official.eval_splits else list(official.eval_splits)
-    splits = [spec.eval_split] if spec.eval_split else default_splits
+    splits = spec.eval_splits or ([spec.eval_split] if spec.eval_split else default_splits)
     base = type(official)
     metadata = base.metadata.model_copy(update={
         "dataset": {"path": str(directory.resolve()), "revision": "local-" + directory_digest(directory)},
@@ -195,7 +200,7 @@ def _new_task(spec: TaskSpec, directory: Path) -> AbsTask:
     base = {"STS": AbsTaskSTS, "PairClassification": AbsTaskPairClassification,
             "Classification": AbsTaskClassification, "Clustering": AbsTaskClustering,
             "Retrieval": AbsTaskRetrieval, "Reranking": AbsTaskRetrieval}[spec.type]
-    split = spec.eval_split or "test"
+    splits = spec.eval_splits or [spec.eval_split or "test"]
     prompt = spec.instruction
     if spec.type in ("Retrieval", "Reranking") and isinstance(prompt, str):
         prompt = {"query": prompt}
@@ -203,13 +208,13 @@ def _new_task(spec: TaskSpec, directory: Path) -> AbsTask:
         name=spec.name, type=spec.type, main_score=spec.main_score or DEFAULT_MAIN_SCORES[spec.type],
         description=spec.description or f"Local {spec.type} task read from {directory}",
         dataset={"path": str(directory.resolve()), "revision": "local-" + directory_digest(directory)},
-        category="t2t", modalities=["text"], eval_splits=[split], eval_langs=["eng-Latn"], prompt=prompt,
+        category="t2t", modalities=["text"], eval_splits=splits, eval_langs=["eng-Latn"], prompt=prompt,
     )
     # New clustering tasks embed every text and bootstrap samples of the data's own size: mteb's
     # defaults (4% of the texts, 16,384 draws per experiment) are sized for its large hub sets.
     clustering = spec.type == "Clustering"
     attributes: dict[str, Any] = {"metadata": metadata, "__module__": __name__,
-                                  "load_data": _make_loader(directory, spec.type, [split], "default",
+                                  "load_data": _make_loader(directory, spec.type, splits, "default",
                                                             size_clusters_to_data=clustering)}
     if spec.type == "STS":
         attributes.update(min_score=spec.min_score if spec.min_score is not None else 0,

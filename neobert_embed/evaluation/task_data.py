@@ -76,10 +76,11 @@ def read_binary_labels(path: Path) -> dict[str, list]:
 
 
 def read_retrieval_split(directory: Path, split: str, *, reranking: bool) -> RetrievalSplitData:
-    """A BEIR-layout split as mteb's ``RetrievalSplitData`` (with ``top_ranked`` for reranking)."""
+    """A BEIR-layout split as mteb's ``RetrievalSplitData`` (with ``top_ranked`` for reranking); a split with a
+    corpus of its own (LongEmbed's lengths) is the BEIR task in the subdirectory named after it."""
     from datasets import Dataset
 
-    task = read_beir_task(directory, split=split)
+    task = read_beir_task(split_directory(directory, split), split=split)
     corpus = Dataset.from_dict({
         "id": list(task.corpus),
         "title": [doc["title"] for doc in task.corpus.values()],
@@ -89,6 +90,18 @@ def read_retrieval_split(directory: Path, split: str, *, reranking: bool) -> Ret
     queries = Dataset.from_dict({"id": list(judged), "text": list(judged.values())})
     top_ranked = read_candidates(directory / "candidates.jsonl", task) if reranking else None
     return {"corpus": corpus, "queries": queries, "relevant_docs": task.qrels, "top_ranked": top_ranked}
+
+
+def split_directory(directory: Path, split: str) -> Path:
+    """Where a retrieval split's files are: ``DIR/<split>/`` when it holds a ``corpus.jsonl`` (each split its
+    own corpus, as LongEmbed's lengths), else ``DIR`` (one corpus, ``qrels/<split>.tsv`` per split).
+
+    Example:
+        >>> split_directory(Path("tasks/passkey"), "test_4096")
+        PosixPath('tasks/passkey/test_4096')
+    """
+    own = Path(directory) / split
+    return own if (own / "corpus.jsonl").is_file() else Path(directory)
 
 
 def read_candidates(path: Path, task: AbsTask) -> dict[str, list[str]]:

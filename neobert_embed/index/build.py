@@ -327,7 +327,10 @@ def _import_and_check(partial: Path, opts: BuildOptions, dimension: int, show_pr
         total = _import_corpus(store, opts, show_progress)
         if opts.factory is not None:  # before encoding: corpora that could not be counted earlier
             check_factory_for_corpus(opts.factory, total, dimension)
-    log.info("index: %s", _build_spec(opts, total, dimension).reason)   # before the long encoding
+    if opts.passages:  # the index is sized by its passages, counted as the documents are encoded
+        log.info("index: chosen for the passages of %d documents once they are encoded", total)
+    else:
+        log.info("index: %s", _build_spec(opts, total, dimension).reason)   # before the long encoding
     return total
 
 
@@ -405,6 +408,7 @@ def _finish(partial: Path, output: Path, opts: BuildOptions, encoder: IndexEncod
     vectors = _store_passages(partial, n_chunks) if splitter is not None else total
     spec, params, calibration, details = _fill_and_write(partial, opts, encoder.dimension, vectors, n_chunks)
     if splitter is not None:
+        log.info("index: %s", spec.reason)
         details["passages"] = PassageSettings(window=splitter.window, stride=splitter.stride)
     manifest = IndexManifest(
         model=opts.model, model_path=encoder.path, model_revision=encoder.revision,
