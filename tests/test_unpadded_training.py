@@ -24,6 +24,7 @@ from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
 from neobert_embed.contrastive.unpadding import training_layout
 from neobert_embed.modeling import attention
 from neobert_embed.sentence import load_sentence_model
+from neobert_embed.training_precision import TrainingPrecision, chosen_precision, measured_cpu_precision
 
 _one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
@@ -180,3 +181,36 @@ def test_train_contrastive_reports_its_batch_layout_and_trains(unpadded, tmp_pat
     announced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batches:")]
     assert len(announced) == 1 and announced[0].startswith("batches: un-padded" if unpadded else "batches: padded")
     assert "cu_seq_lens_q" not in load_sentence_model(str(output)).preprocess(["hi"])
+
+
+@pytest.mark.parametrize(("bf16_s", "fp32_s", "expected"), [(2.0, 1.0, "fp32"), (0.5, 1.0, "bf16")])
+def test_auto_keeps_bf16_on_a_cpu_only_where_it_measured_faster(bf16_s, fp32_s, expected):
+    calls = []
+
+    def time_step(bf16: bool) -> float:
+        calls.append(bf16)
+        return bf16_s if bf16 else fp32_s
+
+    chosen = measured_cpu_precision(TrainingPrecision("bf16", "amx_bf16"), time_step)
+    assert chosen.dtype == expected and "measured" in chosen.reason
+    assert calls == [True, False, True, False, True, False]  # a warm-up each, then interleaved
+    assert measured_cpu_precision(TrainingPrecision("fp32", "asked for"), time_step).reason == "asked for"
+
+
+def test_train_contrastive_with_auto_trains_in_the_precision_it_measured(tmp_path, tiny_models, monkeypatch):
+    from neobert_embed.contrastive import trainer
+
+    monkeypatch.setattr("neobert_embed.training_precision.measured_cpu_precision",
+                        lambda chosen, time_step, repeats=2: TrainingPrecision("fp32", f"measured {time_step(True):.0f}"))
+    flags = []
+    real_flags = trainer.device_flags
+    monkeypatch.setattr(trainer, "device_flags", lambda precision, device=None: flags.append(precision)
+                        or real_flags(precision, device))
+    if not chosen_precision("auto", "cpu").bf16:
+        pytest.skip("this CPU has no bf16 unit: auto is fp32 without measuring")
+    data = write_jsonl(tmp_path / "triplets.jsonl", paraphrase_rows(negatives=1))
+    recipe = load_contrastive_recipe(max_steps=2, batch_size=4, max_length=64, save_steps=10)
+    output = train_contrastive(model=str(tiny_models["bert"]), data={"triplets": str(data)}, output=tmp_path / "run",
+                               recipe=recipe)
+    assert json.loads((output / "summary.json").read_text())["precision"] == "fp32: measured 0"
+    assert flags == ["fp32"]  # the trainer runs what was measured, not the hardware rule
