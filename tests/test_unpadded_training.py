@@ -7,6 +7,7 @@ and the same weights after an optimizer step; on a GPU it must attend through th
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -214,3 +215,53 @@ def test_train_contrastive_with_auto_trains_in_the_precision_it_measured(tmp_pat
                                recipe=recipe)
     assert json.loads((output / "summary.json").read_text())["precision"] == "fp32: measured 0"
     assert flags == ["fp32"]  # the trainer runs what was measured, not the hardware rule
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_glue_heads_train_on_the_flat_stream_with_the_padded_gradients(arch, tiny_models):
+    """A sequence classifier (GLUE) over each backbone: the encoder takes the real tokens of a padded
+    pair batch as one stream, the head reads each text's first token, loss and gradients unchanged."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from neobert_embed.modeling.flat_attention import unpadded_encoder
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models[arch])
+    batch = tokenizer(ANCHORS, POSITIVES, padding=True, truncation=True, max_length=100, return_tensors="pt")
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    results, shapes = [], []
+    for unpadded in (False, True):
+        torch.manual_seed(0)
+        classifier = AutoModelForSequenceClassification.from_pretrained(tiny_models[arch], num_labels=2)
+        for module in classifier.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        with unpadded_encoder(classifier) if unpadded else contextlib.nullcontext():
+            classifier.base_model.register_forward_pre_hook(  # runs after the stream's own pre-hook
+                lambda module, args, kwargs: shapes.append(tuple((kwargs.get("input_ids") if kwargs.get("input_ids")
+                                                                  is not None else args[0]).shape)), with_kwargs=True)
+            loss = classifier(**batch, labels=labels).loss
+            loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in classifier.named_parameters() if p.grad is not None}))
+    assert shapes[0] == tuple(batch["input_ids"].shape) and shapes[1] == (1, int(batch["attention_mask"].sum()))
+    (loss_p, grads_p), (loss_u, grads_u) = results
+    assert abs(loss_p.item() - loss_u.item()) <= TOLERANCE and grads_p.keys() == grads_u.keys()
+    for name, grad in grads_p.items():
+        torch.testing.assert_close(grads_u[name], grad, atol=TOLERANCE, rtol=TOLERANCE, msg=name)
+    assert classifier.config._attn_implementation == "sdpa"  # restored
+
+
+def test_neobert_joins_the_attention_interface_and_runs_flash_attn_when_asked(monkeypatch):
+    """sentence-transformers flattens inputs itself for a model on transformers' attention interface
+    loaded with ``flash_attention_2``; NeoBERT then runs the flash-attn package's varlen kernel."""
+    from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
+
+    model = NeoBERTModel(NeoBERTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=100))
+    assert model.is_backend_compatible() and model._supports_flash_attn
+    real_choice = attention.choose_attention_backend
+    monkeypatch.setattr(attention, "choose_attention_backend", lambda requested, device_type, dtype, **options:
+                        real_choice(requested, "cuda", torch.bfloat16,
+                                    **{**options, "flash_capable_gpu": True, "flash_attn_available": True}))
+    offsets = torch.tensor([0, 3, 5], dtype=torch.int32)
+    assert model.attention_kernel(None, offsets) == "native_varlen"
+    model.config._attn_implementation = "flash_attention_2"
+    assert model.attention_kernel(None, offsets) == "flash_attn"
