@@ -63,6 +63,20 @@ def usable_max_length(config: PretrainedConfig) -> int:
     return int(positions)
 
 
+def first_position(config: PretrainedConfig) -> int:
+    """The position id of a text's first token: after the pad id for the :data:`POSITIONS_AFTER_PAD`
+    families (RoBERTa: 2), else 0 (what an un-padded stream's positions start from).
+
+    Example:
+        >>> from transformers import RobertaConfig
+        >>> first_position(RobertaConfig(pad_token_id=1))
+        2
+    """
+    if getattr(config, "model_type", "") in POSITIONS_AFTER_PAD:
+        return (getattr(config, "pad_token_id", 1) or 0) + 1
+    return 0
+
+
 def resolve_model_name(name_or_path: str) -> str:
     """Map a registry key to its hub id; anything else (hub id, local path) passes through.
 

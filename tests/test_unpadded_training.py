@@ -7,6 +7,7 @@ and the same weights after an optimizer step; on a GPU it must attend through th
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -24,6 +25,7 @@ from neobert_embed.contrastive import load_contrastive_recipe, train_contrastive
 from neobert_embed.contrastive.unpadding import training_layout
 from neobert_embed.modeling import attention
 from neobert_embed.sentence import load_sentence_model
+from neobert_embed.training_precision import TrainingPrecision, chosen_precision, measured_cpu_precision
 
 _one_thread = pytest.fixture(autouse=True)(one_torch_thread)
 
@@ -180,3 +182,86 @@ def test_train_contrastive_reports_its_batch_layout_and_trains(unpadded, tmp_pat
     announced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batches:")]
     assert len(announced) == 1 and announced[0].startswith("batches: un-padded" if unpadded else "batches: padded")
     assert "cu_seq_lens_q" not in load_sentence_model(str(output)).preprocess(["hi"])
+
+
+@pytest.mark.parametrize(("bf16_s", "fp32_s", "expected"), [(2.0, 1.0, "fp32"), (0.5, 1.0, "bf16")])
+def test_auto_keeps_bf16_on_a_cpu_only_where_it_measured_faster(bf16_s, fp32_s, expected):
+    calls = []
+
+    def time_step(bf16: bool) -> float:
+        calls.append(bf16)
+        return bf16_s if bf16 else fp32_s
+
+    chosen = measured_cpu_precision(TrainingPrecision("bf16", "amx_bf16"), time_step)
+    assert chosen.dtype == expected and "measured" in chosen.reason
+    assert calls == [True, False, True, False, True, False]  # a warm-up each, then interleaved
+    assert measured_cpu_precision(TrainingPrecision("fp32", "asked for"), time_step).reason == "asked for"
+
+
+def test_train_contrastive_with_auto_trains_in_the_precision_it_measured(tmp_path, tiny_models, monkeypatch):
+    from neobert_embed.contrastive import trainer
+
+    monkeypatch.setattr("neobert_embed.training_precision.measured_cpu_precision",
+                        lambda chosen, time_step, repeats=2: TrainingPrecision("fp32", f"measured {time_step(True):.0f}"))
+    flags = []
+    real_flags = trainer.device_flags
+    monkeypatch.setattr(trainer, "device_flags", lambda precision, device=None: flags.append(precision)
+                        or real_flags(precision, device))
+    if not chosen_precision("auto", "cpu").bf16:
+        pytest.skip("this CPU has no bf16 unit: auto is fp32 without measuring")
+    data = write_jsonl(tmp_path / "triplets.jsonl", paraphrase_rows(negatives=1))
+    recipe = load_contrastive_recipe(max_steps=2, batch_size=4, max_length=64, save_steps=10)
+    output = train_contrastive(model=str(tiny_models["bert"]), data={"triplets": str(data)}, output=tmp_path / "run",
+                               recipe=recipe)
+    assert json.loads((output / "summary.json").read_text())["precision"] == "fp32: measured 0"
+    assert flags == ["fp32"]  # the trainer runs what was measured, not the hardware rule
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_glue_heads_train_on_the_flat_stream_with_the_padded_gradients(arch, tiny_models):
+    """A sequence classifier (GLUE) over each backbone: the encoder takes the real tokens of a padded
+    pair batch as one stream, the head reads each text's first token, loss and gradients unchanged."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from neobert_embed.modeling.flat_attention import unpadded_encoder
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models[arch])
+    batch = tokenizer(ANCHORS, POSITIVES, padding=True, truncation=True, max_length=100, return_tensors="pt")
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    results, shapes = [], []
+    for unpadded in (False, True):
+        torch.manual_seed(0)
+        classifier = AutoModelForSequenceClassification.from_pretrained(tiny_models[arch], num_labels=2)
+        for module in classifier.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        with unpadded_encoder(classifier) if unpadded else contextlib.nullcontext():
+            classifier.base_model.register_forward_pre_hook(  # runs after the stream's own pre-hook
+                lambda module, args, kwargs: shapes.append(tuple((kwargs.get("input_ids") if kwargs.get("input_ids")
+                                                                  is not None else args[0]).shape)), with_kwargs=True)
+            loss = classifier(**batch, labels=labels).loss
+            loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in classifier.named_parameters() if p.grad is not None}))
+    assert shapes[0] == tuple(batch["input_ids"].shape) and shapes[1] == (1, int(batch["attention_mask"].sum()))
+    (loss_p, grads_p), (loss_u, grads_u) = results
+    assert abs(loss_p.item() - loss_u.item()) <= TOLERANCE and grads_p.keys() == grads_u.keys()
+    for name, grad in grads_p.items():
+        torch.testing.assert_close(grads_u[name], grad, atol=TOLERANCE, rtol=TOLERANCE, msg=name)
+    assert classifier.config._attn_implementation == "sdpa"  # restored
+
+
+def test_neobert_joins_the_attention_interface_and_runs_flash_attn_when_asked(monkeypatch):
+    """sentence-transformers flattens inputs itself for a model on transformers' attention interface
+    loaded with ``flash_attention_2``; NeoBERT then runs the flash-attn package's varlen kernel."""
+    from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
+
+    model = NeoBERTModel(NeoBERTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=100))
+    assert model.is_backend_compatible() and model._supports_flash_attn
+    real_choice = attention.choose_attention_backend
+    monkeypatch.setattr(attention, "choose_attention_backend", lambda requested, device_type, dtype, **options:
+                        real_choice(requested, "cuda", torch.bfloat16,
+                                    **{**options, "flash_capable_gpu": True, "flash_attn_available": True}))
+    offsets = torch.tensor([0, 3, 5], dtype=torch.int32)
+    assert model.attention_kernel(None, offsets) == "native_varlen"
+    model.config._attn_implementation = "flash_attention_2"
+    assert model.attention_kernel(None, offsets) == "flash_attn"

@@ -173,7 +173,9 @@ def _resolve_run(output: Path, model: str | None, data: dict[str, Any] | None,
     return model, _sources(data, recipe), recipe
 
 
-def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, prompts: dict | None):
+def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, prompts: dict | None,
+                   precision: str | None = None):
+    """The trainer's arguments; ``precision``: what the run measured (default: the recipe's)."""
     from sentence_transformers import SentenceTransformerTrainingArguments
 
     from neobert_embed.contrastive.trainer import device_flags
@@ -186,7 +188,7 @@ def _training_args(recipe: ContrastiveRecipe, output: Path, batch_size: int, pro
         max_grad_norm=recipe.max_grad_norm, seed=recipe.seed, data_seed=recipe.seed,
         logging_steps=recipe.logging_steps, save_strategy="steps", save_steps=recipe.save_steps,
         save_total_limit=recipe.save_total_limit, report_to="none", deepspeed=recipe.deepspeed,
-        prompts=prompts, **device_flags(recipe.precision))
+        prompts=prompts, **device_flags(precision or recipe.precision))
 
 
 def _instruction(recipe: ContrastiveRecipe, source: DataSource, side: str) -> str:
@@ -315,6 +317,7 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         check_free_space(output, model_bytes(model_name, 1 + CHECKPOINT_COPIES * kept),
                          what=f"the model and checkpoints of {model_name}")
     sentence_model = _load_model(model_name, recipe, sources)
+    chosen = _measured_precision(sentence_model, recipe, chosen, sets)
     if recipe.compile_layers:
         from neobert_embed.layer_compile import compile_repeated_layers
 
@@ -329,7 +332,8 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         if is_main_process():  # record what the run is (run.json)
             RUN.write(output, _record(model_name, sources, recipe))
         try:
-            trainer, interrupt, progress = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks)
+            trainer, interrupt, progress = _build_trainer(sentence_model, loss, sets, sources, recipe, output, callbacks,
+                                                          chosen)
             started = time.perf_counter()
             with (_batch_layout(sentence_model, recipe, chosen) as layout, interrupt, contextlib.closing(progress),
                   writing(output)):  # the bar stops however training ends
@@ -364,7 +368,8 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
 
 
 @contextlib.contextmanager
-def _batch_layout(sentence_model, recipe: ContrastiveRecipe, chosen: TrainingPrecision) -> Iterator[Any]:
+def _batch_layout(sentence_model, recipe: ContrastiveRecipe, chosen: TrainingPrecision,
+                  announce: bool = True) -> Iterator[Any]:
     """The recipe's batch layout (``unpadded``) for the duration of training, announced once."""
     import torch
 
@@ -374,8 +379,47 @@ def _batch_layout(sentence_model, recipe: ContrastiveRecipe, chosen: TrainingPre
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(chosen.dtype)
     with training_layout(sentence_model, recipe.unpadded, device=training_device(),
                          autocast_dtype=dtype) as layout:
-        logger.info(layout.announcement)
+        if announce:
+            logger.info(layout.announcement)
         yield layout
+
+
+def _measured_precision(sentence_model, recipe: ContrastiveRecipe, chosen: TrainingPrecision,
+                        sets: dict[str, Any]) -> TrainingPrecision:
+    """``auto``'s bf16 on a CPU, confirmed on one batch of the run's first dataset
+    (:func:`~neobert_embed.training_precision.measured_cpu_precision`); anything else as chosen."""
+    from neobert_embed.contrastive.trainer import texts_per_example
+    from neobert_embed.training_precision import measured_cpu_precision, training_device
+
+    if recipe.precision != "auto" or chosen.dtype != "bf16" or training_device() != "cpu":
+        return chosen
+    first = next(iter(sets.values()))
+    rows = min(first.num_rows, recipe.batch_examples(texts_per_example(first)))
+    texts = [text for column in ("anchor", "positive") for text in first[column][:rows]]
+    with _batch_layout(sentence_model, recipe, chosen, announce=False):
+        return measured_cpu_precision(chosen, _step_timer(sentence_model, texts))
+
+
+def _step_timer(sentence_model, texts: list[str]):
+    """Seconds of one forward and backward of ``sentence_model`` on ``texts`` (bf16 autocast or fp32),
+    leaving the model's gradients, mode and the random streams as they were."""
+    import torch
+
+    def run(bf16: bool) -> float:
+        training = sentence_model.training
+        with torch.random.fork_rng(devices=[]):
+            sentence_model.eval()
+            started = time.perf_counter()
+            features = sentence_model.preprocess(texts)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                embeddings = sentence_model(features)["sentence_embedding"]
+            embeddings.float().square().mean().backward()
+            elapsed = time.perf_counter() - started
+        sentence_model.zero_grad(set_to_none=True)
+        sentence_model.train(training)
+        return elapsed
+
+    return run
 
 
 def _chosen_precision(recipe: ContrastiveRecipe) -> TrainingPrecision:
@@ -451,7 +495,8 @@ def _discard_new_run(output: Path, remove_directory: bool = False) -> None:
 
 
 def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str, DataSource],
-                   recipe: ContrastiveRecipe, output: Path, callbacks: list[TrainerCallback] | None):
+                   recipe: ContrastiveRecipe, output: Path, callbacks: list[TrainerCallback] | None,
+                   chosen: TrainingPrecision):
     """The recipe's trainer with its callbacks: metrics file, quiet progress bar, graceful Ctrl-C
     (the last two returned as well: ``train()`` runs inside them)."""
     from datasets import DatasetDict
@@ -468,7 +513,7 @@ def _build_trainer(sentence_model, loss, sets: dict[str, Any], sources: dict[str
     from neobert_embed.divergence import StopOnNonFinite
 
     batch = max(recipe.batch_examples(texts_per_example(d)) for d in sets.values())
-    args = _training_args(recipe, output, batch, _training_prompts(sources, recipe, sets))
+    args = _training_args(recipe, output, batch, _training_prompts(sources, recipe, sets), chosen.dtype)
     trainer = ContrastiveTrainer(recipe=recipe, model=sentence_model, args=args, train_dataset=DatasetDict(sets),
                                  loss=loss, callbacks=list(callbacks or []))
     trainer.remove_callback(ProgressCallback)

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from neobert_embed.backbones import POSITIONS_AFTER_PAD
+from neobert_embed.backbones import first_position
 
 if TYPE_CHECKING:
     import torch
@@ -123,7 +123,7 @@ def training_layout(model: SentenceTransformer, unpadded: bool = True, *, device
         elif unpadded:
             stack.enter_context(_attention_implementation(encoder))
         if unpadded:
-            stack.enter_context(_flat_stream(transformer, _position_offset(encoder)))
+            stack.enter_context(_flat_stream(transformer, first_position(encoder.config)))
         yield layout
 
 
@@ -148,12 +148,6 @@ def _attention_implementation(encoder: PreTrainedModel) -> Iterator[None]:
         yield
     finally:
         encoder.set_attn_implementation(previous)
-
-
-def _position_offset(encoder: PreTrainedModel) -> int:
-    """Where positions start: after the pad id for RoBERTa's families (:data:`POSITIONS_AFTER_PAD`)."""
-    config = encoder.config
-    return (config.pad_token_id or 0) + 1 if getattr(config, "model_type", "") in POSITIONS_AFTER_PAD else 0
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import shutil
@@ -252,20 +253,21 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
     trainer.add_callback(StopOnNonFinite())  # a NaN/inf loss or gradient stops the trial, never trains on
     started = time.perf_counter()
     try:
-        output = trainer.train()
-        train_seconds = time.perf_counter() - started
-        keeper.restore(trainer.model)
-        scores: dict[str, float] = {}
-        for prefix, dataset in validation:
-            predicted = trainer.predict(dataset, metric_key_prefix="final")
-            scores.update(compute_metrics(task, predictions_from_logits(task, predicted.predictions),
-                                          predicted.label_ids, prefix))
-        tests = {}
-        if predict_test:
-            for split in data.test_splits:
-                logits = trainer.predict(encoded[split].remove_columns("labels")).predictions
-                tests[split] = {"idx": [int(i) for i in encoded[split]["idx"]],
-                                "prediction": predictions_from_logits(task, logits).tolist()}
+        with _batch_layout(classifier, preset):
+            output = trainer.train()
+            train_seconds = time.perf_counter() - started
+            keeper.restore(trainer.model)
+            scores: dict[str, float] = {}
+            for prefix, dataset in validation:
+                predicted = trainer.predict(dataset, metric_key_prefix="final")
+                scores.update(compute_metrics(task, predictions_from_logits(task, predicted.predictions),
+                                              predicted.label_ids, prefix))
+            tests = {}
+            if predict_test:
+                for split in data.test_splits:
+                    logits = trainer.predict(encoded[split].remove_columns("labels")).predictions
+                    tests[split] = {"idx": [int(i) for i in encoded[split]["idx"]],
+                                    "prediction": predictions_from_logits(task, logits).tolist()}
         result = {
             "task": task.name, "trial": asdict(trial), "key": trial.key, "config_key": trial.config_key,
             "model": model, "start_from": str(start_from) if start_from else None, "data": data.source,
@@ -275,6 +277,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
             "train_seconds": round(train_seconds, 2),
             "train_examples_per_s": round(output.metrics.get("train_samples_per_second", 0.0), 2),
             "device": device, "torch_threads": torch.get_num_threads(), "precision": precision,
+            "unpadded": preset.unpadded,
             "test_predictions": tests,
         }
         if keep_model is not None and is_main_process():
@@ -282,6 +285,15 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return result
+
+
+def _batch_layout(classifier: PreTrainedModel, preset: GluePreset) -> contextlib.AbstractContextManager:
+    """``preset.unpadded`` (the default): the encoder runs each batch on its real tokens, one flat stream
+    (:func:`~neobert_embed.modeling.flat_attention.unpadded_encoder`; the head reads each text's first
+    token as before); else padded batches, as transformers' Trainer runs them."""
+    from neobert_embed.modeling.flat_attention import unpadded_encoder
+
+    return unpadded_encoder(classifier) if preset.unpadded else contextlib.nullcontext()
 
 
 def _keep_if_best(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path, result: dict[str, Any]) -> None:

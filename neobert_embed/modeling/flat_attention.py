@@ -37,8 +37,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +53,9 @@ from neobert_embed.modeling.attention import (
     flash_attn_installed,
     varlen_attention,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: The name :func:`flat_attention_forward` is registered under in transformers' attention interface.
 FLAT_ATTENTION = "neobert_embed_varlen"
@@ -169,3 +175,88 @@ def _padded_for_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, off
     out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=mask, dropout_p=dropout,
                                          scale=scale)
     return out.transpose(1, 2).reshape(texts * longest, *q.shape[1:]).index_select(0, slot)
+
+
+class _StreamHooks:
+    """The pair of hooks :func:`unpadded_encoder` puts on an encoder: the pre-hook turns a padded batch
+    into one flat stream of its real tokens, the hook puts the output back in the padded layout."""
+
+    def __init__(self, position_offset: int) -> None:
+        self.position_offset = position_offset
+        self.pending: list[tuple[int, int, torch.Tensor] | None] = []
+
+    def flatten(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:  # by name (input_ids, attention_mask … in the forward's order)
+            kwargs = {**dict(zip(inspect.signature(module.forward).parameters, args, strict=False)), **kwargs}
+            args = ()
+        kwargs = dict(kwargs)
+        mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
+        if (mask is None or ids is None or mask.dim() != 2 or kwargs.get("inputs_embeds") is not None
+                or kwargs.get("position_ids") is not None):
+            self.pending.append(None)  # nothing this hook knows how to flatten: the forward runs as asked
+            return args, kwargs
+        batch, length = mask.shape
+        real = mask.bool()
+        index = real.reshape(-1).nonzero().squeeze(1)
+        lengths = real.sum(1)
+        offsets = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        for name, value in list(kwargs.items()):
+            if isinstance(value, torch.Tensor) and value.shape == (batch, length):
+                kwargs[name] = value.reshape(-1)[index].unsqueeze(0)
+        longest = int(lengths.max())
+        kwargs.update(attention_mask=None, cu_seq_lens_q=offsets, cu_seq_lens_k=offsets, max_length_q=longest,
+                      max_length_k=longest,
+                      position_ids=((real.cumsum(1) - 1).reshape(-1)[index] + self.position_offset).unsqueeze(0))
+        self.pending.append((batch, length, index))
+        return args, kwargs
+
+    def repad(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: object) -> object:
+        layout = self.pending.pop()
+        if layout is None:
+            return output
+        batch, length, index = layout
+        flat = output[0]
+        hidden = flat.new_zeros(batch * length, flat.shape[-1]).index_copy(0, index, flat[0]).view(batch, length, -1)
+        pooler = getattr(module, "pooler", None)
+        if isinstance(output, tuple):
+            return (hidden, *((pooler(hidden),) if pooler is not None and len(output) > 1 else output[1:2]), *output[2:])
+        output["last_hidden_state"] = hidden
+        if pooler is not None and output.get("pooler_output") is not None:
+            output["pooler_output"] = pooler(hidden)  # it read the first token of the stream, not of each text
+        return output
+
+
+@contextlib.contextmanager
+def unpadded_encoder(model: PreTrainedModel) -> Iterator[None]:
+    """Inside the block, the encoder of ``model`` (its ``base_model``) runs padded batches on their real
+    tokens only: one flat stream (``cu_seq_lens_q``), forward and backward, then its output is put back
+    in the padded layout (zeros at pads; a BERT pooler recomputed from each text's first token), so
+    heads that read the first token, or pool with the mask, work unchanged. For GLUE's
+    ``AutoModelForSequenceClassification`` and any other head over a transformers encoder.
+
+    Positions restart at each text (RoBERTa's families: after the pad id,
+    :func:`~neobert_embed.backbones.first_position`). Calls that pass ``inputs_embeds`` or
+    ``position_ids`` run as asked.
+
+    Example:
+        >>> with unpadded_encoder(classifier):
+        ...     trainer.train()
+    """
+    from neobert_embed.backbones import first_position
+    from neobert_embed.modeling.model import NeoBERTPreTrainedModel
+
+    base = model.base_model
+    previous = model.config._attn_implementation
+    flat_interface = not isinstance(model, NeoBERTPreTrainedModel)  # NeoBERT's forward takes the stream itself
+    if flat_interface:
+        model.set_attn_implementation(register_flat_attention())
+    hooks = _StreamHooks(first_position(model.config))
+    handles = (base.register_forward_pre_hook(hooks.flatten, with_kwargs=True),
+               base.register_forward_hook(hooks.repad, with_kwargs=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        if flat_interface:
+            model.set_attn_implementation(previous)
