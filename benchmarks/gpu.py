@@ -346,6 +346,7 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from neobert_embed.encoding import encode_texts
+    from neobert_embed.inference import pipeline as pipeline_module
     from neobert_embed.inference.pipeline import (
         EncodePipeline,
         pipeline_for,
@@ -378,9 +379,10 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
         "plain": run_plain,
         "toolkit_auto": lambda count: encode_texts(auto.model, texts[:count], batch_size=batch),
         "toolkit_bf16": lambda count: encode_texts(bf16.model, texts[:count], batch_size=batch),
-        f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}": lambda count: with_chunk_texts(
-            LARGE_CHUNK_TEXTS, lambda: encode_texts(auto.model, texts[:count], batch_size=batch)),
     }
+    if hasattr(pipeline_module, "CHUNK_TEXTS"):  # the constant this row changes (a refactor may rename it)
+        encoders[f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}"] = lambda count: with_chunk_texts(
+            LARGE_CHUNK_TEXTS, lambda: encode_texts(auto.model, texts[:count], batch_size=batch))
     seconds, vectors = interleaved(ctx, encoders)
     reference = load_inference_model(directory, "fp32", device=ctx.device)
     fp32 = encode_texts(reference.model, texts, batch_size=batch)
@@ -396,7 +398,8 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
         "toolkit_auto_vs_plain": round(rates["toolkit_auto"] / rates["plain"], 3),
         "toolkit_bf16_vs_plain": round(rates["toolkit_bf16"] / rates["plain"], 3),
         f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}_vs_toolkit_auto": round(
-            rates[f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}"] / rates["toolkit_auto"], 3),
+            rates[f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}"] / rates["toolkit_auto"], 3)
+        if f"toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}" in rates else "not measured: the pipeline has no CHUNK_TEXTS",
         "auto_choice": auto.choice.description,
         "auto_load_s": round(auto_load_s, 2),
         "tokenize_tokens_per_s": {"pipeline_tokenize": round(tokens / pipeline_tokenize_s, 1),
@@ -419,14 +422,14 @@ LARGE_CHUNK_TEXTS = 8192
 def with_chunk_texts(texts: int, run: Callable[[], Any]) -> Any:
     """``run()`` with the encoding pipeline's chunk of ``texts`` texts (its module constant, restored after):
     measures whether a larger chunk on a GPU reaches the ceiling, before the constant changes."""
-    from neobert_embed.inference import pipeline
+    from neobert_embed.inference import pipeline as pipeline_module
 
-    before = pipeline.CHUNK_TEXTS
-    pipeline.CHUNK_TEXTS = texts
+    before = pipeline_module.CHUNK_TEXTS
+    pipeline_module.CHUNK_TEXTS = texts
     try:
         return run()
     finally:
-        pipeline.CHUNK_TEXTS = before
+        pipeline_module.CHUNK_TEXTS = before
 
 
 def best_seconds(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -1060,7 +1063,7 @@ def table(report: dict) -> str:
                          f"{fmt(row['forward_only_tokens_per_s']['toolkit_auto'])}  of ceiling "
                          f"{row['toolkit_auto_of_ceiling']}  cos {row['cosine_to_fp32_toolkit_auto']['mean']}  "
                          f"chunk {LARGE_CHUNK_TEXTS}/2048 "
-                         f"{row[f'toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}_vs_toolkit_auto']}x  "
+                         f"{row.get(f'toolkit_auto_chunk_{LARGE_CHUNK_TEXTS}_vs_toolkit_auto')}x  "
                          f"auto: {row['auto_choice'][:60]}")
     train = report.get("train", {})
     for name, row in train.items():
