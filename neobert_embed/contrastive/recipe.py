@@ -106,6 +106,7 @@ class ContrastiveRecipe(BaseModel):
     gather_across_devices: bool = False
     # GPU step (neobert_embed.layer_compile): off unless benchmarks/gpu.py measured a win
     compile_layers: bool = False  # torch.compile(dynamic=True) of each repeated layer's norm/MLP blocks
+    cast_weights_once: bool = False  # one bf16/fp16 cast of the weights per step, not per forward (not cached)
     # batches
     alpha: float = Field(0.5, ge=0, le=1)
     text_budget: int | None = Field(128, ge=2, le=MAX_BATCH)
@@ -140,6 +141,9 @@ class ContrastiveRecipe(BaseModel):
         if self.mini_batch_size is not None and not self.cached:
             raise ValueError("'mini_batch_size' only applies to the cached (GradCache) loss; "
                              "set 'cached: true' or remove it")
+        if self.cast_weights_once and self.cached:
+            raise ValueError("'cast_weights_once' does not apply to the cached (GradCache) loss: its pass without "
+                             "gradients would cache casts the pass with gradients reuses; remove one of them")
         if self.mini_batch_tokens is not None and not self.cached:
             raise ValueError("'mini_batch_tokens' only applies to the cached (GradCache) loss; "
                              "set 'cached: true' or remove it")

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from sentence_transformers import SentenceTransformerTrainer
 from transformers import TrainerCallback
 
@@ -126,7 +128,23 @@ class ContrastiveTrainer(SentenceTransformerTrainer):
         """Count examples (rows of the anchor column) before delegating to the recipe's loss."""
         if model.training:
             self.examples_seen += examples_in(inputs)
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        with self.step_autocast(model.training):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def step_autocast(self, training: bool) -> contextlib.AbstractContextManager:
+        """With the recipe's ``cast_weights_once``, an outer autocast region, *disabled*, around all of a
+        training step's forwards (queries, documents): autocast keeps its cache of weight casts until
+        the outermost region ends, so each fp32 weight is cast once per step and the cast reused by
+        the other forwards (each forward's own region, which accelerate adds, would cast it again: a
+        copy kernel per linear layer per forward). Disabled, the region leaves the loss's own
+        arithmetic between the forwards in fp32, as before. The master weights stay fp32; a weight's
+        gradient is summed over the forwards in the compute dtype before its cast to fp32 (per
+        forward: in fp32), a rounding difference. Not for GradCache (refused by the recipe): its pass
+        without gradients would cache casts without autograd history."""
+        mixed = self.args.bf16 or self.args.fp16
+        if not (training and self.recipe.cast_weights_once and mixed):
+            return contextlib.nullcontext()
+        return torch.autocast(self.args.device.type, enabled=False)
 
 
 class MetricsFileCallback(TrainerCallback):
