@@ -60,7 +60,18 @@ def test_rows_padded_beyond_their_longest_text_give_an_upper_bound():
     assert plan.cu_seqlens.tolist()[-1] == sum(LENGTHS)
 
 
-def test_packed_documents_still_get_their_exact_longest_document():
-    cu_seqlens = torch.tensor([0, 3, 8, 12], dtype=torch.int32)  # documents across a 2 x 6 batch
+def test_packed_documents_get_their_exact_longest_document_and_checks_in_one_read(reads):
+    cu_seqlens = torch.tensor([0, 3, 8, 12], dtype=torch.int32)  # documents across a 2 x 6 batch (a flat stream)
     plan = build_varlen_batch(None, cu_seqlens, (2, 6), backend="native_varlen")
+    assert reads == ["tolist"]  # the checks of cu_seqlens and the longest document together (were 4 reads)
     assert plan.max_seqlen == 5
+
+
+@pytest.mark.parametrize(("cu_seqlens", "message"), [
+    ([0, 3, 10], "must start at 0 and end at batch\\*length = 12"),  # tokens past the last document
+    ([1, 3, 12], "must start at 0"),
+    ([0, 8, 3, 12], "non-decreasing"),
+])
+def test_a_bad_cu_seqlens_is_refused_with_its_reason(cu_seqlens, message):
+    with pytest.raises(ValueError, match=message):
+        build_varlen_batch(None, torch.tensor(cu_seqlens), (2, 6), backend="native_varlen")

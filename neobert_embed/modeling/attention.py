@@ -244,16 +244,22 @@ class VarlenBatch:
         return len(self.groups) if self.backend == "sdpa_varlen" else 1
 
 
-def _check_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> None:
+def _check_cu_seqlens_shape(cu_seqlens: torch.Tensor) -> None:
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
-    if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != total:
-        raise ValueError(
-            f"cu_seqlens must start at 0 and end at batch*length = {total} (it covers the flattened "
-            f"input), got {int(cu_seqlens[0])} … {int(cu_seqlens[-1])}"
-        )
-    if bool((cu_seqlens[1:] < cu_seqlens[:-1]).any()):
+
+
+def _checked_longest(cu_seqlens: torch.Tensor, lengths: torch.Tensor, total: int) -> int:
+    """The longest document, with ``cu_seqlens``' checks, in ONE read-back from the device (each read
+    waits for the GPU's queue: the checks alone were three)."""
+    first, last, decreasing, longest = torch.stack([
+        cu_seqlens[0], cu_seqlens[-1], (cu_seqlens[1:] < cu_seqlens[:-1]).any().long(), lengths.max()]).tolist()
+    if first != 0 or last != total:
+        raise ValueError(f"cu_seqlens must start at 0 and end at batch*length = {total} (it covers the flattened "
+                         f"input), got {first} … {last}")
+    if decreasing:
         raise ValueError("cu_seqlens must be non-decreasing")
+    return longest
 
 
 @dataclass(frozen=True)
@@ -370,9 +376,10 @@ def build_varlen_batch(
         doc_of_token = flat // length
     else:
         cu_seqlens = cu_seqlens.to(device=device, dtype=torch.int64)
-        _check_cu_seqlens(cu_seqlens, total)
-        segment_starts = cu_seqlens[:-1]
-        doc_of_token = torch.searchsorted(cu_seqlens[1:], flat, right=True)
+        _check_cu_seqlens_shape(cu_seqlens)
+        segment_starts = cu_seqlens[:-1]  # checked with the longest document below (one read-back); the
+        # clamp keeps a bad cu_seqlens from indexing past its documents before that check raises
+        doc_of_token = torch.searchsorted(cu_seqlens[1:], flat, right=True).clamp_(max=segment_starts.numel() - 1)
     positions = (flat - segment_starts[doc_of_token] if position_ids is None
                  else position_ids.to(device).reshape(-1).long())
     token_index = None
@@ -385,10 +392,10 @@ def build_varlen_batch(
     lengths = torch.bincount(doc_of_token, minlength=segment_starts.numel())
     new_cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=device)
     new_cu[1:] = torch.cumsum(lengths, 0)
+    # A GPU kernel takes an upper bound on the longest document: the row length for rows (exact for a
+    # batch padded to its longest text) needs no read-back; packed documents read it with their checks.
+    max_seqlen = length if cu_seqlens is None else _checked_longest(cu_seqlens, lengths, total)
     if backend != "sdpa_varlen":
-        # A GPU kernel takes an upper bound on the longest document: the row length for rows (exact for
-        # a batch padded to its longest text) needs no read-back of the lengths; packed documents do.
-        max_seqlen = length if cu_seqlens is None else int(lengths.max()) if lengths.numel() else 0
         return VarlenBatch(token_index, positions, new_cu, max_seqlen, (), None, backend, "documents")
     host_lengths = lengths.tolist()
     max_seqlen = max(host_lengths, default=0)
