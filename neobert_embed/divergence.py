@@ -8,7 +8,10 @@ and the run stops with one line naming the step, the learning rate and the last 
 
 Under fp16 loss scaling an infinite gradient is a normal, skipped step (the scaler lowers its
 scale), so there only the loss is checked (from the logs). Under DeepSpeed the gradients are held
-by the engine, so the logged loss and ``grad_norm`` are checked.
+by the engine, so the logged loss and ``grad_norm`` are checked. On a GPU, reading a norm back to the
+host every step would stall the device (issue 47: no host wait per step), so there the logged loss and
+``grad_norm`` are checked at each logging step, and every checkpoint's weights before it is kept: a
+NaN step stops the run at the next log, and no checkpoint of non-finite weights survives.
 
 Example:
     >>> trainer.add_callback(StopOnNonFinite())
@@ -64,6 +67,8 @@ class StopOnNonFinite(TrainerCallback):
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                               model: torch.nn.Module | None = None, optimizer: Any = None, **kwargs: Any):
         if args.fp16 or args.deepspeed or model is None:  # scaled-away steps / the engine's own gradients
+            return
+        if args.device.type != "cpu":  # reading the norm back would stall the GPU every step: logs and saves check
             return
         norm = _all_finite([p.grad.detach() for p in model.parameters() if p.grad is not None])
         if not math.isfinite(norm):
