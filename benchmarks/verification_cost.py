@@ -36,6 +36,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
+sys.path.insert(0, str(REPO / "benchmarks"))  # also when imported by path
+
+from conditions import conditions  # noqa: E402
 QUERY = "how do I reset my password?"
 
 
@@ -119,6 +122,14 @@ def main() -> None:
         whole = statistics.median(wall[name])
         report[name] = {"whole_process_s": round(whole, 3), "verification_s": round(verify[name], 4),
                         "hashed_mb": round(hashed[name] / 1e6, 1), "share": round(verify[name] / whole, 4)}
+    report["conditions"] = conditions(
+        data=(f"{options.texts} STS-B dev sentence1 texts (encode), a flat index of the first {options.documents} "
+              "AG News test texts (search), from ../shared/data"),
+        precision="encode: the export's fp32 ONNX graph (auto); search: the index's own precision",
+        protocol="whole CLI processes, verification timed in this process as those commands run it",
+        selection="nothing selected",
+        timing=f"median of {options.repeats} interleaved whole processes; verification: median of "
+               f"{options.repeats} in-process calls, files in the page cache", model="all-MiniLM-L6-v2")
     print(json.dumps({"repeats": options.repeats, "texts": options.texts, "documents": options.documents,
                       "commands": {"encode": " ".join(encode[2:]), "search": " ".join(search[2:])}, **report},
                      indent=2))
