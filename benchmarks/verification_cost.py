@@ -39,6 +39,7 @@ DATA = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(REPO / "benchmarks"))  # also when imported by path
 
 from conditions import conditions  # noqa: E402
+
 QUERY = "how do I reset my password?"
 
 
