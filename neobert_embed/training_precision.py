@@ -109,12 +109,13 @@ def measured_cpu_precision(chosen: TrainingPrecision, time_step: Callable[[bool]
     """``auto``'s bf16 choice on a CPU, kept only where bf16 autocast runs this run's own step faster than fp32.
 
     Why: a bf16 unit is no promise. On an AMX Xeon, bf16 autocast took 0.99 s for a small NeoBERT's
-    backward against 0.23 s in fp32 (cause not found: AMX's blocked weight layouts reordered per call
-    are a suspect), and on a busy shared CPU the gain can vanish; ``auto`` must never train slower than
-    fp32. So the choice is measured on the machine, on the model and texts of the run:
-    ``time_step(bf16)`` runs one forward and backward and returns its seconds; after one warm-up call
-    of each, ``repeats`` calls of each are interleaved and the fastest of each compared. ``chosen``
-    other than bf16 is returned as is.
+    backward against 0.23 s in fp32 (a small model and new shapes every step: the bf16 kernels' set-up
+    per shape is the suspect, which a machine without AMX cannot show), and on a busy shared CPU the
+    gain can vanish; ``auto`` must never train slower than fp32. So the choice is measured on the
+    machine, on the model and texts of the run: ``time_step(bf16)`` runs one forward and backward and
+    returns its seconds (the caller gives each bf16/fp32 pair of calls inputs of new shapes, as
+    training steps have); after one warm-up call of each, ``repeats`` calls of each are interleaved and
+    the fastest of each compared. ``chosen`` other than bf16 is returned as is.
 
     Example:
         >>> measured_cpu_precision(TrainingPrecision("bf16", "avx512_bf16"), lambda bf16: 2.0 if bf16 else 1.0).label

@@ -395,17 +395,25 @@ def _measured_precision(sentence_model, recipe: ContrastiveRecipe, chosen: Train
         return chosen
     first = next(iter(sets.values()))
     rows = min(first.num_rows, recipe.batch_examples(texts_per_example(first)))
-    texts = [text for column in ("anchor", "positive") for text in first[column][:rows]]
+    batches = []
+    for call in range(3):  # a warm-up and two timed pairs, each on other rows: new shapes, as every step has
+        picked = [(call * rows + i) % first.num_rows for i in range(max(1, rows - call))]
+        batches.append([text for column in ("anchor", "positive") for text in first.select(picked)[column]])
     with _batch_layout(sentence_model, recipe, chosen, announce=False):
-        return measured_cpu_precision(chosen, _step_timer(sentence_model, texts))
+        return measured_cpu_precision(chosen, _step_timer(sentence_model, batches))
 
 
-def _step_timer(sentence_model, texts: list[str]):
-    """Seconds of one forward and backward of ``sentence_model`` on ``texts`` (bf16 autocast or fp32),
-    leaving the model's gradients, mode and the random streams as they were."""
+def _step_timer(sentence_model, batches: list[list[str]]):
+    """Seconds of one forward and backward of ``sentence_model`` (bf16 autocast or fp32); calls 2k and
+    2k + 1 run ``batches[k]``, so both precisions meet each batch's shapes for the first time (kernels set
+    up per shape are part of a real step's cost: every step has new ones). The model's gradients, mode
+    and the random streams are left as they were."""
     import torch
 
+    calls = iter(range(2 * len(batches)))
+
     def run(bf16: bool) -> float:
+        texts = batches[min(next(calls, 2 * len(batches) - 1) // 2, len(batches) - 1)]
         training = sentence_model.training
         with torch.random.fork_rng(devices=[]):
             sentence_model.eval()

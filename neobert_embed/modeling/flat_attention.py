@@ -50,6 +50,7 @@ from neobert_embed.modeling.attention import (
     VarlenBatch,
     attention_kernel_for,
     build_varlen_batch,
+    compute_dtype,
     flash_attn_installed,
     varlen_attention,
 )
@@ -130,7 +131,11 @@ def flat_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                          f"{tuple(attention_mask.shape)}")
     window = None if sliding_window is None else int(sliding_window) - 1
     q, k, v = (x.transpose(1, 2).reshape(batch * length, heads, head_dim) for x in (query, key, value))
-    kernel = flat_kernel(query.device, query.dtype, head_dim, dropout)
+    # under autocast the products run in its dtype; a rotary embedding computed in fp32 may have promoted q/k
+    dtype = compute_dtype(query.device, query.dtype)
+    kernel = flat_kernel(query.device, dtype, head_dim, dropout)
+    if kernel in ("native_varlen", "flash_attn"):  # not autocast ops: one dtype, the kernel's
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     token_index = None
     if cu_seq_lens_q is not None:
         source = cu_seq_lens_q
