@@ -358,6 +358,19 @@ CASES = [
     Case("mine damaged tokenizer.json", ("mine-negatives", "--model", "{case}/model", "--data", "{pairs}",
                                          "--output", "{case}/mined.jsonl"), ("tokenizer.json", "damaged"),
          _damaged_model("tokenizer.json")),
+    # --- tasks synth / tasks lengths (long-context tasks) --------------------------------------------------
+    Case("tasks synth bad kind", ("tasks", "synth", "--kind", "haystack", "--haystack", T, "--tokenizer", M,
+                                  "--output", "{case}/task"), ("--kind", "passkey")),
+    Case("tasks synth lengths not numbers", ("tasks", "synth", "--kind", "passkey", "--haystack", T, "--tokenizer",
+                                             M, "--lengths", "256,4k", "--output", "{case}/task"), ("--lengths", "4k")),
+    Case("tasks synth lengths too short", ("tasks", "synth", "--kind", "needle", "--haystack", T, "--tokenizer", M,
+                                           "--lengths", "8", "--output", "{case}/task"), ("--lengths",)),
+    Case("tasks synth missing haystack", ("tasks", "synth", "--kind", "passkey", "--haystack", "{case}/none.txt",
+                                          "--tokenizer", M, "--output", "{case}/task"), ("none.txt",)),
+    Case("tasks lengths bad passages", ("tasks", "lengths", "--models", M, "--task-dir", "{task}", "--passages",
+                                        "some", "--output", "{case}/lengths"), ("--passages",)),
+    Case("tasks lengths missing task dir", ("tasks", "lengths", "--models", M, "--task-dir", "{case}/nothing",
+                                            "--output", "{case}/lengths"), ("nothing",)),
     Case("demo output under a file", ("demo", "--quick", "--output", "{file}/demo"), ("a-file",)),
     Case("demo output read-only", ("demo", "--quick", "--output", READ_ONLY), ("/proc/1",)),
     Case("demo damaged journal", ("demo", "--quick", "--output", "{case}/demo"), ("stages.json",),
@@ -368,12 +381,12 @@ CASES = [
 def test_the_table_covers_every_command_with_at_least_80_cases():
     from neobert_embed.cli import app
 
-    commands = {" ".join(c.args[:2]) if c.args[0] in {"index", "pretrain"} and not c.args[1].startswith("-")
+    commands = {" ".join(c.args[:2]) if c.args[0] in {"index", "pretrain", "tasks"} and not c.args[1].startswith("-")
                 else c.args[0] for c in CASES}
     names = {info.name for info in app.registered_commands} | {f"{group.name} {info.name}" for group in
                                                                app.registered_groups
                                                                for info in group.typer_instance.registered_commands}
-    runnable = {name for name in names if name not in {"index", "pretrain"}} | {"pretrain"}
+    runnable = {name for name in names if name not in {"index", "pretrain", "tasks"}} | {"pretrain"}
     assert len(CASES) >= 80 and len({c.name for c in CASES}) == len(CASES)
     assert runnable <= commands | {"index plan"}, runnable - commands
 

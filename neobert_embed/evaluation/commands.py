@@ -244,9 +244,13 @@ def synth_command(
     seed: int = typer.Option(0, "--seed", help="Same inputs and seed: same bytes."),
 ) -> None:
     """Write a synthetic passkey or needle retrieval task, deterministically, from local text (runs offline)."""
+    from neobert_embed.errors import UserInputError
     from neobert_embed.evaluation.long_context import write_synthetic_task
 
-    written = write_synthetic_task(kind, haystack, output, lengths=[int(x) for x in opt.comma_list(lengths) or []],
+    parts = opt.comma_list(lengths) or []
+    if not all(part.isdigit() for part in parts):
+        raise UserInputError(f"--lengths must be comma-separated token counts such as 256,1024,4096, got {lengths!r}")
+    written = write_synthetic_task(kind, haystack, output, lengths=[int(part) for part in parts],
                                    tokenizer=tokenizer, documents=documents, seed=seed)
     typer.echo(f"wrote {written} ({kind}, lengths {lengths}, {documents} documents each); run it with "
                f"`neobert-embed mteb --task-dir {written}` or `neobert-embed tasks lengths --task-dir {written}`")
@@ -259,7 +263,8 @@ def lengths_command(
                                         "(tasks synth, or a local copy of a LongEmbed task); repeatable."),
     output: Path = typer.Option(..., "--output", "-o", help="Where by_length.json|md|png go."),
     passages: str = typer.Option("both", "--passages", help="both | with | without."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, max=opt.MAX_BATCH),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, max=opt.MAX_BATCH,
+                                   help="Texts per forward pass (long texts are also capped by a token budget)."),
     precision: str = typer.Option("fp32", "--precision", help="Compute precision (fp32: published scores')."),
 ) -> None:
     """Score each model on each length through an exact index of each split, truncated and with --passages:
