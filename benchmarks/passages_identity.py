@@ -21,6 +21,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # also when imported by path
+
+from conditions import conditions  # noqa: E402
+
 VOLATILE = {"created_at", "updated_at", "train_seconds", "sources", "model_path", "files"}
 
 
@@ -74,6 +78,11 @@ def main() -> None:
         out["sha256"] = {key: built["this"][key] for key in ("index.faiss", "documents.sqlite")}
         out["manifest_keys_differing"] = sorted(k for k in set(built["base"]["manifest"]) | set(built["this"]["manifest"])
                                                 if built["base"]["manifest"].get(k) != built["this"]["manifest"].get(k))
+    out["conditions"] = conditions(
+        data=f"the first {args.documents} AG News test articles (../shared/data), every 7th repeated past the window; "
+             "5 later titles as queries",
+        precision="fp32", protocol="index build then index search --json, each checkout through its own CLI",
+        selection="nothing selected", timing="not timed (an identity check)", model="all-MiniLM-L6-v2")
     print(json.dumps(out, indent=1))
 
 
