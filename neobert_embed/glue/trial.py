@@ -288,7 +288,7 @@ def run_trial(model: str, data: GlueData, trial: Trial, preset: GluePreset, work
 
 
 def _batch_layout(classifier: PreTrainedModel, preset: GluePreset) -> contextlib.AbstractContextManager:
-    """``preset.unpadded`` (the default): the encoder runs each batch on its real tokens, one flat stream
+    """``preset.unpadded`` (off by default): the encoder runs each batch on its real tokens, one flat stream
     (:func:`~neobert_embed.modeling.flat_attention.unpadded_encoder`; the head reads each text's first
     token as before); else padded batches, as transformers' Trainer runs them."""
     from neobert_embed.modeling.flat_attention import unpadded_encoder
