@@ -87,9 +87,17 @@ def test_the_pipeline_gives_sentence_transformers_vectors_in_input_order(minilm,
     assert len(as_list) == len(TEXTS) and torch.allclose(torch.stack(as_list), plain_tensor, atol=1e-5)
 
 
-def test_every_text_is_tokenized_once(minilm, monkeypatch):
+@pytest.fixture
+def fresh_verdicts(monkeypatch):
+    """No direct tokenizer made or trusted yet in this test."""
+    monkeypatch.setattr(pipeline_module, "_DIRECT", weakref.WeakKeyDictionary())
+
+
+def test_every_text_is_tokenized_once(minilm, monkeypatch, fresh_verdicts):
     """One tokenizer call per chunk of texts, each text in exactly one call; the truncation count comes
-    from the same call (the toolkit used to tokenize every text twice)."""
+    from the same call (the toolkit used to tokenize every text twice). Through ``preprocess`` here (no
+    direct tokenizer); the direct one's single pass is the next test's."""
+    monkeypatch.setattr(FastTokenizer, "of", classmethod(lambda cls, tokenizer, limit: None))
     calls: list[list[str]] = []
     tokenizer_class = type(minilm.tokenizer)
     real_call = tokenizer_class.__call__
@@ -109,12 +117,6 @@ def test_every_text_is_tokenized_once(minilm, monkeypatch):
     assert sorted(tokenized) == sorted(texts) and len(calls) == 5
     assert warnings == ["1 of 70 texts are longer than max_seq_length=256 tokens and were truncated"]
     np.testing.assert_allclose(vectors, plain_encode(minilm, texts, batch_size=8), atol=1e-5)
-
-
-@pytest.fixture
-def fresh_verdicts(monkeypatch):
-    """No direct tokenizer made or trusted yet in this test."""
-    monkeypatch.setattr(pipeline_module, "_DIRECT", weakref.WeakKeyDictionary())
 
 
 def test_long_calls_are_tokenized_by_the_rust_tokenizer_once_after_a_probe(minilm, monkeypatch, fresh_verdicts):

@@ -92,7 +92,8 @@ class FastTokenizer:
             1
         """
         encodings = self._batching.encode_batch(list(texts))
+        cut = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
         return Tokenized.from_lists({"input_ids": [e.ids for e in encodings],
                                      "attention_mask": [e.attention_mask for e in encodings],
                                      "token_type_ids": [e.type_ids for e in encodings]},
-                                    padding=self.padding, truncated=sum(1 for e in encodings if e.overflowing))
+                                    padding=self.padding, truncated=int(cut.sum()), cut=cut)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +43,9 @@ import numpy as np
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
-from neobert_embed.inference.pipeline import CHUNK_TEXTS, plan_batches
+from neobert_embed.inference.pipeline import collect, encode_chunks, plan_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
-from neobert_embed.inference.tokenized import Padding
+from neobert_embed.inference.tokenized import Padding, Tokenized
 from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import EXPORT
 
@@ -269,6 +269,9 @@ class LightModel:
         self.source_fingerprint = source_fingerprint
         self._prompt_lengths: dict[str, int] = {}
 
+    #: the exported graph computes over the padded batch (NeoBERT's export included)
+    unpads = False
+
     @property
     def max_seq_length(self) -> int:
         """Inputs are truncated to this many tokens."""
@@ -289,33 +292,48 @@ class LightModel:
             self._prompt_lengths[prompt] = len(ids) - int(int(ids[-1]) in self.tokenizer.special_ids)
         return self._prompt_lengths[prompt]
 
-    def embed(self, texts: Sequence[str], prompt: str | None = None) -> np.ndarray:
-        """One forward pass over ``texts`` with ``prompt`` prepended: the pipeline's sentence embeddings
-        (pooled, normalized when it ends in Normalize, cut to ``truncate_dim``), float32.
+    @property
+    def dimension(self) -> int:
+        """Width of the sentence vectors (the :class:`~neobert_embed.inference.pipeline.Engine`'s)."""
+        return self.get_embedding_dimension()
 
-        Example:
-            >>> model.embed(["a cat", "a dog"], "query: ").shape
-            (2, 384)
-        """
-        return self._vectors(self.tokenizer.batch([prompt + text for text in texts] if prompt else texts), prompt)
+    def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
+        """``texts`` with ``prompt`` prepended, tokenized once (truncated, counted); the prompt's length
+        travels with them for the pooling (``include_prompt``). Safe from any thread."""
+        tokenized = self.tokenizer.tokenize([prompt + text for text in texts] if prompt else list(texts))
+        if prompt:
+            tokenized = replace(tokenized, shared={"prompt_length": self.prompt_length(prompt)})
+        return tokenized
 
-    def _vectors(self, features: dict[str, np.ndarray], prompt: str | None) -> np.ndarray:
+    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray:
         """The runtime's forward of one padded batch, pooled (and normalized, cut) as the pipeline says."""
         hidden = self.runner({name: np.ascontiguousarray(features[name]) for name in self.runner.input_names})
-        vectors = self.pooling(np.asarray(hidden, dtype=np.float32), features["attention_mask"],
-                               self.prompt_length(prompt) if prompt else None)
+        prompt_length = features.get("prompt_length")
+        vectors = self.pooling(np.asarray(hidden, dtype=np.float32), features["attention_mask"],  # type: ignore[arg-type]
+                               int(prompt_length) if prompt_length else None)  # type: ignore[call-overload]
         if self.normalizes:
             vectors = _unit_rows(vectors)
-        return vectors[:, :self.truncate_dim] if self.truncate_dim else vectors
+        vectors = vectors[:, :self.truncate_dim] if self.truncate_dim else vectors
+        return _unit_rows(vectors).astype(np.float32, copy=False) if normalize else vectors
+
+    def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
+        """One tokenized chunk in batches of ``batch_size`` texts cut by token count (the pipeline's rule)."""
+        out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
+        for rows in plan_batches(tokenized.lengths, max_texts=batch_size):
+            out[rows] = self.forward(tokenized.batch(rows), normalize=normalize)
+        return out
+
+    def release(self) -> None:
+        """Nothing to hand back: the runtime owns its memory."""
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 32, prompt: str | None = None,
                prompt_name: str | None = None, normalize_embeddings: bool = False, show_progress_bar: bool = False,
                convert_to_numpy: bool = True) -> np.ndarray:
         """``SentenceTransformer.encode`` for texts: ``prompt`` (else the saved ``prompt_name``, else the
-        default prompt) prepended; each text tokenized once and batched by token count (``batch_size`` texts,
-        :func:`~neobert_embed.inference.pipeline.plan_batches`); rows in input order, float32.
-        ``show_progress_bar`` and ``convert_to_numpy`` are accepted for the callers that pass them (no
-        bar; always numpy).
+        default prompt) prepended; through the one encoding loop
+        (:func:`~neobert_embed.inference.pipeline.encode_chunks`: each text tokenized once, batched by token
+        count, a non-finite row refused); rows in input order, float32. ``show_progress_bar`` and
+        ``convert_to_numpy`` are accepted for the callers that pass them (no bar; always numpy).
 
         Example:
             >>> model.encode(["a cat"], prompt_name="query", normalize_embeddings=True).shape
@@ -327,13 +345,9 @@ class LightModel:
             prompt = self.prompts[prompt_name]
         elif prompt is None and self.default_prompt_name:
             prompt = self.prompts.get(self.default_prompt_name)
-        texts = [prompt + text for text in texts] if prompt else list(texts)
-        out = np.empty((len(texts), self.get_embedding_dimension()), dtype=np.float32)
-        for start in range(0, len(texts), CHUNK_TEXTS):  # each text tokenized once, batches cut by its tokens
-            tokenized = self.tokenizer.tokenize(texts[start:start + CHUNK_TEXTS])
-            for rows in plan_batches(tokenized.lengths, max_texts=batch_size):  # the pipeline's rule
-                out[start + rows] = self._vectors(tokenized.batch(rows), prompt)
-        return _unit_rows(out).astype(np.float32, copy=False) if normalize_embeddings else out
+        chunks = encode_chunks(self, list(texts), prompt=prompt or None, batch_size=batch_size,
+                               normalize=normalize_embeddings)
+        return collect(chunks, len(texts), self.dimension)
 
     @property
     def description(self) -> str:

@@ -26,9 +26,10 @@ bounds: 1.12 and 1.33 GB). Three native causes, all outside this toolkit's objec
    texts on 2 threads, in the same time (12.0 / 13.1 s against 12.7 / 15.3 s, A B A B). A lower one
    costs page faults (1 MiB: 17.2 s).
 
-All three are process-wide settings of native libraries, so they are set at the two places a job
-starts (the CLI's entry point and :func:`~neobert_embed.inference.runtime.load_inference_model`),
-and never over a value the user set: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` or
+All three are process-wide settings of native libraries, so they are set where a job starts (the
+CLI's entry point), never by a library call such as
+:func:`~neobert_embed.inference.runtime.load_inference_model` (a program that embeds the toolkit calls
+:func:`bound_native_memory` itself if it wants them), and never over a value the user set: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` or
 ``MALLOC_MMAP_THRESHOLD_`` in the environment keeps the user's choice.
 
 Example:

@@ -97,15 +97,6 @@ HANDLED_ARGUMENTS = ("prompt", "prompt_name", "batch_size", "show_progress_bar",
                      "convert_to_tensor", "normalize_embeddings")
 
 
-class Encoder(Protocol):
-    """What :func:`encode_with` needs of a model that is not a SentenceTransformer (the light runtime's)."""
-
-    def encode(self, texts: list[str], *, batch_size: int, prompt: str | None,
-               normalize_embeddings: bool) -> np.ndarray: ...
-
-    def get_embedding_dimension(self) -> int: ...
-
-
 #: The tokenizer's output that maps overflow rows to their text (dropped before the forward).
 _OVERFLOW_KEY = "overflow_to_sample_mapping"
 
@@ -115,16 +106,18 @@ _OVERFLOW_KEY = "overflow_to_sample_mapping"
 PROBE_TEXTS = 8
 
 
-def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | None = None) -> Tokenized:
+def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | None = None,
+             lock: contextlib.AbstractContextManager | None = None) -> Tokenized:
     """Tokenize ``texts`` with ``prompt`` exactly as ``model.encode`` would, once, counting truncation.
 
     Where the model's tokenizer has a Rust tokenizer, the ids come from it directly
     (:class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer`: 0.11 s of Python for 9,100 texts
     where ``preprocess`` spends 0.6 s), once a probe of the first call (its first and longest texts, and
     a text twice the length limit) gave exactly ``preprocess``'s ids, mask, type ids, padding, lengths
-    and truncation; the verdict holds for that model, prompt and tokenizer settings. Otherwise (another
-    input module, a chat template, a custom ``preprocess``) every call goes through
-    :func:`tokenize_with_preprocess`.
+    and truncation; the verdict holds for that model, prompt and tokenizer settings, whatever the size
+    of later calls (a server's one-text batches included). Otherwise (another input module, a chat
+    template, a custom ``preprocess``) every call goes through :func:`tokenize_with_preprocess`, under
+    ``lock`` when given (a transformers fast tokenizer must not be entered by two threads at once).
 
     Example:
         >>> tokenize(model, ["a cat", "word " * 600]).truncated
@@ -132,12 +125,13 @@ def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | Non
     """
     texts = list(texts)
     direct = _direct_tokenizer(model)
-    if (direct is not None and direct.verdicts.get(prompt, True) is not False and len(texts) > 2 * PROBE_TEXTS
+    if (direct is not None and direct.verdicts.get(prompt, True) is not False and texts
             and all(isinstance(text, str) for text in texts)):
-        tokenized = _checked_direct(model, direct, texts, prompt)
+        tokenized = _checked_direct(model, direct, texts, prompt, lock)
         if tokenized is not None:
             return tokenized
-    return tokenize_with_preprocess(model, texts, prompt)
+    with lock or contextlib.nullcontext():
+        return tokenize_with_preprocess(model, texts, prompt)
 
 
 @dataclasses.dataclass
@@ -158,13 +152,14 @@ class _Direct:
 
 
 def _checked_direct(model: SentenceTransformer, direct: _Direct, texts: list[str],
-                    prompt: str | None) -> Tokenized | None:
+                    prompt: str | None, lock: contextlib.AbstractContextManager | None) -> Tokenized | None:
     """``texts`` through the direct tokenizer; None (and the prompt's verdict False) when its first
     call's probe differs from ``preprocess``."""
     tokenized = direct.tokenizer.tokenize([prompt + text for text in texts] if prompt else texts)
     agreement = direct.verdicts.get(prompt)
     if agreement is None:
-        agreement = _probe(model, direct.tokenizer, texts, tokenized, prompt)
+        with lock or contextlib.nullcontext():
+            agreement = _probe(model, direct.tokenizer, texts, tokenized, prompt)
         direct.verdicts[prompt] = agreement
         if agreement is False:
             logger.info("%s: its Rust tokenizer called directly differs from preprocess; tokenizing through "
@@ -179,7 +174,7 @@ def _probe(model: SentenceTransformer, fast: FastTokenizer, texts: list[str], to
            prompt: str | None) -> _Agreement | bool:
     """Compare ``tokenized``'s first and longest rows, and a text twice the length limit (truncation shows
     whatever the call holds), with what ``preprocess`` gives for them."""
-    probe = np.unique(np.concatenate([np.arange(PROBE_TEXTS),
+    probe = np.unique(np.concatenate([np.arange(min(PROBE_TEXTS, len(texts))),
                                       np.argsort([-len(text) for text in texts], kind="stable")[:PROBE_TEXTS]]))
     overlong = "a " * (2 * fast.max_seq_length)
     reference = tokenize_with_preprocess(model, [*(texts[row] for row in probe), overlong], prompt)
@@ -240,11 +235,11 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
     if "attention_mask" not in rows:
         raise UserInputError(f"{type(model[0]).__name__} returns no attention_mask: this model's inputs "
                              "cannot be batched by length; encode it with sentence-transformers directly")
-    truncated = None
+    cut = None
     if mapping is not None:
         samples = np.asarray(mapping, dtype=np.int64)
         _, first = np.unique(samples, return_index=True)  # each text's first row: what encode reads
-        truncated = int((np.bincount(samples) > 1).sum())  # a text cut once or more: its overflow rows
+        cut = np.bincount(samples) > 1  # a text cut once or more: its overflow rows
         rows = {key: _first_rows(value, first) for key, value in rows.items()}
     details = {"padding": Padding.of(getattr(model, "tokenizer", None)), "shared": shared}
     if isinstance(rows["attention_mask"], list):
@@ -252,9 +247,9 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
     else:
         arrays = {key: value.numpy() for key, value in rows.items()}
         tokenized = Tokenized.from_padded(arrays, arrays["attention_mask"], **details)
-    if truncated is None:
-        truncated = int((tokenized.lengths >= int(model.max_seq_length or 1 << 30)).sum())
-    return dataclasses.replace(tokenized, truncated=truncated)
+    if cut is None:
+        cut = tokenized.lengths >= int(model.max_seq_length or 1 << 30)
+    return dataclasses.replace(tokenized, truncated=int(cut.sum()), cut=cut)
 
 
 #: What ``tokenize`` asks of ``preprocess``: per-text lists, unpadded, and the overflow rows.
@@ -284,11 +279,12 @@ def _is_rows(value: object) -> bool:
 
 
 def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None = None,
-                 max_tokens: int | None = None, min_fill: float = 0.0) -> list[np.ndarray]:
+                 max_tokens: int | None = None, min_fill: float = 0.0, padded: bool = True) -> list[np.ndarray]:
     """Cut texts of token counts ``lengths`` into batches, longest first: the one batching rule.
 
     A batch takes the next text while it holds fewer than ``max_texts`` texts, its padded size
-    (texts × its longest) stays within ``max_tokens``, and the text is at least ``min_fill`` × its
+    (texts × its longest; with ``padded=False``, for an engine that un-pads, its real tokens, as
+    text-embeddings-inference counts them) stays within ``max_tokens``, and the text is at least ``min_fill`` × its
     longest (padding then wastes at most 1/``min_fill`` of a padded model's compute). Every batch holds
     at least one text; equal lengths keep their input order.
 
@@ -299,34 +295,126 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None =
     lengths = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     batches: list[list[int]] = []
-    longest = 0
+    longest = total = 0
     for row in order.tolist():
         count = len(batches[-1]) if batches else 0
+        size = (count + 1) * longest if padded else total + int(lengths[row])
         fits = (bool(batches) and (max_texts is None or count < max_texts)
-                and (max_tokens is None or (count + 1) * longest <= max_tokens)
+                and (max_tokens is None or size <= max_tokens)
                 and lengths[row] >= min_fill * longest)
         if fits:
             batches[-1].append(row)
+            total += int(lengths[row])
         else:
             batches.append([row])
-            longest = int(lengths[row])
+            longest = total = int(lengths[row])
     return [np.asarray(batch, dtype=np.int64) for batch in batches]
 
 
+class Engine(Protocol):
+    """What :func:`encode_chunks` (the one encoding loop) and the server need of a runtime: the torch
+    engine (:class:`EncodePipeline`) or the light runtime's (:class:`~neobert_embed.inference.light.LightModel`).
+
+    ``tokenize`` is the engine's tokenizer (truncating at ``max_seq_length``, counting what it cut);
+    ``forward`` turns one padded batch into float32 sentence vectors on the host; ``encode_chunk``
+    plans a tokenized chunk into batches and runs them (the torch engine overlaps them on a GPU and
+    runs them side by side on a CPU); ``release`` hands back what a chunk's batches freed.
+    """
+
+    max_seq_length: int
+
+    @property
+    def dimension(self) -> int: ...
+
+    @property
+    def normalizes(self) -> bool: ...
+
+    @property
+    def unpads(self) -> bool: ...
+
+    def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized: ...
+
+    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray: ...
+
+    def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray: ...
+
+    def release(self) -> None: ...
+
+
+def encode_chunks(engine: Engine, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
+                  normalize: bool = False, on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
+    """THE encoding loop, for every runtime: the vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows
+    at a time, in input order. Each chunk is tokenized once, ahead of the model (a worker thread), planned
+    and run by ``engine``; a row that is not finite stops the job naming it; what the chunk freed goes back
+    to the system before the next, so a long job's resident memory stays flat. ``on_truncated(n)`` is
+    called once the last chunk is done, with how many texts were cut at ``max_seq_length``.
+
+    Example:
+        >>> [len(vectors) for vectors in encode_chunks(engine, texts_5000)]
+        [2048, 2048, 904]
+    """
+    truncated = 0
+    for start, tokenized in _tokenized_chunks(engine, texts, prompt):
+        truncated += tokenized.truncated
+        vectors = engine.encode_chunk(tokenized, batch_size, normalize)
+        _check_finite(vectors, texts, start)
+        engine.release()
+        yield vectors
+    if on_truncated is not None:
+        on_truncated(truncated)
+
+
+def _tokenized_chunks(engine: Engine, texts: Sequence[str], prompt: str | None) -> Iterator[tuple[int, Tokenized]]:
+    """(first row, tokenized chunk) in input order, tokenized on a worker thread ahead of the caller."""
+    starts = list(range(0, len(texts), CHUNK_TEXTS))
+    if len(starts) <= 1:  # one chunk: nothing to overlap
+        yield from ((start, engine.tokenize(texts[start:start + CHUNK_TEXTS], prompt)) for start in starts)
+        return
+    ready: queue.Queue[tuple[int, Tokenized] | BaseException | None] = queue.Queue(maxsize=CHUNKS_AHEAD)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for start in starts:
+                if stop.is_set():
+                    return
+                ready.put((start, engine.tokenize(texts[start:start + CHUNK_TEXTS], prompt)))
+            ready.put(None)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            ready.put(exc)
+
+    worker = threading.Thread(target=produce, name="neobert-embed-tokenize", daemon=True)
+    worker.start()
+    try:
+        while (item := ready.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                ready.get_nowait()
+            worker.join(timeout=0.05)
+
+
 class EncodePipeline:
-    """Tokenize-ahead, length-batched encoding for one loaded SentenceTransformer (see the module docstring).
+    """The torch :class:`Engine` of one loaded SentenceTransformer (see the module docstring).
 
     Args:
         model: the model, at its compute precision (:func:`~neobert_embed.inference.runtime.load_inference_model`).
         side_by_side: on a multi-core CPU, run batches side by side, one thread each.
         max_batch_tokens: the padded-token budget of a batch on a GPU (:data:`GPU_BATCH_TOKENS`).
+        unpads: the encoder skips pad tokens itself (NeoBERT, or BERT-family layers made un-padded),
+            so a server's batch budget counts real tokens.
     """
 
     def __init__(self, model: SentenceTransformer, *, side_by_side: bool = False,
-                 max_batch_tokens: int = GPU_BATCH_TOKENS) -> None:
+                 max_batch_tokens: int = GPU_BATCH_TOKENS, unpads: bool = False) -> None:
         self.model = model
         self.side_by_side = side_by_side
         self.max_batch_tokens = max_batch_tokens
+        self.unpads = unpads
         #: one fast tokenizer must not be entered by two threads at once ("Already borrowed")
         self.tokenizer_lock = threading.RLock()
 
@@ -335,11 +423,39 @@ class EncodePipeline:
         import copy
 
         return EncodePipeline(copy.deepcopy(self.model, memo), side_by_side=self.side_by_side,
-                              max_batch_tokens=self.max_batch_tokens)
+                              max_batch_tokens=self.max_batch_tokens, unpads=self.unpads)
 
     @property
     def on_gpu(self) -> bool:
         return self.model.device.type != "cpu"
+
+    @property
+    def max_seq_length(self) -> int:
+        """Inputs are truncated to this many tokens."""
+        return int(self.model.max_seq_length)
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        self.model.max_seq_length = int(value)
+
+    @property
+    def dimension(self) -> int:
+        """Width of the sentence vectors."""
+        return int(self.model.get_embedding_dimension())
+
+    @property
+    def normalizes(self) -> bool:
+        """True when the model's pipeline ends in a Normalize module (its outputs are unit vectors)."""
+        return any(type(module).__name__ == "Normalize" for module in self.model)
+
+    def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
+        """``texts`` as the model's ``encode`` tokenizes them (:func:`tokenize`); safe from any thread."""
+        return tokenize(self.model, texts, prompt, self.tokenizer_lock)
+
+    def release(self) -> None:
+        """On a CPU, hand the memory a chunk's activations freed back to the system."""
+        if not self.on_gpu:
+            release_freed_memory()
 
     def plan(self, tokenized: Tokenized, batch_size: int) -> list[np.ndarray]:
         """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``); on a GPU by tokens only
@@ -348,7 +464,11 @@ class EncodePipeline:
             return plan_batches(tokenized.lengths, max_tokens=self.max_batch_tokens)
         return plan_batches(tokenized.lengths, max_texts=batch_size)
 
-    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
+    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray:
+        """Sentence embeddings of one padded batch, float32 on the host."""
+        return self._device_vectors(features, normalize=normalize).cpu().numpy()
+
+    def _device_vectors(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
         """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host)."""
         import torch
         from torch.nn import functional
@@ -363,12 +483,6 @@ class EncodePipeline:
                 embeddings = functional.normalize(embeddings.float(), p=2, dim=1)
             return embeddings.float()
 
-    def embed_batch(self, texts: Sequence[str], prompt: str | None = None) -> np.ndarray:
-        """Vectors of ``texts`` as ONE batch (float32, input order): what a server runs for a batch of
-        merged requests it has already cut to its token budget with :func:`plan_batches`."""
-        vectors = self.forward(tokenize(self.model, texts, prompt).batch(np.arange(len(texts))))
-        return vectors.cpu().numpy()
-
     def encode(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
                normalize: bool = False, advance: Callable[[int], None] | None = None,
                on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
@@ -376,73 +490,23 @@ class EncodePipeline:
 
         ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut.
         """
-        chunks = self.chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                             on_truncated=on_truncated)
-        return collect(chunks, len(texts), int(self.model.get_embedding_dimension()), advance)
+        chunks = encode_chunks(self, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                               on_truncated=on_truncated)
+        return collect(chunks, len(texts), self.dimension, advance)
 
     def chunks(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
                normalize: bool = False, on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
-        """The vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows at a time, in input order: what a
-        caller writing its output as it goes consumes (``encode`` of a big file holds one chunk, not the matrix).
+        """:func:`encode_chunks` through this engine."""
+        return encode_chunks(self, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                             on_truncated=on_truncated)
 
-        On a CPU the memory the chunk's batches freed is handed back before the next
-        (:mod:`~neobert_embed.inference.native_memory`), so a long job's resident memory stays flat.
-        ``on_truncated(n)`` is called once the last chunk is done.
-
-        Example:
-            >>> [len(vectors) for vectors in pipeline.chunks(texts_5000)]
-            [2048, 2048, 904]
-        """
-        truncated = 0
-        for start, tokenized in self._tokenized_chunks(texts, prompt):
-            truncated += tokenized.truncated
-            vectors = self._encode_chunk(tokenized, batch_size, normalize)
-            _check_finite(vectors, texts, start)
-            if not self.on_gpu:  # the chunk's activations, freed into the threads' arenas
-                release_freed_memory()
-            yield vectors
-        if on_truncated is not None:
-            on_truncated(truncated)
-
-    def _tokenized_chunks(self, texts: Sequence[str], prompt: str | None) -> Iterator[tuple[int, Tokenized]]:
-        """(first row, tokenized chunk) in input order, tokenized on a worker thread ahead of the caller."""
-        starts = list(range(0, len(texts), CHUNK_TEXTS))
-        if len(starts) <= 1:  # one chunk: nothing to overlap
-            yield from ((start, tokenize(self.model, texts[start:start + CHUNK_TEXTS], prompt))
-                        for start in starts)
-            return
-        ready: queue.Queue[tuple[int, Tokenized] | BaseException | None] = queue.Queue(maxsize=CHUNKS_AHEAD)
-        stop = threading.Event()
-
-        def produce() -> None:
-            try:
-                for start in starts:
-                    if stop.is_set():
-                        return
-                    ready.put((start, tokenize(self.model, texts[start:start + CHUNK_TEXTS], prompt)))
-                ready.put(None)
-            except BaseException as exc:  # handed to the consumer, which raises it
-                ready.put(exc)
-
-        worker = threading.Thread(target=produce, name="neobert-embed-tokenize", daemon=True)
-        worker.start()
-        try:
-            while (item := ready.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while worker.is_alive():  # unblock a producer waiting on a full queue
-                with contextlib.suppress(queue.Empty):
-                    ready.get_nowait()
-                worker.join(timeout=0.05)
-
-    def _encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
+    def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
+        """The vectors of one tokenized chunk (rows in its order): planned, then run on the GPU without
+        waiting per batch, or on the CPU's threads."""
         batches = self.plan(tokenized, batch_size)
         if self.on_gpu:
             return self._run_on_gpu(tokenized, batches, normalize)
-        out = np.empty((len(tokenized), int(self.model.get_embedding_dimension())), dtype=np.float32)
+        out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
         if self.side_by_side and len(batches) > 1 and _threads() > 1:
             results = _run_side_by_side(lambda rows: self._host_vectors(tokenized, rows, normalize), batches)
         else:
@@ -452,19 +516,18 @@ class EncodePipeline:
         return out
 
     def _host_vectors(self, tokenized: Tokenized, rows: np.ndarray, normalize: bool) -> np.ndarray:
-        return self.forward(tokenized.batch(rows), normalize=normalize).numpy()
+        return self.forward(tokenized.batch(rows), normalize=normalize)
 
     def _run_on_gpu(self, tokenized: Tokenized, batches: list[np.ndarray], normalize: bool) -> np.ndarray:
         """Every batch of a chunk queued on the GPU, each result copied into one pinned host buffer without
         waiting; the host waits once, for the chunk's last copy."""
         import torch
 
-        width = int(self.model.get_embedding_dimension())
-        staged = torch.empty((len(tokenized), width), dtype=torch.float32).pin_memory()
+        staged = torch.empty((len(tokenized), self.dimension), dtype=torch.float32).pin_memory()
         order = np.concatenate(batches)
         cursor = 0
         for rows in batches:
-            vectors = self.forward(_pinned(tokenized.batch(rows)), normalize=normalize)
+            vectors = self._device_vectors(_pinned(tokenized.batch(rows)), normalize=normalize)
             staged[cursor:cursor + len(rows)].copy_(vectors, non_blocking=True)
             cursor += len(rows)
         torch.cuda.synchronize(self.model.device)
@@ -533,7 +596,7 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 def install(model: SentenceTransformer, *, side_by_side: bool = False,
-            max_batch_tokens: int = GPU_BATCH_TOKENS) -> EncodePipeline:
+            max_batch_tokens: int = GPU_BATCH_TOKENS, unpads: bool = False) -> EncodePipeline:
     """Make ``model.encode`` (and so ``encode_query``/``encode_document``, mteb's and the index's calls)
     run through an :class:`EncodePipeline` where each row depends on its own text only (in place).
 
@@ -545,16 +608,15 @@ def install(model: SentenceTransformer, *, side_by_side: bool = False,
         >>> model.encode(texts, batch_size=32).shape   # tokenized once, ahead, length-batched
         (1024, 384)
     """
-    pipeline = EncodePipeline(model, side_by_side=side_by_side, max_batch_tokens=max_batch_tokens)
+    pipeline = EncodePipeline(model, side_by_side=side_by_side, max_batch_tokens=max_batch_tokens, unpads=unpads)
     model.encode = types.MethodType(_pipelined_encode, model)  # type: ignore[method-assign]
-    model.preprocess = types.MethodType(_locked_preprocess, model)  # type: ignore[method-assign]
     vars(model)["_neobert_embed_pipeline"] = pipeline
     return pipeline
 
 
 def uninstall(model: SentenceTransformer) -> None:
     """Undo :func:`install`: ``model.encode`` is sentence-transformers' own again."""
-    for name in ("encode", "preprocess", "_neobert_embed_pipeline"):
+    for name in ("encode", "_neobert_embed_pipeline"):
         vars(model).pop(name, None)
 
 
@@ -563,7 +625,7 @@ def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
     return pipeline_of(model) or EncodePipeline(model)
 
 
-def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
+def encode_with(model: SentenceTransformer | Engine, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False, advance: Callable[[int], None] | None = None,
                 on_truncated: Callable[[int], None] | None = None) -> np.ndarray:
     """Vectors of ``texts`` through ``model``'s pipeline (float32, rows in input order): the matrix of
@@ -578,24 +640,31 @@ def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, p
     return collect(chunks, len(texts), int(model.get_embedding_dimension()), advance)
 
 
-def chunks_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
+def chunks_with(model: SentenceTransformer | Engine, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False,
                 on_truncated: Callable[[int], None] | None = None) -> Iterator[np.ndarray]:
-    """The vectors of ``texts`` through ``model``'s pipeline, one chunk of rows at a time in input order
-    (:meth:`EncodePipeline.chunks`); an exported model run by the light runtime (no torch, no
-    ``preprocess``) batches each chunk itself by :func:`plan_batches` in its own ``encode``.
+    """The vectors of ``texts`` through ``model``'s engine (:func:`engine_of`), one chunk of rows at a time
+    in input order (:func:`encode_chunks`, the same loop for the torch and the light runtime).
 
     Example:
         >>> sum(len(vectors) for vectors in chunks_with(model, texts, prompt=None))
         5000
     """
-    if hasattr(model, "preprocess"):
-        yield from pipeline_for(model).chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                                              on_truncated=on_truncated)
-        return
-    for start in range(0, len(texts), CHUNK_TEXTS):
-        yield model.encode(list(texts[start:start + CHUNK_TEXTS]), batch_size=batch_size, prompt=prompt or "",
-                           normalize_embeddings=normalize)
+    yield from encode_chunks(engine_of(model), texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                             on_truncated=on_truncated)
+
+
+def engine_of(model: SentenceTransformer | Engine) -> Engine:
+    """The :class:`Engine` that encodes for ``model``: a light model is its own; a SentenceTransformer's
+    is the pipeline its loader gave it (:func:`install`), else a plain one.
+
+    Example:
+        >>> engine_of(load_inference_model("runs/minilm-onnx", backend="onnx").model).unpads
+        False
+    """
+    if hasattr(model, "encode_chunk"):
+        return model  # type: ignore[return-value]
+    return pipeline_for(model)  # type: ignore[arg-type]
 
 
 def collect(chunks: Iterator[np.ndarray], rows: int, dimension: int,
@@ -623,13 +692,6 @@ def pipeline_of(model: SentenceTransformer) -> EncodePipeline | None:
     """The pipeline :func:`install` gave ``model`` (the one bound to this very object), else None."""
     pipeline = vars(model).get("_neobert_embed_pipeline")
     return pipeline if isinstance(pipeline, EncodePipeline) and pipeline.model is model else None
-
-
-def _locked_preprocess(self: SentenceTransformer, *args: object, **kwargs: object) -> dict[str, object]:
-    """``preprocess`` under the pipeline's tokenizer lock (side-by-side batches share one tokenizer)."""
-    pipeline = pipeline_of(self)
-    with pipeline.tokenizer_lock if pipeline is not None else contextlib.nullcontext():
-        return type(self).preprocess(self, *args, **kwargs)  # type: ignore[arg-type]
 
 
 def _pipelined_encode(self: SentenceTransformer, inputs: object, *args: object, **kwargs: object) -> object:

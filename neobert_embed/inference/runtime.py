@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.inference.native_memory import bound_native_memory, release_freed_memory
+from neobert_embed.inference.native_memory import release_freed_memory
 from neobert_embed.machine import (
     Machine,
     check_compute_precision,
@@ -411,8 +411,7 @@ def load_inference_model(
         raise UserInputError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if backend != "torch":  # the light runtime: no torch, transformers or sentence-transformers
         return _load_exported(source, precision, backend, device, max_seq_length)
-    require_torch_stack()
-    bound_native_memory()  # the cache sizes count only before the first kernel; nothing the user set is changed
+    require_torch_stack()  # process-wide settings (native_memory.bound_native_memory) are the CLI's, not a library call's
     # torch runs on the toolkit's default device (devices.default_device: a GPU when there is one),
     # the one training and index ranks use too, and the one the precision is chosen for
     machine = describe_machine(device)
@@ -428,7 +427,8 @@ def load_inference_model(
     layout = f"un-padded {', '.join(sorted(set(encoders)))} layers" if encoders else None
     from neobert_embed.inference.pipeline import SIDE_BY_SIDE, install
 
-    pipeline = install(model, side_by_side=spread and spreads_on(machine, "fp32"))  # auto measures through it
+    unpads = bool(encoders) or _model_type(model) == "neobert"  # NeoBERT drops padding in its own forward
+    pipeline = install(model, side_by_side=spread and spreads_on(machine, "fp32"), unpads=unpads)  # auto measures through it
     if precision == "auto":
         measure = functools.partial(choose_precision, model, sample_texts or BUILTIN_SAMPLE, machine, batch_size)
         choice = agree(measure) if agree is not None else measure()
@@ -444,6 +444,12 @@ def load_inference_model(
     release_freed_memory()  # what the measurement's copies and trial batches held
     logger.debug("compute precision: %s on %s", choice.description, machine.summary())
     return InferenceModel(model, choice, "torch", digest)
+
+
+def _model_type(model: SentenceTransformer) -> str | None:
+    """The encoder's ``config.model_type`` (``neobert``, ``bert`` ...), None for another first module."""
+    auto_model = getattr(model[0], "auto_model", None)
+    return getattr(getattr(auto_model, "config", None), "model_type", None)
 
 
 def require_torch_stack() -> None:

@@ -69,6 +69,7 @@ class Tokenized:
             batch's texts end at its last column).
         shared: what ``preprocess`` returned for the whole call (``modality``, ``prompt_length``).
         truncated: how many texts were longer than the model reads (cut at ``max_seq_length``).
+        cut: which texts those were (bool per row), where the tokenizer says.
     """
 
     values: dict[str, np.ndarray]
@@ -76,6 +77,7 @@ class Tokenized:
     padding: Padding = Padding()
     shared: dict[str, object] = field(default_factory=dict)
     truncated: int = 0
+    cut: np.ndarray | None = None
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
@@ -105,6 +107,22 @@ class Tokenized:
             padded[target] = values[source]
             features[key] = padded
         return {**features, **self.shared}
+
+    @classmethod
+    def gather(cls, picks: Sequence[tuple[Tokenized, int]]) -> Tokenized:
+        """One row from each of several calls (the same tokenizer and prompt), in ``picks``' order: a
+        server's batch of rows from several requests, each tokenized once when it came.
+
+        Example:
+            >>> Tokenized.gather([(first, 0), (second, 2)]).lengths.tolist()
+            [4, 9]
+        """
+        first = picks[0][0]
+        lengths = np.array([tokenized.lengths[row] for tokenized, row in picks], dtype=np.int64)
+        values = {key: np.concatenate([tokenized.values[key][tokenized.starts[row]:
+                                                             tokenized.starts[row] + tokenized.lengths[row]]
+                                       for tokenized, row in picks]) for key in first.values}
+        return cls(values, lengths, first.padding, first.shared)
 
     @classmethod
     def from_lists(cls, rows: Mapping[str, Sequence[Sequence[int]]], **details: object) -> Tokenized:
