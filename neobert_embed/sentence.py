@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import torch
     from sentence_transformers import SentenceTransformer
 
+    from neobert_embed.model_files import CheckedModel
+
 PRECISIONS = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
               "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
@@ -90,7 +92,7 @@ def _explain_missing(name: str, original: str, exc: Exception) -> UserInputError
 
 
 def load_sentence_model(
-    name_or_path: str | Path,
+    name_or_path: str | Path | CheckedModel,
     max_seq_length: int | None = None,
     *,
     device: str | None = None,
@@ -103,7 +105,9 @@ def load_sentence_model(
 
     Args:
         name_or_path: registry key (``neobert``, ``bert`` …), hub id, plain Hugging Face model
-            directory, or a saved SentenceTransformer directory (loaded as saved).
+            directory, or a saved SentenceTransformer directory (loaded as saved); or the value a
+            command's preflight got from :func:`~neobert_embed.model_files.check_model_files` (its files
+            are then not inspected again).
         max_seq_length: inputs are truncated to this many tokens; default: what the encoder's
             positions allow (4096 for NeoBERT, 512 for BERT/RoBERTa), never the tokenizer's default.
         device: ``cpu``, ``cuda`` … (sentence-transformers picks when None).
@@ -119,9 +123,10 @@ def load_sentence_model(
     Example:
         >>> model = load_sentence_model("bert", max_seq_length=256, precision="bf16")
     """
-    from neobert_embed.model_files import check_model_files
+    from neobert_embed.model_files import CheckedModel, check_model_files
 
-    check_model_files(name_or_path)
+    if not isinstance(name_or_path, CheckedModel):  # a command's preflight inspected its files already
+        name_or_path = check_model_files(name_or_path)
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 

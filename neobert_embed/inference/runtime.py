@@ -56,6 +56,7 @@ from neobert_embed.machine import (
     describe_cpu,
     describe_machine,
 )
+from neobert_embed.model_files import CheckedModel
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -366,7 +367,7 @@ def choose_precision(model: SentenceTransformer, sample_texts: Sequence[str], ma
 
 
 def load_inference_model(
-    source: str | Path,
+    source: str | Path | CheckedModel,
     precision: str = "auto",
     *,
     device: str | None = None,
@@ -380,7 +381,8 @@ def load_inference_model(
     unpadded: bool = True,
     spread: bool = True,
 ) -> InferenceModel:
-    """Load ``source`` (anything :func:`~neobert_embed.sentence.load_sentence_model` takes) to compute
+    """Load ``source`` (anything :func:`~neobert_embed.sentence.load_sentence_model` takes, a preflight's
+    :class:`~neobert_embed.model_files.CheckedModel` included) to compute
     at ``precision``; ``auto`` measures on ``sample_texts`` (else a built-in mixed-length sample).
 
     The model keeps its own prompts, max_seq_length, pooling and normalization. ``fingerprint``
@@ -418,7 +420,8 @@ def load_inference_model(
     check_precision_fits(precision, machine)
     from neobert_embed.sentence import load_sentence_model
 
-    model = load_sentence_model(str(source), max_seq_length, device=device or machine.device, revision=revision)
+    model = load_sentence_model(source if isinstance(source, CheckedModel) else str(source), max_seq_length,
+                                device=device or machine.device, revision=revision)
     model.eval()
     digest = model_fingerprint(model) if fingerprint else None
     from neobert_embed.inference.unpadded import unpad_encoders
