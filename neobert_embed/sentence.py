@@ -100,6 +100,7 @@ def load_sentence_model(
     prompts: dict[str, str] | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    model_class: type[SentenceTransformer] | None = None,
 ) -> SentenceTransformer:
     """Build a ``SentenceTransformer`` (mean pooling) over any encoder, or load a saved one.
 
@@ -115,6 +116,8 @@ def load_sentence_model(
         prompts: ``{"query": "...", "document": "..."}`` instructions saved with the model.
         revision: hub revision (branch, tag or commit).
         trust_remote_code: only for third-party architectures; NeoBERT never needs it.
+        model_class: the ``SentenceTransformer`` subclass to build (the inference loader's
+            :class:`~neobert_embed.inference.embedding_model.EmbeddingModel`); default the plain class.
 
     Returns:
         A ``sentence_transformers.SentenceTransformer``; ``SentenceTransformer(dir)`` reloads it
@@ -136,13 +139,14 @@ def load_sentence_model(
         raise UserInputError(f"unknown precision {precision!r}; choose one of fp32, fp16, bf16")
     import torch
 
+    model_class = model_class or SentenceTransformer
     dtype = getattr(torch, PRECISIONS[precision])
     original = str(name_or_path)
     name = resolve_model_name(original)
     model_kwargs = {"dtype": dtype}
     try:
         if is_sentence_transformer_dir(name):
-            model = SentenceTransformer(name, device=device, model_kwargs=model_kwargs,
+            model = model_class(name, device=device, model_kwargs=model_kwargs,
                                         trust_remote_code=trust_remote_code)
             if prompts:
                 model.prompts.update(prompts)
@@ -151,7 +155,7 @@ def load_sentence_model(
             transformer = Transformer(name, model_kwargs={**model_kwargs, **hub}, processor_kwargs=dict(hub),
                                       config_kwargs=dict(hub))
             pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
-            model = SentenceTransformer(modules=[transformer, pooling], device=device,
+            model = model_class(modules=[transformer, pooling], device=device,
                                         prompts=prompts or {})
             usable, backbone = usable_max_length(transformer.auto_model.config), BACKBONES.get(original)
             model.max_seq_length = min(backbone.max_length, usable) if backbone else usable

@@ -351,6 +351,9 @@ COVERAGE: dict[str, Run | NotRun] = {
         "readme-serve", check=check_readme_serving),
     "README.md: neobert-embed export runs/my-embedder --format onnx --quantize int8 --output runs/my-embedder-onnx": Run(
         "export", check=check_readme_export),
+    "README.md: from neobert_embed import load": NotRun(
+        "loads a model from the hub; the block runs verbatim on the local all-MiniLM-L6-v2 in tests/test_engine.py",
+        covered_by=("tests/test_engine.py::test_readme_load_example_runs_the_engine",)),
     "README.md: import neobert_embed": Run(
         "readme-neobert", subs={"chandar-lab/NeoBERT": "@official-neobert", "neobert": "@tiny-neobert"},
         check=check_load_neobert),

@@ -128,3 +128,46 @@ def test_loading_a_model_as_a_library_changes_no_process_setting(tiny_bert, monk
     loaded = load_inference_model(str(tiny_bert), "fp32")
     loaded.model.encode([*SHORT] * 30, batch_size=4)
     assert dict(os.environ) == environment and torch.get_num_threads() == threads and allocator == []
+
+
+def test_readme_load_example_runs_the_engine(minilm_path, monkeypatch, capsys):
+    """README's Python example, verbatim but for the model's local path: ``neobert_embed.load`` gives a
+    SentenceTransformer subclass (no method replaced on the instance) whose ``encode_query`` and
+    ``encode_document`` run the toolkit's loop and give sentence-transformers' vectors."""
+    import re
+
+    from safety_helpers import REPO
+    from sentence_transformers import SentenceTransformer
+
+    from neobert_embed.inference import pipeline
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(from neobert_embed import load\n.*?)```", readme, flags=re.S).group(1)
+    loops: list[int] = []
+    real_loop = pipeline.encode_chunks
+    monkeypatch.setattr(pipeline, "encode_chunks", lambda engine, texts, **kw: (loops.append(len(texts)),
+                                                                                 real_loop(engine, texts, **kw))[1])
+    namespace: dict = {}
+    exec(block.replace("sentence-transformers/all-MiniLM-L6-v2", str(minilm_path)), namespace)  # noqa: S102
+    model = namespace["model"]
+    assert isinstance(model, SentenceTransformer) and "encode" not in vars(model)
+    assert loops[-2:] == [1, 1]  # encode_query and encode_document, each through the loop
+    plain = SentenceTransformer(str(minilm_path), device="cpu")
+    expected = plain.encode_query(["how do I reset my password?"])
+    tolerance = 1e-5 if model.compute_precision.precision == "fp32" else 5e-2
+    np.testing.assert_allclose(namespace["queries"], expected, atol=tolerance)
+    assert model.compute_precision.description in capsys.readouterr().out
+
+
+def test_every_encode_argument_of_sentence_transformers_has_a_rule():
+    """Each argument of today's ``SentenceTransformer.encode`` is either run by the engine (at listed values)
+    or handled by it; a new argument in a later release fails here instead of silently changing path."""
+    import inspect
+
+    from sentence_transformers import SentenceTransformer
+
+    from neobert_embed.inference.pipeline import HANDLED_ARGUMENTS, PIPELINED_DEFAULTS
+
+    names = [name for name, parameter in inspect.signature(SentenceTransformer.encode).parameters.items()
+             if name not in ("self", "inputs") and parameter.kind is not parameter.VAR_KEYWORD]
+    assert sorted(set(names) - set(PIPELINED_DEFAULTS) - set(HANDLED_ARGUMENTS)) == []

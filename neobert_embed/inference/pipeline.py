@@ -31,10 +31,12 @@ The vectors are those of ``SentenceTransformer.encode`` up to the rounding of a 
 composition (exactly the same arithmetic per text for NeoBERT and the un-padded BERT family, whose
 texts attend to their own tokens only).
 
-:func:`install` makes it ``model.encode`` of a loaded model, for the calls where each row depends on its
-own text only (float32 sentence embeddings, a prompt, normalization); other calls (int8 output, token
-embeddings, a process pool) run sentence-transformers' ``encode`` unchanged. The server uses
-:func:`plan_batches` and :meth:`EncodePipeline.forward` for its merged requests.
+:func:`install` attaches it to a loaded model, whose class
+(:class:`~neobert_embed.inference.embedding_model.EmbeddingModel`) runs it as ``encode`` for the calls
+where each row depends on its own text only (float32 sentence embeddings, a prompt, normalization);
+other calls (int8 output, token embeddings, a process pool) run sentence-transformers' ``encode``
+unchanged (:func:`pipelined`). The light runtime runs the same loop (:func:`encode_chunks`), and the
+server plans its merged requests with :func:`plan_batches` and runs them with the engine's ``forward``.
 
 Example:
     >>> pipeline = EncodePipeline(model)
@@ -50,7 +52,6 @@ import functools
 import logging
 import queue
 import threading
-import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -80,21 +81,21 @@ GPU_BATCH_TOKENS = 65536
 #: How batches run on a multi-core CPU (what ``used:`` lines and records say).
 SIDE_BY_SIDE = "batches side by side, one per thread"
 #: ``encode`` arguments and the values under which each row depends on its own text only; a call
-#: with any other value runs sentence-transformers' ``encode``. ``prompt``, ``prompt_name``,
-#: ``normalize_embeddings``, ``batch_size``, ``show_progress_bar``, ``convert_to_*`` are handled here.
+#: with any other value runs sentence-transformers' ``encode`` (:func:`pipelined`). ``prompt``, ``prompt_name``,
+#: ``normalize_embeddings``, ``batch_size``, ``show_progress_bar``, ``convert_to_*`` and (without a Router)
+#: ``task`` are handled here.
 PIPELINED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "output_value": ("sentence_embedding",),
     "precision": ("float32",),
     "pool": (None,),
     "device": (None,),
     "chunk_size": (None,),
-    "task": (None,),
     "truncate_dim": (None,),
 }
 #: The other ``encode`` arguments the pipeline honours; a call with an argument outside both runs
 #: sentence-transformers' ``encode`` (which names what it does not know).
 HANDLED_ARGUMENTS = ("prompt", "prompt_name", "batch_size", "show_progress_bar", "convert_to_numpy",
-                     "convert_to_tensor", "normalize_embeddings")
+                     "convert_to_tensor", "normalize_embeddings", "task")
 
 
 #: The tokenizer's output that maps overflow rows to their text (dropped before the forward).
@@ -597,11 +598,11 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 def install(model: SentenceTransformer, *, side_by_side: bool = False,
             max_batch_tokens: int = GPU_BATCH_TOKENS, unpads: bool = False) -> EncodePipeline:
-    """Make ``model.encode`` (and so ``encode_query``/``encode_document``, mteb's and the index's calls)
-    run through an :class:`EncodePipeline` where each row depends on its own text only (in place).
+    """Attach an :class:`EncodePipeline` to ``model``: the engine its ``encode`` runs when it is an
+    :class:`~neobert_embed.inference.embedding_model.EmbeddingModel` (what the loader builds), and the one
+    the toolkit's own callers use (:func:`engine_of`). Nothing of the instance's methods is replaced.
 
-    The method is bound to ``model``, so ``copy.deepcopy(model)`` gets a copy that runs its own
-    pipeline. :func:`uninstall` undoes it.
+    ``copy.deepcopy(model)`` gets a copy with its own pipeline. :func:`uninstall` detaches it.
 
     Example:
         >>> pipeline = install(model, side_by_side=True)
@@ -609,15 +610,13 @@ def install(model: SentenceTransformer, *, side_by_side: bool = False,
         (1024, 384)
     """
     pipeline = EncodePipeline(model, side_by_side=side_by_side, max_batch_tokens=max_batch_tokens, unpads=unpads)
-    model.encode = types.MethodType(_pipelined_encode, model)  # type: ignore[method-assign]
     vars(model)["_neobert_embed_pipeline"] = pipeline
     return pipeline
 
 
 def uninstall(model: SentenceTransformer) -> None:
     """Undo :func:`install`: ``model.encode`` is sentence-transformers' own again."""
-    for name in ("encode", "_neobert_embed_pipeline"):
-        vars(model).pop(name, None)
+    vars(model).pop("_neobert_embed_pipeline", None)
 
 
 def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
@@ -694,16 +693,18 @@ def pipeline_of(model: SentenceTransformer) -> EncodePipeline | None:
     return pipeline if isinstance(pipeline, EncodePipeline) and pipeline.model is model else None
 
 
-def _pipelined_encode(self: SentenceTransformer, inputs: object, *args: object, **kwargs: object) -> object:
-    """``SentenceTransformer.encode`` through the pipeline for a list of texts and plain arguments."""
-    pipeline = pipeline_of(self)
-    if pipeline is None or args or not _pipelined(inputs, kwargs):
-        return type(self).encode(self, inputs, *args, **kwargs)  # type: ignore[arg-type]
-    texts: list[str] = inputs  # type: ignore[assignment]
+def pipelined_encode(model: SentenceTransformer, inputs: object, *args: object, **kwargs: object) -> object:
+    """``SentenceTransformer.encode`` through the model's pipeline for a list of texts and the arguments
+    :func:`pipelined` accepts; any other call is sentence-transformers' own ``encode``."""
+    from sentence_transformers import SentenceTransformer
+
+    pipeline = pipeline_of(model)
     batch_size = kwargs.get("batch_size", 32)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        return type(self).encode(self, inputs, **kwargs)  # type: ignore[arg-type]
-    vectors = pipeline.encode(texts, prompt=_prompt(self, kwargs), batch_size=batch_size,
+    if (pipeline is None or args or not pipelined(model, inputs, kwargs)
+            or not isinstance(batch_size, int) or batch_size < 1):
+        return SentenceTransformer.encode(model, inputs, *args, **kwargs)  # type: ignore[arg-type]
+    texts: list[str] = inputs  # type: ignore[assignment]
+    vectors = pipeline.encode(texts, prompt=_prompt(model, kwargs), batch_size=batch_size,
                               normalize=bool(kwargs.get("normalize_embeddings", False)))
     if kwargs.get("convert_to_tensor"):
         import torch
@@ -716,10 +717,20 @@ def _pipelined_encode(self: SentenceTransformer, inputs: object, *args: object, 
     return list(torch.from_numpy(vectors))
 
 
-def _pipelined(inputs: object, kwargs: dict[str, object]) -> bool:
+def pipelined(model: SentenceTransformer, inputs: object, kwargs: dict[str, object]) -> bool:
+    """The one rule for which ``encode`` calls the engine runs: a non-empty list of strings; every argument
+    in :data:`PIPELINED_DEFAULTS` (at a value listed there) or :data:`HANDLED_ARGUMENTS`; ``task`` only
+    for a model without a Router module (for which it changes nothing).
+
+    Example:
+        >>> pipelined(model, ["a cat"], {"batch_size": 8}), pipelined(model, ["a cat"], {"precision": "int8"})
+        (True, False)
+    """
     if not isinstance(inputs, list) or not inputs or not all(isinstance(text, str) for text in inputs):
         return False
     if any(name not in PIPELINED_DEFAULTS and name not in HANDLED_ARGUMENTS for name in kwargs):
+        return False
+    if kwargs.get("task") is not None and any(type(module).__name__ == "Router" for module in model):
         return False
     return all(kwargs.get(name, allowed[0]) in allowed for name, allowed in PIPELINED_DEFAULTS.items())
 

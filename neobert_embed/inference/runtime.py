@@ -418,10 +418,11 @@ def load_inference_model(
     # the one training and index ranks use too, and the one the precision is chosen for
     machine = describe_machine(device)
     check_precision_fits(precision, machine)
+    from neobert_embed.inference.embedding_model import EmbeddingModel
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(source if isinstance(source, CheckedModel) else str(source), max_seq_length,
-                                device=device or machine.device, revision=revision)
+                                device=device or machine.device, revision=revision, model_class=EmbeddingModel)
     model.eval()
     digest = model_fingerprint(model) if fingerprint else None
     from neobert_embed.inference.unpadded import unpad_encoders
@@ -447,6 +448,25 @@ def load_inference_model(
     release_freed_memory()  # what the measurement's copies and trial batches held
     logger.debug("compute precision: %s on %s", choice.description, machine.summary())
     return InferenceModel(model, choice, "torch", digest)
+
+
+def load(name_or_path: str | Path, precision: str = "auto", *, device: str | None = None,
+         max_seq_length: int | None = None, backend: str = "torch") -> SentenceTransformer | LightModel:
+    """The public way to load a model to encode with: a ``SentenceTransformer``
+    (:class:`~neobert_embed.inference.embedding_model.EmbeddingModel`) whose ``encode``,
+    ``encode_query`` and ``encode_document`` (and so mteb's and sentence-transformers' utilities) run
+    the toolkit's engine at ``precision`` (``auto``: measured on this machine); ``backend="onnx"`` or
+    ``"openvino"`` gives an export's light model (no torch). Its precision is ``model.compute_precision``.
+
+    Example:
+        >>> model = neobert_embed.load("sentence-transformers/all-MiniLM-L6-v2", precision="fp32")
+        >>> model.encode_query(["how do I reset my password?"]).shape
+        (1, 384)
+    """
+    loaded = load_inference_model(name_or_path, precision, device=device, max_seq_length=max_seq_length,
+                                  backend=backend)
+    loaded.model.compute_precision = loaded.choice  # type: ignore[union-attr]
+    return loaded.model
 
 
 def _model_type(model: SentenceTransformer) -> str | None:
