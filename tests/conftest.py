@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# auto's kept precision choices (inference.runtime.precision_cache): this session's own, never the user's
+os.environ.setdefault("NEOBERT_EMBED_CACHE", tempfile.mkdtemp(prefix="neobert-embed-test-cache-"))
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 #: The tests measured slow (``tests/slow_tests.py`` writes it from ``--durations=0`` reports).

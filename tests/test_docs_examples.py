@@ -335,7 +335,7 @@ TRAIN_ONE_STEP = {"train-contrastive": ["--max-steps", "1"]}
 COVERAGE: dict[str, Run | NotRun] = {
     "README.md: make demo": NotRun(
         "`make demo` installs .venv/ and runs the full demo (~8 min); `neobert-embed demo --quick` runs every "
-        "stage end to end in tests/test_demo.py. `make test` is this suite. Both targets are checked to exist "
+        "stage end to end in tests/test_demo.py. `make test` is this suite, `make test-fast` its tier of tests not marked slow. The targets are checked to exist "
         "in the Makefile.",
         covered_by=("tests/test_demo.py::test_quick_demo_runs_every_stage_speaks_with_one_voice_and_rerun_skips_them",)),
     "README.md: neobert-embed train-contrastive --model sentence-transformers/all-MiniLM-L6-v2 "

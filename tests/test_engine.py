@@ -115,6 +115,8 @@ def test_plan_batches_counts_real_tokens_when_asked():
 def test_loading_a_model_as_a_library_changes_no_process_setting(tiny_bert, monkeypatch):
     """``load_inference_model`` sets no environment variable, thread count or allocator option; the CLI
     sets its own (``native_memory.bound_native_memory``) for itself."""
+    import sentence_transformers  # noqa: F401  (third-party imports set their own variables: sklearn's KMP_*)
+    import sklearn  # noqa: F401
     import torch
 
     from neobert_embed.inference import native_memory
@@ -171,3 +173,21 @@ def test_every_encode_argument_of_sentence_transformers_has_a_rule():
     names = [name for name, parameter in inspect.signature(SentenceTransformer.encode).parameters.items()
              if name not in ("self", "inputs") and parameter.kind is not parameter.VAR_KEYWORD]
     assert sorted(set(names) - set(PIPELINED_DEFAULTS) - set(HANDLED_ARGUMENTS)) == []
+
+
+def test_auto_is_measured_once_per_machine_and_model_on_enough_text(tiny_bert, tmp_path, monkeypatch):
+    """``auto`` times each precision on enough text to be stable, and keeps its choice per machine, model
+    weights and torch version (an atomic JSON file), so a restart computes the same way without measuring."""
+    from neobert_embed.inference import runtime
+    from neobert_embed.machine import describe_machine
+
+    monkeypatch.setenv(runtime.CACHE_VARIABLE, str(tmp_path))
+    measured: list[int] = []
+    real = runtime.choose_precision
+    monkeypatch.setattr(runtime, "choose_precision", lambda *a, **k: (measured.append(1), real(*a, **k))[1])
+    first = runtime.load_inference_model(str(tiny_bert), "auto", sample_texts=SHORT)
+    again = runtime.load_inference_model(str(tiny_bert), "auto", sample_texts=SHORT)
+    assert measured == [1] and again.choice.precision == first.choice.precision
+    assert (tmp_path / "precision.json").is_file() and not list(tmp_path.glob("*.tmp*"))
+    sample = runtime.trial_texts(SHORT, describe_machine("cpu"))
+    assert len(sample) == runtime.AUTO_SAMPLE_MAX or sum(map(len, sample)) >= runtime.AUTO_SAMPLE_CHARS

@@ -1,7 +1,7 @@
 """The light runtime: an exported model encodes with tokenizers + ONNX Runtime or OpenVINO + numpy, no torch.
 
-Why: importing torch, transformers and sentence-transformers takes ~7 s on a 2-core machine, while
-encoding 10 texts takes 0.06 s. A user who encodes a handful of texts, searches an index or starts a
+Why: importing torch, transformers and sentence-transformers takes seconds, many times longer than
+encoding a few texts (docs/performance.md, "The light runtime"). A user who encodes a handful of texts, searches an index or starts a
 server with an exported model (``neobert-embed export``) needs none of them: the graph holds the
 encoder, and what sentence-transformers does around it is small. This module reads the same files
 sentence-transformers' loaders read and does the same around the graph:
@@ -81,22 +81,15 @@ def _token_text(value: object) -> str | None:
 
 
 class LightTokenizer(FastTokenizer):
-    """The model's ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls its fast tokenizer.
-
-    A :class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer` (truncates, never pads) plus a second
-    copy of the ``tokenizers.Tokenizer`` that does not truncate (token counts); neither is changed while
-    in use, so both are safe to call from several threads.
+    """The model's ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls its fast tokenizer:
+    a :class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer` (truncates, counts what it cut, never
+    pads) read from an export's files; not changed while in use, so safe to call from several threads.
 
     Example:
         >>> tokenizer = LightTokenizer.from_directory(Path("runs/minilm-onnx"), 256, do_lower_case=False)
         >>> tokenizer.batch(["a cat", "a black cat"])["input_ids"].shape
         (2, 5)
     """
-
-    def __init__(self, batching: Tokenizer, counting: Tokenizer, max_seq_length: int, truncation_side: str,
-                 padding: Padding | None = None) -> None:
-        super().__init__(batching, max_seq_length, truncation_side, padding)
-        self._counting = counting
 
     @classmethod
     def from_directory(cls, folder: Path, max_seq_length: int | None, do_lower_case: bool) -> LightTokenizer:
@@ -117,41 +110,16 @@ class LightTokenizer(FastTokenizer):
             limits = [settings.get("model_max_length"), _json(folder / "config.json").get("max_position_embeddings")]
             usable = [int(limit) for limit in limits if isinstance(limit, (int, float)) and 0 < limit < NO_LIMIT]
             max_seq_length = min(usable) if usable else 512
-        counting, batching = Tokenizer.from_file(str(file)), Tokenizer.from_file(str(file))
-        for tokenizer in (counting, batching):
-            tokenizer.no_truncation()
-            tokenizer.no_padding()
-            if do_lower_case:
-                _lowercase_first(tokenizer)
+        batching = Tokenizer.from_file(str(file))
+        batching.no_truncation()
+        if do_lower_case:
+            _lowercase_first(batching)
         pad = (_token_text(settings.get("pad_token"))
                or _token_text(_json(folder / "special_tokens_map.json").get("pad_token")))
         pad_id = batching.token_to_id(pad) if pad is not None else None
         padding = Padding(pad_id if pad_id is not None else 0, int(settings.get("pad_token_type_id", 0)),
                           str(settings.get("padding_side", "right")) == "left")
-        return cls(batching, counting, max_seq_length, str(settings.get("truncation_side", "right")), padding)
-
-    def count(self, texts: Sequence[str]) -> list[int]:
-        """Tokens of each text with special tokens, before truncation.
-
-        Example:
-            >>> tokenizer.count(["hello world", ""])
-            [4, 2]
-        """
-        return [len(encoding.ids) for encoding in self._counting.encode_batch(list(texts))]
-
-    def __call__(self, texts: Sequence[str], *, add_special_tokens: bool = True, truncation: bool = False,
-                 **_options: object) -> dict[str, list[list[int]]]:
-        """Token ids, untruncated: the one call the toolkit makes on ``model.tokenizer`` to count tokens
-        (``encoding.count_truncated``), so a light model stands where a SentenceTransformer does there.
-
-        Example:
-            >>> tokenizer(["hello world"], add_special_tokens=True, truncation=False)["input_ids"]
-            [[101, 7592, 2088, 102]]
-        """
-        if truncation:
-            raise ValueError("the light tokenizer counts untruncated tokens only; use batch() to encode")
-        encodings = self._counting.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-        return {"input_ids": [encoding.ids for encoding in encodings]}
+        return cls(batching, max_seq_length, str(settings.get("truncation_side", "right")), padding)
 
 
 def _lowercase_first(tokenizer: Tokenizer) -> None:
@@ -244,7 +212,7 @@ class LightModel:
     """An exported model run without torch: what commands and the server need of a SentenceTransformer.
 
     ``prompts``, ``default_prompt_name``, ``similarity_fn_name``, ``truncate_dim``, ``max_seq_length``,
-    ``tokenizer`` (counting), ``get_embedding_dimension()`` and ``encode()`` behave as
+    ``get_embedding_dimension()`` and ``encode()`` behave as
     sentence-transformers' do, so :func:`~neobert_embed.sentence.resolve_prompt`, ``encode_texts`` and
     the index encoder take either.
 

@@ -3,16 +3,16 @@
 Why: a forward pass is only as fast as what feeds it. sentence-transformers' ``encode`` tokenizes each
 batch just before its forward, so the model waits for the tokenizer and the tokenizer for the model,
 and this toolkit used to tokenize every text a second time to count what was truncated. On a GPU that
-costs most of the job: the forward of BERT-base in bf16 runs ~1.6M tokens/s of real texts on an H200,
-and ``preprocess`` padding a call to one tensor ~165k. This module does what
+costs most of the job on a GPU (docs/performance.md, "Why the encoding path is built as it is"). This
+module does what
 text-embeddings-inference's queue and infinity's batch handler do, once, for every command that encodes:
 
 1. :func:`tokenize` tokenizes each text once, exactly as the model's own ``preprocess`` would (its
    prompts, lower-casing, truncation at ``max_seq_length``), in chunks of input order, on a worker
    thread that stays :data:`CHUNKS_AHEAD` chunks ahead of the model (a bounded queue). The texts are
    held unpadded (:class:`~neobert_embed.inference.tokenized.Tokenized`) and, where the tokenizer has
-   one, come straight from its Rust tokenizer, checked against ``preprocess`` first (2.4M tokens/s on
-   the H200's host against 165k for ``preprocess`` with padding). The same call says which texts
+   one, come straight from its Rust tokenizer, checked against ``preprocess`` first (many times
+   ``preprocess``'s speed: docs/performance.md). The same call says which texts
    were cut, so truncation is counted without tokenizing again.
 2. :func:`plan_batches` orders a chunk's texts by token count and cuts them into batches: at most
    ``max_texts`` texts (the ``--batch-size`` on a CPU), at most ``max_tokens`` padded tokens (the
@@ -112,8 +112,8 @@ def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | Non
     """Tokenize ``texts`` with ``prompt`` exactly as ``model.encode`` would, once, counting truncation.
 
     Where the model's tokenizer has a Rust tokenizer, the ids come from it directly
-    (:class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer`: 0.11 s of Python for 9,100 texts
-    where ``preprocess`` spends 0.6 s), once a probe of the first call (its first and longest texts, and
+    (:class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer`: a fraction of ``preprocess``'s
+    Python, docs/performance.md), once a probe of the first call (its first and longest texts, and
     a text twice the length limit) gave exactly ``preprocess``'s ids, mask, type ids, padding, lengths
     and truncation; the verdict holds for that model, prompt and tokenizer settings, whatever the size
     of later calls (a server's one-text batches included). Otherwise (another input module, a chat

@@ -58,8 +58,8 @@ class Tokenized:
     held without padding: a batch is padded to its own longest text when it is made.
 
     Why un-padded: padding a call's texts to its longest and turning the tokenizer's lists into one
-    tensor took 2.6 s of the 3.0 s tokenization of 9,100 AG News + STS-B texts (2-core Xeon), and made
-    tokenization, not the GPU, the bound of a whole encode (150k tokens/s on an H200 machine).
+    tensor took most of the time of tokenization, and made tokenization, not the GPU, the bound of a
+    whole encode (docs/performance.md, "Why the encoding path is built as it is").
 
     Attributes:
         values: per key (``input_ids``, ``attention_mask``, ``token_type_ids``), every text's tokens one
