@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-LINE = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S+)")
+LINE = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(.+?)\s*$")  # a parameter id may hold spaces
 
 
 def slow_tests(reports: list[Path], seconds: float, file_seconds: float) -> list[tuple[str, float]]:
