@@ -467,10 +467,11 @@ class EncodePipeline:
 
     def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray:
         """Sentence embeddings of one padded batch, float32 on the host."""
-        return self._device_vectors(features, normalize=normalize).cpu().numpy()
+        return self.device_vectors(features, normalize=normalize).cpu().numpy()
 
-    def _device_vectors(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
-        """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host)."""
+    def device_vectors(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
+        """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host: what
+        a chunk's batches queue on a GPU, and what ``benchmarks/gpu.py`` times as the forward alone)."""
         import torch
         from torch.nn import functional
 
@@ -528,7 +529,7 @@ class EncodePipeline:
         order = np.concatenate(batches)
         cursor = 0
         for rows in batches:
-            vectors = self._device_vectors(_pinned(tokenized.batch(rows)), normalize=normalize)
+            vectors = self.device_vectors(_pinned(tokenized.batch(rows)), normalize=normalize)
             staged[cursor:cursor + len(rows)].copy_(vectors, non_blocking=True)
             cursor += len(rows)
         torch.cuda.synchronize(self.model.device)
