@@ -29,6 +29,7 @@ from neobert_embed.inference.pipeline import (
 from neobert_embed.inference.runtime import (
     AUTO_SAMPLE,
     AUTO_SAMPLE_GPU,
+    AUTO_SAMPLE_MAX,
     cosine_to,
     load_inference_model,
     spreads_on,
@@ -294,11 +295,16 @@ def test_which_models_run_batches_side_by_side(machine, precision, spreads):
     assert spreads_on(machine, precision) is spreads
 
 
-def test_auto_times_a_gpu_on_a_realistic_batch_and_a_cpu_on_a_few_texts():
+def test_auto_times_a_gpu_on_a_realistic_batch_and_a_cpu_on_enough_text():
+    """A CPU's sample holds AUTO_SAMPLE texts, more (repeated, up to AUTO_SAMPLE_MAX) while they are too
+    little text to time stably; a GPU's is a few of the pipeline's token-budgeted batches."""
     gpu = Machine("cuda", "NVIDIA H200", threads=16, gpu_bf16=True)
     cpu = Machine("cpu", "AMX Xeon", ("amx_bf16",), threads=2)
     sample = [f"text {i}" for i in range(100)]
-    assert len(trial_texts(sample, cpu)) == AUTO_SAMPLE == 32
+    paragraphs = ["word " * 400 + str(i) for i in range(100)]  # 2,000 characters each
+    assert len(trial_texts(paragraphs, cpu)) == AUTO_SAMPLE == 32
+    short = trial_texts(sample, cpu)
+    assert len(short) == AUTO_SAMPLE_MAX and set(short) == set(sample)
     on_gpu = trial_texts(sample, gpu)
     assert len(on_gpu) == AUTO_SAMPLE_GPU >= 2048 and set(on_gpu) == set(sample)
 
