@@ -68,7 +68,7 @@ from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
 from neobert_embed.locks import LockHolder
 from neobert_embed.machine import COMPUTE_PRECISIONS, check_compute_precision
-from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
+from neobert_embed.model_files import check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
 from neobert_embed.runs import (
@@ -508,8 +508,7 @@ def _preflight(opts: BuildOptions, output: Path, overwrite: bool, resume: bool =
     a resumed one has some of them already)."""
     check_compute_precision(opts.compute_precision)
     check_output_directory(output, **_claim(opts, overwrite))
-    check_model_files(opts.model)
-    check_length_flag(opts.model, opts.max_seq_length, "--max-length")
+    check_model_files(opts.model, opts.max_seq_length, "--max-length")
     dimension = embedding_dimension(opts.model)
     check_options(opts.index_type, opts.precision, opts.factory, dimension or 8)
     documents = count_documents(opts.corpus)

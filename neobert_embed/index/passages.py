@@ -261,12 +261,9 @@ class PassageEncoder:
 
     def _tokenize_reference(self, texts: list[str]) -> Tokenized:
         """``texts`` as the model's own encoding path tokenizes them (truncated at its window)."""
-        model = self.encoder.model
-        if hasattr(model, "preprocess"):
-            from neobert_embed.inference.pipeline import tokenize
+        from neobert_embed.inference.pipeline import engine_of
 
-            return tokenize(model, texts, self.prompt or None)
-        return self.fast.tokenize([self.prompt + text for text in texts])
+        return engine_of(self.encoder.model).tokenize(texts, self.prompt or None)
 
     def _tokenized(self, passages: Sequence[tuple[list[int], list[int], tuple[int, int, int]]],
                    reference: Tokenized) -> Tokenized:
@@ -287,20 +284,12 @@ class PassageEncoder:
         if not self._agrees:
             texts = [documents[i].text[start:end] or documents[i].encoded_text for i, start, end in spans.tolist()]
             return Passages(encoder.encode_in_length_order(texts, DOCUMENT_PROMPT), spans)
-        tokenized = self._tokenized(passages, self._reference)
-        if hasattr(model, "preprocess"):
-            from neobert_embed.inference.pipeline import pipeline_for
+        from neobert_embed.inference.pipeline import encode_tokenized, engine_of
 
-            vectors = pipeline_for(model).encode_tokenized(tokenized, batch_size=encoder.batch_size,
-                                                           normalize=encoder.normalized)
-        else:
-            vectors = model.encode_tokenized(tokenized, batch_size=encoder.batch_size, prompt=self.prompt or None,
-                                             normalize=encoder.normalized)
-        if not np.isfinite(vectors).all():
-            row = int(np.argmin(np.isfinite(vectors).all(axis=1)))
-            raise UserInputError(f"passage {row + 1} of document {int(spans[row, 0]) + 1}: the model produced NaN "
-                                 "or Inf values; nothing was written. Encode in --precision fp32, or check the "
-                                 "model's weights")
+        tokenized = self._tokenized(passages, self._reference)
+        vectors = encode_tokenized(engine_of(model), tokenized, batch_size=encoder.batch_size,
+                                   normalize=encoder.normalized,
+                                   name_row=lambda row: f"passage {row + 1} of document {int(spans[row, 0]) + 1}")
         return Passages(np.ascontiguousarray(vectors, dtype=np.float32), spans)
 
 
