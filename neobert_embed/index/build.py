@@ -200,7 +200,7 @@ def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexE
     finished = shards.finished()
     todo = world.my_chunks(n_chunks, finished)
     label = f"encoding documents (rank 0 of {world.size})" if world.distributed else "encoding documents"
-    cut = Truncation()
+    cut = encoder.truncation = Truncation()
     with document_progress(show_progress and world.is_main) as progress:
         task = progress.add_task(label, total=total, completed=min(total, len(finished) * options.chunk_size))
         for chunk in todo:
@@ -213,10 +213,11 @@ def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexE
                 vectors = passages.vectors
             else:
                 vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], DOCUMENT_PROMPT,
-                                                         advance=advance, cut=cut)
+                                                         advance=advance)
             shards.write(chunk, vectors)
             if on_chunk is not None:
                 on_chunk(ChunkDone(chunk, n_chunks, first + len(documents), total))
+    encoder.truncation = None
     warning = cut.warning(sum(min(options.chunk_size, total - c * options.chunk_size) for c in todo),
                           int(encoder.model.max_seq_length))
     if warning:
