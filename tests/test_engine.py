@@ -191,3 +191,40 @@ def test_auto_is_measured_once_per_machine_and_model_on_enough_text(tiny_bert, t
     assert (tmp_path / "precision.json").is_file() and not list(tmp_path.glob("*.tmp*"))
     sample = runtime.trial_texts(SHORT, describe_machine("cpu"))
     assert len(sample) == runtime.AUTO_SAMPLE_MAX or sum(map(len, sample)) >= runtime.AUTO_SAMPLE_CHARS
+
+
+@pytest.mark.parametrize("runtime", ["torch", "light"])
+def test_already_tokenized_texts_run_the_one_loop(runtime, tiny_bert, tiny_onnx, monkeypatch):
+    """``encode_tokenized`` (the passages of long documents, tokenized once) runs ``encode``'s loop on both
+    runtimes: the same vectors as ``encode``, CPU batches within the token budget, a non-finite row named."""
+    from sentence_transformers import SentenceTransformer
+
+    from neobert_embed.inference import pipeline
+    from neobert_embed.inference.light import load_light_model
+
+    engine = (pipeline.EncodePipeline(SentenceTransformer(str(tiny_bert), device="cpu")) if runtime == "torch"
+              else load_light_model(tiny_onnx, "onnx", threads=1))
+    texts = ["word " * 20, *SHORT, "cat " * 30]
+    tokenized = engine.tokenize(texts, None)
+    monkeypatch.setattr(pipeline, "CPU_BATCH_TOKENS", 2 * int(tokenized.lengths.max()))
+    seen: list[tuple[int, ...]] = []
+    forward = engine.forward
+
+    def recording(features, *, normalize=False):
+        seen.append(tuple(features["input_ids"].shape))
+        return forward(features, normalize=normalize)
+
+    monkeypatch.setattr(engine, "forward", recording)
+    vectors = pipeline.encode_tokenized(engine, tokenized, batch_size=32)
+    assert all(rows * width <= pipeline.CPU_BATCH_TOKENS for rows, width in seen) and len(seen) > 1
+    np.testing.assert_allclose(vectors, pipeline.collect(pipeline.encode_chunks(engine, texts), len(texts),
+                                                         engine.dimension), atol=1e-5)
+
+    def overflowing(features, *, normalize=False):
+        out = forward(features, normalize=normalize)
+        out[-1] = np.nan
+        return out
+
+    monkeypatch.setattr(engine, "forward", overflowing)
+    with pytest.raises(UserInputError, match=r"passage \d+ of document 7: the model produced NaN"):
+        pipeline.encode_tokenized(engine, tokenized, name_row=lambda row: f"passage {row + 1} of document 7")

@@ -15,8 +15,8 @@ the splitting to their callers. This module is that caller for ``index build --p
    ``stride`` tokens (default: ``window - window // 4``, an overlap of a quarter window); a document
    that fits is one passage, the very tokens ``encode`` would give it;
 3. each passage's ids (special tokens + prompt + window) go to the model without tokenizing again
-   (:meth:`~neobert_embed.inference.pipeline.EncodePipeline.encode_tokenized`, or the light
-   runtime's), and keep their document's row and the characters ``[start, end)`` of the document's
+   (:func:`~neobert_embed.inference.pipeline.encode_tokenized`: the one encoding loop, over the torch
+   pipeline or the light runtime), and keep their document's row and the characters ``[start, end)`` of the document's
    ``text`` they cover.
 
 Before the first passage is encoded, the first documents' first passages are checked against the

@@ -45,11 +45,10 @@ from neobert_embed.files import read_json
 from neobert_embed.inference.artifact_hashes import verify_export
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
 from neobert_embed.inference.pipeline import (
-    CPU_BATCH_TOKENS,
     collect,
     encode_chunks,
     encode_tokenized,
-    plan_batches,
+    plan_cpu_batches,
 )
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
 from neobert_embed.inference.tokenized import Padding, Tokenized
@@ -293,9 +292,9 @@ class LightModel:
 
     def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
         """One tokenized chunk in batches of ``batch_size`` texts cut by token count, within the CPU token
-        budget (:data:`~neobert_embed.inference.pipeline.CPU_BATCH_TOKENS` padded tokens: the pipeline's rule)."""
+        budget (:func:`~neobert_embed.inference.pipeline.plan_cpu_batches`: the pipeline's rule)."""
         out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
-        for rows in plan_batches(tokenized.lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS):
+        for rows in plan_cpu_batches(tokenized.lengths, batch_size):
             out[rows] = self.forward(tokenized.batch(rows), normalize=normalize)
         return out
 

@@ -328,6 +328,18 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None =
     return [np.asarray(batch, dtype=np.int64) for batch in batches]
 
 
+def plan_cpu_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """A chunk's batches on a CPU, for every runtime: ``batch_size`` texts each (as ``encode``), within
+    :data:`CPU_BATCH_TOKENS` padded tokens, so a batch of long texts does not hold 32 x 4,096 tokens of
+    activations at once.
+
+    Example:
+        >>> [b.tolist() for b in plan_cpu_batches([4096] * 5, 32)]
+        [[0, 1, 2, 3], [4]]
+    """
+    return plan_batches(lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS)
+
+
 class Engine(Protocol):
     """What :func:`encode_chunks` (the one encoding loop) and the server need of a runtime: the torch
     engine (:class:`EncodePipeline`) or the light runtime's (:class:`~neobert_embed.inference.light.LightModel`).
@@ -513,7 +525,7 @@ class EncodePipeline:
         (``max_batch_tokens``), since a GPU's speed depends on the tokens in a batch, not its texts."""
         if self.on_gpu:
             return plan_batches(tokenized.lengths, max_tokens=self.max_batch_tokens)
-        return plan_batches(tokenized.lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS)
+        return plan_cpu_batches(tokenized.lengths, batch_size)
 
     def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray:
         """Sentence embeddings of one padded batch, float32 on the host."""
