@@ -147,6 +147,24 @@ def test_token_windows_cover_every_token_with_the_stated_overlap() -> None:
     assert all(b[0] < a[1] for a, b in zip(windows, windows[1:], strict=False))
 
 
+def test_word_windows_start_at_words_cover_every_token_and_never_repeat() -> None:
+    starts = np.array([1, 1, 1, 0, 1, 1, 0, 0, 1, 1], dtype=bool)
+    assert token_windows(10, 4, 3, starts) == [(0, 4), (2, 6), (5, 9), (8, 10)]
+    assert token_windows(20, 8, 6, np.ones(20, dtype=bool)) == token_windows(20, 8, 6)
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        n, window = int(rng.integers(1, 80)), int(rng.integers(1, 24))
+        stride = int(rng.integers(1, window + 1))
+        starts = rng.random(n) < 0.5
+        windows = token_windows(n, window, stride, starts)
+        assert windows[0][0] == 0 and windows[-1][1] == n and len(set(windows)) == len(windows)
+        assert all(0 < end - start <= window for start, end in windows)
+        for (start, end), (next_start, next_end) in zip(windows, windows[1:], strict=False):
+            assert start < next_start <= end < next_end  # every token covered, in order
+            # a start inside a word only where the word is longer than the stride
+            assert starts[next_start] or not starts[start + 1:next_start + 1].any()
+
+
 def test_stride_needs_passages_and_fits_the_window(built: dict[str, Path], tmp_path: Path, minilm_path: Path) -> None:
     from neobert_embed.errors import UserInputError
 
