@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-fast lint clean
 
 $(BIN)/neobert-embed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,13 @@ install: $(BIN)/neobert-embed
 demo: install
 	HF_HUB_OFFLINE=1 $(BIN)/neobert-embed demo
 
+# CI: every test; the 15 slowest are printed
 test: install
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=15
+
+# Iteration: the tests not marked slow (by hand, or listed in tests/slow_tests.txt from measured durations)
+test-fast: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 lint: install
 	$(BIN)/ruff check neobert_embed tests benchmarks

@@ -4,9 +4,11 @@ memory of encoding 4,096-token texts. Prints one JSON object.
 Sections (``--sections``, default all):
 
 * ``recall`` — all-MiniLM-L6-v2 (256-token window) on long documents made of ``--articles`` real AG News
-  articles each (``../shared/data/ag_news``, bodies only); each query is the title of one article in the
-  second half of its document; document recall@10 (and nDCG@10) through an exact index truncated and with
-  ``--passages``, in the same run.
+  articles each (``../shared/data/ag_news``, bodies only); per document three queries, the title of one
+  article in its first, middle and last third; document recall@10 and nDCG@10 through an exact index
+  truncated and with ``--passages``, for the middle and end queries (the target) and by position, and the
+  ceiling in the same run: the same queries against every article as its own document (the same articles,
+  so the same distractors), judged on finding their article.
 * ``passkey`` — the synthetic passkey and needle tasks (``neobert-embed tasks synth``, AG News haystack) at
   ``--lengths`` tokens, nDCG@1 truncated and with passages (``scores_by_length``, what ``tasks lengths`` prints).
 * ``throughput`` — ``--documents`` documents of ~2,000 tokens (AG News bodies joined): the passages of
@@ -46,48 +48,86 @@ def _articles() -> list[dict]:
     return [json.loads(line) for line in AG_NEWS.open(encoding="utf-8")]
 
 
-def _long_documents(count: int, articles_per_document: int, seed: int = 0) -> tuple[list[dict], dict[str, str]]:
-    """``count`` documents of ``articles_per_document`` article bodies; a query per document: the title of one of
-    its articles in the second half (middle or end)."""
+POSITIONS = ("start", "middle", "end")
+
+
+def _long_documents(count: int, articles_per_document: int,
+                    seed: int = 0) -> tuple[list[dict], list[dict], dict[str, tuple[str, str, str]]]:
+    """``count`` documents of ``articles_per_document`` article bodies each, every article also as its own
+    document, and per document three queries: the title of one article in its first, middle and last third.
+
+    Returns:
+        (long documents, articles ``{"_id": "doc3.a7", "text": ...}``, ``{query id: (title, long document id,
+        article id)}``, query ids ``q3.start`` / ``q3.middle`` / ``q3.end``)
+    """
     rows = _articles()
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(rows))
-    documents, queries = [], {}
+    documents, articles, queries = [], [], {}
+    thirds = np.array_split(np.arange(articles_per_document), len(POSITIONS))
     for i in range(count):
         chosen = [rows[j] for j in order[i * articles_per_document:(i + 1) * articles_per_document]]
         documents.append({"_id": f"doc{i}", "text": " ".join(row["description"] for row in chosen)})
-        target = int(rng.integers(articles_per_document // 2, articles_per_document))
-        queries[f"q{i}"] = chosen[target]["title"]
-    return documents, queries
+        articles += [{"_id": f"doc{i}.a{a}", "text": row["description"]} for a, row in enumerate(chosen)]
+        for position, third in zip(POSITIONS, thirds, strict=True):
+            target = int(rng.choice(third))
+            queries[f"q{i}.{position}"] = (chosen[target]["title"], f"doc{i}", f"doc{i}.a{target}")
+    return documents, articles, queries
 
 
-def _write_task(directory: Path, documents: list[dict], queries: dict[str, str]) -> None:
-    from neobert_embed.beir import BeirTask, write_beir_task
+def _write_corpus(path: Path, documents: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(d) + "\n" for d in documents), encoding="utf-8")
+    return path
 
-    write_beir_task(BeirTask(corpus={d["_id"]: {"title": "", "text": d["text"]} for d in documents}, queries=queries,
-                             qrels={qid: {f"doc{qid[1:]}": 1} for qid in queries}), directory)
+
+def _scores_by_position(index_dir: Path, queries: dict[str, tuple[str, str, str]], relevant: int) -> dict:
+    """recall@10 and nDCG@10 of every query searched through the index once, for the queries of each position
+    and for ``middle_or_end`` (the issue's target) and ``all``; ``relevant`` picks the judged document (1: the
+    long document, 2: the article)."""
+    from neobert_embed.index import open_index
+    from neobert_embed.index.evaluate import ranking_scores
+
+    ids = list(queries)
+    with open_index(index_dir) as index:
+        hits = index.search([queries[qid][0] for qid in ids], k=10)
+    results = {qid: {hit.doc_id: hit.score for hit in ranked} for qid, ranked in zip(ids, hits, strict=True)}
+    groups = {position: [qid for qid in ids if qid.endswith("." + position)] for position in POSITIONS}
+    groups["middle_or_end"] = groups["middle"] + groups["end"]
+    groups["all"] = ids
+    out = {}
+    for name, members in groups.items():
+        scores = ranking_scores({q: results[q] for q in members}, {q: {queries[q][relevant]: 1} for q in members},
+                                [10])
+        out[name] = {"recall_at_10": scores["recall_at_10"], "ndcg_at_10": scores["ndcg_at_10"],
+                     "queries": len(members)}
+    return out
 
 
 def recall(args: argparse.Namespace) -> dict:
-    from neobert_embed.index import build_index, evaluate_index
+    """Long documents truncated and with ``--passages``, and the ceiling: every article as its own document
+    (the same articles, so the same distractors), all searched with the same queries in this run."""
+    from neobert_embed.index import build_index
 
-    documents, queries = _long_documents(args.recall_documents, args.articles)
-    out: dict = {"documents": len(documents), "articles_per_document": args.articles, "queries": len(queries)}
+    documents, articles, queries = _long_documents(args.recall_documents, args.articles)
+    out: dict = {"documents": len(documents), "articles_per_document": args.articles, "queries": len(queries),
+                 "query": "title of one article in the document's first (start), middle or last (end) third"}
     with tempfile.TemporaryDirectory() as scratch:
-        task = Path(scratch) / "task"
-        _write_task(task, documents, queries)
-        modes = [("truncated", False, None)] if args.with_truncated else []
-        modes += [("passages" if length == 0 else f"passages_max_length_{length}", True, length or None)
+        corpus = _write_corpus(Path(scratch) / "corpus.jsonl", documents)
+        modes = [("truncated", corpus, False, None)] if args.with_truncated else []
+        modes += [("passages" if length == 0 else f"passages_max_length_{length}", corpus, True, length or None)
                   for length in args.passage_lengths]
-        for name, passages, length in modes:
+        if args.with_ceiling:
+            modes.append(("ceiling_articles_alone", _write_corpus(Path(scratch) / "articles.jsonl", articles),
+                          False, None))
+        for name, source, passages, length in modes:
             index = Path(scratch) / name
             started = time.perf_counter()
-            manifest = build_index(_minilm(), task / "corpus.jsonl", index, index_type="flat", compute_precision="fp32",
+            manifest = build_index(_minilm(), source, index, index_type="flat", compute_precision="fp32",
                                    passages=passages, max_seq_length=length, show_progress=False)
-            scores = evaluate_index(index, task)
-            out[name] = {"recall_at_10": scores["recall_at_10"], "ndcg_at_10": scores["ndcg_at_10"],
+            scores = _scores_by_position(index, queries, relevant=2 if source != corpus else 1)
+            out[name] = {**scores.pop("middle_or_end"), "by_position": scores, "documents": manifest.documents,
                          "vectors": manifest.vectors, "window": manifest.passages.window if passages else None,
-                         "build_seconds": round(time.perf_counter() - started, 1)}
+                         "seconds": round(time.perf_counter() - started, 1)}
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(_minilm())
@@ -114,7 +154,7 @@ def throughput(args: argparse.Namespace) -> dict:
     from neobert_embed.index.store import StoredDocument
     from neobert_embed.sentence import DOCUMENT_PROMPT
 
-    documents, _ = _long_documents(args.documents, args.throughput_articles, seed=1)
+    documents, _, _ = _long_documents(args.documents, args.throughput_articles, seed=1)
     stored = [StoredDocument(i, d["_id"], "", d["text"]) for i, d in enumerate(documents)]
     encoder = load_encoder(_minilm(), precision="fp32", batch_size=32)
     splitter = PassageEncoder(encoder)
@@ -205,6 +245,8 @@ def main() -> None:
     parser.add_argument("--passage-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[0],
                         help="recall: max_seq_length of the passage builds (0: the model's own, 256)")
     parser.add_argument("--no-truncated", dest="with_truncated", action="store_false")
+    parser.add_argument("--no-ceiling", dest="with_ceiling", action="store_false",
+                        help="recall: skip the index of every article as its own document")
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024, 4096])
     parser.add_argument("--kinds", type=lambda s: s.split(","), default=["passkey", "needle"])
     parser.add_argument("--task-documents", type=int, default=50)

@@ -287,7 +287,7 @@ def encode_file(
     """
     from neobert_embed.inference.runtime import load_inference_model
     from neobert_embed.machine import check_compute_precision
-    from neobert_embed.model_files import check_length_flag, check_model_files
+    from neobert_embed.model_files import check_model_files
     from neobert_embed.outputs import claimed_file, sidecar_path
     from neobert_embed.sentence import resolve_prompt
 
@@ -309,16 +309,14 @@ def encode_file(
             if loaded is not None and loaded.precision != precision:
                 raise UserInputError(f"--calibration {calibration} is for {loaded.precision} vectors but --store-precision "
                                      f"is {precision}; pass --store-precision {loaded.precision}")
-            check_model_files(model_name)
-            check_length_flag(model_name, max_seq_length, "--max-length")
-            return loaded
+            return loaded, check_model_files(model_name, max_seq_length, "--max-length")
 
-        saved = on_main(world, preflight)
+        saved, checked = on_main(world, preflight)  # the model's files, inspected once: the loader reads no more
         texts, skipped = apply_blank_policy(read_texts(input_path, field), blank, input_path)
         # an exported graph (--backend onnx/openvino) computes as it was saved: no recorded precision applies
         follows = saved is not None and compute_precision is None and backend == "torch"
         recorded = saved.computed_at if follows else None
-        loaded = load_inference_model(model_name, compute_precision or recorded or "auto", device=world.device(None),
+        loaded = load_inference_model(checked, compute_precision or recorded or "auto", device=world.device(None),
                                       backend=backend, max_seq_length=max_seq_length, sample_texts=texts,
                                       batch_size=batch_size, agree=functools.partial(on_main, world))
         model, compute = loaded.model, loaded.choice

@@ -186,17 +186,47 @@ def _settings_files(directory: Path) -> list[Path]:
                   key=lambda file: (file.name != "config.json", file))
 
 
-def check_model_files(name_or_path: str | Path) -> None:
+@dataclass(frozen=True)
+class CheckedModel:
+    """A model source whose files :func:`check_model_files` inspected: the one value a command's
+    preflight hands its loader (:func:`~neobert_embed.sentence.load_sentence_model`,
+    :func:`~neobert_embed.inference.runtime.load_inference_model`), so the files are read once per command.
+
+    Example:
+        >>> str(check_model_files("runs/my-embedder"))
+        'runs/my-embedder'
+    """
+
+    source: str
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def check_model_files(name_or_path: str | Path | CheckedModel, max_length: int | None = None,
+                      flag: str = "--max-length") -> CheckedModel:
     """Refuse a local model directory that cannot load: not a directory, empty, no or corrupt
     ``config.json``, no weights, or a corrupt/truncated ``.safetensors`` file; and any model under a
-    memory limit it cannot load in (:func:`~neobert_embed.machine.check_memory_for`). Hub ids and
-    registry keys pass the file checks (their download is checked by the hub client).
+    memory limit it cannot load in (:func:`~neobert_embed.machine.check_memory_for`); and a length
+    ``flag`` of ``max_length`` above what it supports (:func:`check_length_flag`). Hub ids and
+    registry keys pass the file checks (their download is checked by the hub client). A value this
+    function returned is not inspected again.
 
     Example:
         >>> check_model_files("runs/empty")
         Traceback (most recent call last):
         UserInputError: runs/empty: empty directory, not a model; ...
     """
+    if isinstance(name_or_path, CheckedModel):
+        check_length_flag(name_or_path.source, max_length, flag)
+        return name_or_path
+    check_length_flag(name_or_path, max_length, flag)
+    _check_files(name_or_path)
+    return CheckedModel(str(name_or_path))
+
+
+def _check_files(name_or_path: str | Path) -> None:
+    """:func:`check_model_files`' inspection of the files."""
     from neobert_embed.machine import check_memory_for
 
     directory = local_model_dir(name_or_path)

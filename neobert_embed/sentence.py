@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import torch
     from sentence_transformers import SentenceTransformer
 
+    from neobert_embed.model_files import CheckedModel
+
 PRECISIONS = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
               "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
@@ -90,7 +92,7 @@ def _explain_missing(name: str, original: str, exc: Exception) -> UserInputError
 
 
 def load_sentence_model(
-    name_or_path: str | Path,
+    name_or_path: str | Path | CheckedModel,
     max_seq_length: int | None = None,
     *,
     device: str | None = None,
@@ -98,12 +100,15 @@ def load_sentence_model(
     prompts: dict[str, str] | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    model_class: type[SentenceTransformer] | None = None,
 ) -> SentenceTransformer:
     """Build a ``SentenceTransformer`` (mean pooling) over any encoder, or load a saved one.
 
     Args:
         name_or_path: registry key (``neobert``, ``bert`` …), hub id, plain Hugging Face model
-            directory, or a saved SentenceTransformer directory (loaded as saved).
+            directory, or a saved SentenceTransformer directory (loaded as saved); or the value a
+            command's preflight got from :func:`~neobert_embed.model_files.check_model_files` (its files
+            are then not inspected again).
         max_seq_length: inputs are truncated to this many tokens; default: what the encoder's
             positions allow (4096 for NeoBERT, 512 for BERT/RoBERTa), never the tokenizer's default.
         device: ``cpu``, ``cuda`` … (sentence-transformers picks when None).
@@ -111,6 +116,8 @@ def load_sentence_model(
         prompts: ``{"query": "...", "document": "..."}`` instructions saved with the model.
         revision: hub revision (branch, tag or commit).
         trust_remote_code: only for third-party architectures; NeoBERT never needs it.
+        model_class: the ``SentenceTransformer`` subclass to build (the inference loader's
+            :class:`~neobert_embed.inference.embedding_model.EmbeddingModel`); default the plain class.
 
     Returns:
         A ``sentence_transformers.SentenceTransformer``; ``SentenceTransformer(dir)`` reloads it
@@ -119,9 +126,10 @@ def load_sentence_model(
     Example:
         >>> model = load_sentence_model("bert", max_seq_length=256, precision="bf16")
     """
-    from neobert_embed.model_files import check_model_files
+    from neobert_embed.model_files import CheckedModel, check_model_files
 
-    check_model_files(name_or_path)
+    if not isinstance(name_or_path, CheckedModel):  # a command's preflight inspected its files already
+        name_or_path = check_model_files(name_or_path)
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
@@ -131,13 +139,14 @@ def load_sentence_model(
         raise UserInputError(f"unknown precision {precision!r}; choose one of fp32, fp16, bf16")
     import torch
 
+    model_class = model_class or SentenceTransformer
     dtype = getattr(torch, PRECISIONS[precision])
     original = str(name_or_path)
     name = resolve_model_name(original)
     model_kwargs = {"dtype": dtype}
     try:
         if is_sentence_transformer_dir(name):
-            model = SentenceTransformer(name, device=device, model_kwargs=model_kwargs,
+            model = model_class(name, device=device, model_kwargs=model_kwargs,
                                         trust_remote_code=trust_remote_code)
             if prompts:
                 model.prompts.update(prompts)
@@ -146,7 +155,7 @@ def load_sentence_model(
             transformer = Transformer(name, model_kwargs={**model_kwargs, **hub}, processor_kwargs=dict(hub),
                                       config_kwargs=dict(hub))
             pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
-            model = SentenceTransformer(modules=[transformer, pooling], device=device,
+            model = model_class(modules=[transformer, pooling], device=device,
                                         prompts=prompts or {})
             usable, backbone = usable_max_length(transformer.auto_model.config), BACKBONES.get(original)
             model.max_seq_length = min(backbone.max_length, usable) if backbone else usable

@@ -335,7 +335,7 @@ TRAIN_ONE_STEP = {"train-contrastive": ["--max-steps", "1"]}
 COVERAGE: dict[str, Run | NotRun] = {
     "README.md: make demo": NotRun(
         "`make demo` installs .venv/ and runs the full demo (~8 min); `neobert-embed demo --quick` runs every "
-        "stage end to end in tests/test_demo.py. `make test` is this suite. Both targets are checked to exist "
+        "stage end to end in tests/test_demo.py. `make test` is this suite, `make test-fast` its tier of tests not marked slow. The targets are checked to exist "
         "in the Makefile.",
         covered_by=("tests/test_demo.py::test_quick_demo_runs_every_stage_speaks_with_one_voice_and_rerun_skips_them",)),
     "README.md: neobert-embed train-contrastive --model sentence-transformers/all-MiniLM-L6-v2 "
@@ -351,6 +351,9 @@ COVERAGE: dict[str, Run | NotRun] = {
         "readme-serve", check=check_readme_serving),
     "README.md: neobert-embed export runs/my-embedder --format onnx --quantize int8 --output runs/my-embedder-onnx": Run(
         "export", check=check_readme_export),
+    "README.md: from neobert_embed import load": NotRun(
+        "loads a model from the hub; the block runs verbatim on the local all-MiniLM-L6-v2 in tests/test_engine.py",
+        covered_by=("tests/test_engine.py::test_readme_load_example_runs_the_engine",)),
     "README.md: import neobert_embed": Run(
         "readme-neobert", subs={"chandar-lab/NeoBERT": "@official-neobert", "neobert": "@tiny-neobert"},
         check=check_load_neobert),

@@ -147,6 +147,24 @@ def test_token_windows_cover_every_token_with_the_stated_overlap() -> None:
     assert all(b[0] < a[1] for a, b in zip(windows, windows[1:], strict=False))
 
 
+def test_word_windows_start_at_words_cover_every_token_and_never_repeat() -> None:
+    starts = np.array([1, 1, 1, 0, 1, 1, 0, 0, 1, 1], dtype=bool)
+    assert token_windows(10, 4, 3, starts) == [(0, 4), (2, 6), (5, 9), (8, 10)]
+    assert token_windows(20, 8, 6, np.ones(20, dtype=bool)) == token_windows(20, 8, 6)
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        n, window = int(rng.integers(1, 80)), int(rng.integers(1, 24))
+        stride = int(rng.integers(1, window + 1))
+        starts = rng.random(n) < 0.5
+        windows = token_windows(n, window, stride, starts)
+        assert windows[0][0] == 0 and windows[-1][1] == n and len(set(windows)) == len(windows)
+        assert all(0 < end - start <= window for start, end in windows)
+        for (start, end), (next_start, next_end) in zip(windows, windows[1:], strict=False):
+            assert start < next_start <= end < next_end  # every token covered, in order
+            # a start inside a word only where the word is longer than the stride
+            assert starts[next_start] or not starts[start + 1:next_start + 1].any()
+
+
 def test_stride_needs_passages_and_fits_the_window(built: dict[str, Path], tmp_path: Path, minilm_path: Path) -> None:
     from neobert_embed.errors import UserInputError
 
@@ -257,3 +275,38 @@ def test_scores_by_length_table_and_plot(tmp_path: Path, minilm_path: Path, shar
     table = (tmp_path / "out" / "by_length.md").read_text()
     assert "| model | truncated |" in table and "| model | passages |" in table
     assert (tmp_path / "out" / "by_length.png").read_bytes()[:4] == b"\x89PNG"
+
+
+WORDPIECE_TEXT = ("Photosynthesis unbelievably transcontinental cryptocurrencies hyperparameterization "
+                  "antidisestablishmentarianism, electroencephalography and otorhinolaryngology baffled "
+                  "Zyxwvut's quizzaciously flabbergasted ornithologists near Llanfairpwllgwyngyll. ")
+
+
+def test_passages_start_at_a_word_and_are_their_texts_tokens(tmp_path: Path, minilm_path: Path) -> None:
+    """Windows of a WordPiece model never open on a ``##`` piece: each passage's tokens are its text's own
+    (tokenized alone), and its vector is the vector of its text encoded as a plain text."""
+    from transformers import AutoTokenizer
+
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [{"_id": f"d{i}", "title": "", "text": WORDPIECE_TEXT * (2 + i)} for i in range(4)]
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    build_index(minilm_path, corpus, tmp_path / "index", passages=True, max_seq_length=WINDOW,
+                compute_precision="fp32", show_progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    with open_index(tmp_path / "index") as index:
+        documents = {d.row: d.text for d in index.store.documents_between(0, index.manifest.documents)}
+        spans = index.store.passages(range(index.manifest.vectors))
+        vectors = index.faiss_index.reconstruct_n(0, index.manifest.vectors)
+        texts = [documents[row][start:end] for row, start, end in spans]
+        plain = index.encoder.encode(texts, "document")
+    assert len(spans) > 3 * len(rows)
+    for (row, start, end), text in zip(spans, texts, strict=True):
+        whole = tokenizer(documents[row], add_special_tokens=False, return_offsets_mapping=True)
+        inside = [i for i, (a, b) in zip(whole["input_ids"], whole["offset_mapping"], strict=True)
+                  if start <= a and b <= end and b > a]
+        alone = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert not tokenizer.convert_ids_to_tokens(inside[0]).startswith("##"), (row, start, text[:20])
+        assert start == 0 or documents[row][start - 1].isspace()
+        assert inside == alone, (row, start, text[:20])
+    cosines = (vectors * plain).sum(axis=1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(plain, axis=1)
+    assert cosines.min() > 0.9999

@@ -29,6 +29,7 @@ from neobert_embed.inference.pipeline import (
 from neobert_embed.inference.runtime import (
     AUTO_SAMPLE,
     AUTO_SAMPLE_GPU,
+    AUTO_SAMPLE_MAX,
     cosine_to,
     load_inference_model,
     spreads_on,
@@ -71,7 +72,9 @@ def seen(minilm) -> list[tuple[int, int]]:
 
 def plain_encode(model, *args, **kwargs):
     """sentence-transformers' own encode, one batch after another, tokenizing each batch itself."""
-    return type(model).encode(model, *args, **kwargs)
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer.encode(model, *args, **kwargs)
 
 
 def test_the_pipeline_gives_sentence_transformers_vectors_in_input_order(minilm, two_threads):
@@ -87,9 +90,17 @@ def test_the_pipeline_gives_sentence_transformers_vectors_in_input_order(minilm,
     assert len(as_list) == len(TEXTS) and torch.allclose(torch.stack(as_list), plain_tensor, atol=1e-5)
 
 
-def test_every_text_is_tokenized_once(minilm, monkeypatch):
+@pytest.fixture
+def fresh_verdicts(monkeypatch):
+    """No direct tokenizer made or trusted yet in this test."""
+    monkeypatch.setattr(pipeline_module, "_DIRECT", weakref.WeakKeyDictionary())
+
+
+def test_every_text_is_tokenized_once(minilm, monkeypatch, fresh_verdicts):
     """One tokenizer call per chunk of texts, each text in exactly one call; the truncation count comes
-    from the same call (the toolkit used to tokenize every text twice)."""
+    from the same call (the toolkit used to tokenize every text twice). Through ``preprocess`` here (no
+    direct tokenizer); the direct one's single pass is the next test's."""
+    monkeypatch.setattr(FastTokenizer, "of", classmethod(lambda cls, tokenizer, limit: None))
     calls: list[list[str]] = []
     tokenizer_class = type(minilm.tokenizer)
     real_call = tokenizer_class.__call__
@@ -109,12 +120,6 @@ def test_every_text_is_tokenized_once(minilm, monkeypatch):
     assert sorted(tokenized) == sorted(texts) and len(calls) == 5
     assert warnings == ["1 of 70 texts are longer than max_seq_length=256 tokens and were truncated"]
     np.testing.assert_allclose(vectors, plain_encode(minilm, texts, batch_size=8), atol=1e-5)
-
-
-@pytest.fixture
-def fresh_verdicts(monkeypatch):
-    """No direct tokenizer made or trusted yet in this test."""
-    monkeypatch.setattr(pipeline_module, "_DIRECT", weakref.WeakKeyDictionary())
 
 
 def test_long_calls_are_tokenized_by_the_rust_tokenizer_once_after_a_probe(minilm, monkeypatch, fresh_verdicts):
@@ -290,11 +295,16 @@ def test_which_models_run_batches_side_by_side(machine, precision, spreads):
     assert spreads_on(machine, precision) is spreads
 
 
-def test_auto_times_a_gpu_on_a_realistic_batch_and_a_cpu_on_a_few_texts():
+def test_auto_times_a_gpu_on_a_realistic_batch_and_a_cpu_on_enough_text():
+    """A CPU's sample holds AUTO_SAMPLE texts, more (repeated, up to AUTO_SAMPLE_MAX) while they are too
+    little text to time stably; a GPU's is a few of the pipeline's token-budgeted batches."""
     gpu = Machine("cuda", "NVIDIA H200", threads=16, gpu_bf16=True)
     cpu = Machine("cpu", "AMX Xeon", ("amx_bf16",), threads=2)
     sample = [f"text {i}" for i in range(100)]
-    assert len(trial_texts(sample, cpu)) == AUTO_SAMPLE == 32
+    paragraphs = ["word " * 400 + str(i) for i in range(100)]  # 2,000 characters each
+    assert len(trial_texts(paragraphs, cpu)) == AUTO_SAMPLE == 32
+    short = trial_texts(sample, cpu)
+    assert len(short) == AUTO_SAMPLE_MAX and set(short) == set(sample)
     on_gpu = trial_texts(sample, gpu)
     assert len(on_gpu) == AUTO_SAMPLE_GPU >= 2048 and set(on_gpu) == set(sample)
 

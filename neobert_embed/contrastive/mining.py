@@ -77,7 +77,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
         raise UserInputError(f"--margin {margin}: must be a finite number ≥ 0 (a score difference below the positive)")
     check_precision_fits(check_compute_precision(precision), describe_machine(device))
     with claimed_file(output, writer=MINE_WRITER, inputs=[data, model], overwrite=overwrite, suffix=".jsonl"):
-        check_model_files(model)
+        checked = check_model_files(model)  # handed to the loader: the files are inspected once
         if range_max is not None and range_max - range_min < num_negatives:
             raise UserInputError(f"--range {range_min}:{range_max} leaves fewer than {num_negatives} candidates")
         from sentence_transformers.util import mine_hard_negatives
@@ -89,7 +89,7 @@ def mine_negatives(model: str, data: str | Path, output: str | Path, *, num_nega
         if pairs.num_rows < 2:
             raise UserInputError(f"{data}: mining needs at least 2 rows (the positives are the candidates)")
         check_free_space(output, _mined_bytes(pairs["anchor"], pairs["positive"], num_negatives), what="the mined rows")
-        loaded = load_inference_model(model, precision, device=device, max_seq_length=max_seq_length,
+        loaded = load_inference_model(checked, precision, device=device, max_seq_length=max_seq_length,
                                       sample_texts=_sample_texts(pairs), batch_size=batch_size)
         sentence_model = loaded.model
         prompts = {"query_prompt": resolve_prompt(sentence_model, QUERY_PROMPT),

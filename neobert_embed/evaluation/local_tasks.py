@@ -15,7 +15,9 @@ Two kinds of ``task.json``:
 * ``{"name": "MyTask", "type": "STS", "main_score": "cosine_spearman", "min_score": 0,
   "max_score": 5, "eval_split": "test", "instruction": "..."}`` — a new task of one of the six
   types, evaluated with that type's mteb defaults (a new Clustering task embeds every text and
-  bootstraps samples of its own size). ``main_score``, ``eval_split`` (default
+  bootstraps samples of its own size). ``eval_splits`` (a list) names several splits instead of one;
+  a retrieval split may have a corpus of its own in ``DIR/<split>/`` (LongEmbed's lengths,
+  :mod:`neobert_embed.evaluation.long_context`). ``main_score``, ``eval_split`` (default
   ``test``) and ``instruction`` (a string, or ``{"query": ..., "document": ...}``) are optional;
   ``min_score``/``max_score`` are for STS only (default 0 and 5).
 

@@ -68,7 +68,7 @@ from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
 from neobert_embed.locks import LockHolder
 from neobert_embed.machine import COMPUTE_PRECISIONS, check_compute_precision
-from neobert_embed.model_files import check_length_flag, check_model_files, embedding_dimension
+from neobert_embed.model_files import check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
 from neobert_embed.runs import (
@@ -200,7 +200,7 @@ def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexE
     finished = shards.finished()
     todo = world.my_chunks(n_chunks, finished)
     label = f"encoding documents (rank 0 of {world.size})" if world.distributed else "encoding documents"
-    cut = Truncation()
+    cut = encoder.truncation = Truncation()
     with document_progress(show_progress and world.is_main) as progress:
         task = progress.add_task(label, total=total, completed=min(total, len(finished) * options.chunk_size))
         for chunk in todo:
@@ -213,10 +213,11 @@ def _encode_chunks(store: DocumentStore, shards: ShardDirectory, encoder: IndexE
                 vectors = passages.vectors
             else:
                 vectors = encoder.encode_in_length_order([d.encoded_text for d in documents], DOCUMENT_PROMPT,
-                                                         advance=advance, cut=cut)
+                                                         advance=advance)
             shards.write(chunk, vectors)
             if on_chunk is not None:
                 on_chunk(ChunkDone(chunk, n_chunks, first + len(documents), total))
+    encoder.truncation = None
     warning = cut.warning(sum(min(options.chunk_size, total - c * options.chunk_size) for c in todo),
                           int(encoder.model.max_seq_length))
     if warning:
@@ -508,8 +509,7 @@ def _preflight(opts: BuildOptions, output: Path, overwrite: bool, resume: bool =
     a resumed one has some of them already)."""
     check_compute_precision(opts.compute_precision)
     check_output_directory(output, **_claim(opts, overwrite))
-    check_model_files(opts.model)
-    check_length_flag(opts.model, opts.max_seq_length, "--max-length")
+    check_model_files(opts.model, opts.max_seq_length, "--max-length")
     dimension = embedding_dimension(opts.model)
     check_options(opts.index_type, opts.precision, opts.factory, dimension or 8)
     documents = count_documents(opts.corpus)

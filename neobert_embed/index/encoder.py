@@ -85,6 +85,8 @@ class IndexEncoder:
     prompts: dict[str, str] = field(default_factory=dict)
     batch_size: int = 32
     choice: PrecisionChoice | None = None
+    #: while set (``index build``), what :meth:`encode_in_length_order` cut at the window is counted here
+    truncation: Truncation | None = None
 
     @property
     def compute_precision(self) -> str:
@@ -117,8 +119,8 @@ class IndexEncoder:
                                     show_progress_bar=False)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
-    def encode_in_length_order(self, texts: list[str], kind: str, advance: Callable[[int], None] | None = None,
-                               cut: Truncation | None = None) -> np.ndarray:
+    def encode_in_length_order(self, texts: list[str], kind: str,
+                               advance: Callable[[int], None] | None = None) -> np.ndarray:
         """Encode a chunk through the model's pipeline (tokenized once and ahead, length-batched,
         :mod:`neobert_embed.inference.pipeline`), reporting progress as its parts are done.
 
@@ -131,6 +133,7 @@ class IndexEncoder:
 
         prompt = self.prompts.get(kind)  # None (an old manifest): the model's default, as encode applies it
         prompt = resolve_prompt(self.model, None) if prompt is None else prompt
+        cut = self.truncation
         counted = dict(on_truncated=cut.add_documents, on_lost_tokens=cut.add_tokens) if cut is not None else {}
         return encode_with(self.model, texts, prompt=prompt or None, batch_size=self.batch_size,
                            normalize=self.normalized, advance=advance, **counted)

@@ -15,8 +15,8 @@ the splitting to their callers. This module is that caller for ``index build --p
    ``stride`` tokens (default: ``window - window // 4``, an overlap of a quarter window); a document
    that fits is one passage, the very tokens ``encode`` would give it;
 3. each passage's ids (special tokens + prompt + window) go to the model without tokenizing again
-   (:meth:`~neobert_embed.inference.pipeline.EncodePipeline.encode_tokenized`, or the light
-   runtime's), and keep their document's row and the characters ``[start, end)`` of the document's
+   (:func:`~neobert_embed.inference.pipeline.encode_tokenized`: the one encoding loop, over the torch
+   pipeline or the light runtime), and keep their document's row and the characters ``[start, end)`` of the document's
    ``text`` they cover.
 
 Before the first passage is encoded, the first documents' first passages are checked against the
@@ -76,23 +76,62 @@ def default_stride(window: int) -> int:
     return max(1, window - window // OVERLAP_DIVISOR)
 
 
-def token_windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int]]:
+def token_windows(n_tokens: int, window: int, stride: int,
+                  word_starts: np.ndarray | None = None) -> list[tuple[int, int]]:
     """``[start, end)`` token windows covering ``n_tokens`` tokens: one every ``stride`` tokens, the last
     ending at the last token; a text that fits (or has no tokens) is one window.
+
+    With ``word_starts`` (per token, whether it begins a word), no window starts inside a word: a start on
+    a continuation piece (WordPiece ``##wi``) moves back to its word's first token, the window keeps its
+    ``window`` tokens from there, and the next one starts ``stride`` tokens after the moved start; the last
+    window starts at the first word start at or after ``n_tokens - window``. So a passage's tokens are those
+    its text gives when tokenized alone. Only a word longer than the stride is cut inside. Windows still
+    cover every token, overlap by at least ``window - stride``, hold at most ``window`` tokens, and are never
+    empty or repeated; without ``word_starts`` (or when every token begins a word) they are the plain grid.
 
     Example:
         >>> token_windows(10, 4, 3)
         [(0, 4), (3, 7), (6, 10)]
+        >>> token_windows(10, 4, 3, np.array([1, 1, 1, 0, 1, 1, 0, 0, 1, 1], dtype=bool))
+        [(0, 4), (2, 6), (5, 9), (8, 10)]
     """
     if n_tokens <= window:
         return [(0, n_tokens)]
+    starts = np.ones(n_tokens, dtype=bool) if word_starts is None else np.asarray(word_starts, dtype=bool).copy()
+    starts[0] = True
+    boundaries = np.flatnonzero(starts)
+
     windows = []
     start = 0
     while start + window < n_tokens:
         windows.append((start, start + window))
-        start += stride
-    windows.append((max(0, n_tokens - window), n_tokens) if start + window > n_tokens else (start, n_tokens))
+        nominal = start + stride
+        word = int(boundaries[np.searchsorted(boundaries, nominal, side="right") - 1])
+        start = word if word > start else nominal  # a word longer than the stride: cut inside it
+    following = np.searchsorted(boundaries, n_tokens - window)
+    last = int(boundaries[following]) if following < len(boundaries) else start
+    windows.append((min(last, start), n_tokens))
     return windows
+
+
+def word_starts(offsets: np.ndarray, text: str) -> np.ndarray:
+    """Per token of ``text`` (its ``(start, end)`` characters), whether it begins a word: the first token, a
+    token after a gap (whitespace the tokenizer dropped), and one that opens on whitespace (byte-level BPE's
+    ``Ġword``, SentencePiece's ``▁word``). A continuation piece (WordPiece ``##wi``) touches the piece before
+    it, so it never counts; punctuation glued to a word does not either, which only keeps more together.
+
+    Example:
+        >>> word_starts(np.array([[0, 3], [3, 5], [6, 8], [8, 9]]), "unbe lie,").tolist()
+        [True, False, True, False]
+    """
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    starts = np.ones(len(offsets), dtype=bool)
+    if len(offsets) > 1:
+        after_gap = offsets[1:, 0] > offsets[:-1, 1]
+        on_space = np.fromiter((text[i:i + 1].isspace() for i in offsets[1:, 0].tolist()), dtype=bool,
+                               count=len(offsets) - 1)
+        starts[1:] = after_gap | on_space
+    return starts
 
 
 def text_span(document: StoredDocument, start: int, end: int) -> tuple[int, int]:
@@ -213,11 +252,12 @@ class PassageEncoder:
             parts.append(self._encode(pending, documents))
         return concatenated(parts, self.encoder.dimension)
 
-    def _windows(self, n_tokens: int, prompt_tokens: int) -> list[tuple[int, int]]:
-        """Windows of a document's ``n_tokens`` tokens when the prompt in front of it took ``prompt_tokens``
-        (a prompt whose last piece merged with the text's first can take one more or less than alone)."""
+    def _windows(self, starts: np.ndarray, prompt_tokens: int) -> list[tuple[int, int]]:
+        """Windows of a document's tokens (``starts``: whether each begins a word) when the prompt in front of it
+        took ``prompt_tokens`` (a prompt whose last piece merged with the text's first can take one more or less
+        than alone)."""
         window = max(1, self.window + self._prompt_tokens - prompt_tokens)
-        return token_windows(n_tokens, window, min(self.stride, window))
+        return token_windows(len(starts), window, min(self.stride, window), starts)
 
     def _cut(self, index: int, document: StoredDocument,
              tokens: TokenOffsets) -> list[tuple[list[int], list[int], tuple[int, int, int]]]:
@@ -228,7 +268,8 @@ class PassageEncoder:
         head, tail = list(tokens.head) + tokens.ids[:prompt_tokens].tolist(), list(tokens.tail)
         head_types = list(tokens.head_types) + tokens.type_ids[:prompt_tokens].tolist()
         out = []
-        for start, end in self._windows(len(body), prompt_tokens):
+        starts = word_starts(offsets, self.prompt + document.encoded_text)
+        for start, end in self._windows(starts, prompt_tokens):
             characters = (int(offsets[start, 0]) - length, int(offsets[end - 1, 1]) - length) if end > start else (0, 0)
             out.append((head + body[start:end].tolist() + tail,
                         head_types + types[start:end].tolist() + list(tokens.tail_types),
@@ -261,12 +302,9 @@ class PassageEncoder:
 
     def _tokenize_reference(self, texts: list[str]) -> Tokenized:
         """``texts`` as the model's own encoding path tokenizes them (truncated at its window)."""
-        model = self.encoder.model
-        if hasattr(model, "preprocess"):
-            from neobert_embed.inference.pipeline import tokenize
+        from neobert_embed.inference.pipeline import engine_of
 
-            return tokenize(model, texts, self.prompt or None)
-        return self.fast.tokenize([self.prompt + text for text in texts])
+        return engine_of(self.encoder.model).tokenize(texts, self.prompt or None)
 
     def _tokenized(self, passages: Sequence[tuple[list[int], list[int], tuple[int, int, int]]],
                    reference: Tokenized) -> Tokenized:
@@ -287,20 +325,12 @@ class PassageEncoder:
         if not self._agrees:
             texts = [documents[i].text[start:end] or documents[i].encoded_text for i, start, end in spans.tolist()]
             return Passages(encoder.encode_in_length_order(texts, DOCUMENT_PROMPT), spans)
-        tokenized = self._tokenized(passages, self._reference)
-        if hasattr(model, "preprocess"):
-            from neobert_embed.inference.pipeline import pipeline_for
+        from neobert_embed.inference.pipeline import encode_tokenized, engine_of
 
-            vectors = pipeline_for(model).encode_tokenized(tokenized, batch_size=encoder.batch_size,
-                                                           normalize=encoder.normalized)
-        else:
-            vectors = model.encode_tokenized(tokenized, batch_size=encoder.batch_size, prompt=self.prompt or None,
-                                             normalize=encoder.normalized)
-        if not np.isfinite(vectors).all():
-            row = int(np.argmin(np.isfinite(vectors).all(axis=1)))
-            raise UserInputError(f"passage {row + 1} of document {int(spans[row, 0]) + 1}: the model produced NaN "
-                                 "or Inf values; nothing was written. Encode in --precision fp32, or check the "
-                                 "model's weights")
+        tokenized = self._tokenized(passages, self._reference)
+        vectors = encode_tokenized(engine_of(model), tokenized, batch_size=encoder.batch_size,
+                                   normalize=encoder.normalized,
+                                   name_row=lambda row: f"passage {row + 1} of document {int(spans[row, 0]) + 1}")
         return Passages(np.ascontiguousarray(vectors, dtype=np.float32), spans)
 
 

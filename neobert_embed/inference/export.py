@@ -6,7 +6,7 @@ complete SentenceTransformer directory (``model.save``: config, tokenizer, ``mod
 pooling, normalization, prompts) plus the graph where sentence-transformers' ``backend=`` loaders
 look for it (``onnx/model.onnx``, ``openvino/openvino_model.xml``; with ``--quantize int8`` also
 ``onnx/model_qint8_avx512_vnni.onnx`` or ``openvino/openvino_model_qint8_quantized.xml``). Then it
-runs every file it wrote through :func:`~neobert_embed.inference.backends.load_backend_model` and
+runs every file it wrote through the runtime users run it with (the light runtime) and
 compares the pooled sentence embeddings with the torch fp32 model on a set of texts: an fp32 file
 that does not agree to a mean cosine of 0.9999 is refused, and the figures go into the report and
 into the directory's record (``export.json``).
@@ -318,12 +318,25 @@ def _agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
 
 
 def _encode_file(directory: Path, backend: str, quantized: bool, texts: Sequence[str]) -> np.ndarray:
-    """Pooled embeddings of ``texts`` from a written file, computed in fp32 (the file, not the runtime)."""
-    from neobert_embed.inference.backends import load_backend_model
+    """Pooled embeddings of ``texts`` from a written file, computed in fp32 (the file, not the runtime's
+    choice), by the runtime users run it with: the light runtime (``--backend onnx|openvino``, the one
+    encoding loop), or sentence-transformers' modules around the graph
+    (:func:`~neobert_embed.inference.backends.load_backend_model`) for a pipeline the light runtime does
+    not run (a Dense module, for instance)."""
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.inference.light import TORCH_HINT, load_light_model
 
-    model = load_backend_model(directory, backend, quantized=quantized,
-                               inference_precision="fp32" if backend == "openvino" else None)
-    return model.encode(list(texts), batch_size=8, convert_to_numpy=True)
+    fp32 = "fp32" if backend == "openvino" else None
+    try:
+        light = load_light_model(directory, backend, quantized=quantized, inference_precision=fp32)
+    except UserInputError as exc:
+        if TORCH_HINT not in str(exc):
+            raise
+        from neobert_embed.inference.backends import load_backend_model
+
+        model = load_backend_model(directory, backend, quantized=quantized, inference_precision=fp32)
+        return model.encode(list(texts), batch_size=8, convert_to_numpy=True)
+    return light.encode(list(texts), batch_size=8)
 
 
 def _transformer_module(model: SentenceTransformer) -> Transformer:

@@ -1,17 +1,16 @@
 """A model's tokenizer called straight through its Rust ``tokenizers.Tokenizer``, unpadded.
 
-Why: ``SentenceTransformer.preprocess`` spends most of a call in Python: for 9,100 AG News + STS-B
-texts (2-core Xeon) 0.56 s in the Rust tokenizer, then 0.31 s turning its output into per-text
-lists (transformers) and 0.25 s checking whether each text is an image path or URL
-(sentence-transformers). That Python runs on one core whatever the machine has, while the Rust
+Why: ``SentenceTransformer.preprocess`` spends most of a call in Python after the Rust tokenizer:
+turning its output into per-text lists (transformers) and checking whether each text is an image
+path or URL (sentence-transformers); docs/performance.md has the measured split. That Python runs on one core whatever the machine has, while the Rust
 part spreads over all of them, so on a 16-core GPU host it bounds a whole encode. Like
 text-embeddings-inference, which calls the ``tokenizers`` crate directly, this class asks the Rust
 tokenizer for the ids and keeps them as flat arrays (:class:`~neobert_embed.inference.tokenized.Tokenized`).
 
 It is set up as sentence-transformers' ``Transformer`` calls its fast tokenizer (special tokens
 added, ``longest_first`` truncation at ``max_seq_length`` on the tokenizer's side, no padding); the
-pipeline still checks it against ``preprocess`` on every chunk (``pipeline.tokenize``), and the
-light runtime builds it from the exported files (``light.LightTokenizer``).
+pipeline trusts it for a model and prompt once a probe of the first call agreed with ``preprocess``
+(``pipeline.tokenize``), and the light runtime builds it from the exported files (``light.LightTokenizer``).
 
 Example:
     >>> fast = FastTokenizer.of(model.tokenizer, model.max_seq_length)
@@ -137,9 +136,10 @@ class FastTokenizer:
             1
         """
         encodings = self._batching.encode_batch(list(texts))
+        cut = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
         return Tokenized.from_lists({"input_ids": [e.ids for e in encodings],
                                      "attention_mask": [e.attention_mask for e in encodings],
                                      "token_type_ids": [e.type_ids for e in encodings]},
-                                    padding=self.padding, truncated=sum(1 for e in encodings if e.overflowing),
+                                    padding=self.padding, truncated=int(cut.sum()), cut=cut,
                                     lost_tokens=sum(len(o.ids) - sum(o.special_tokens_mask)
                                                     for e in encodings for o in e.overflowing))

@@ -1,7 +1,7 @@
 """The light runtime: an exported model encodes with tokenizers + ONNX Runtime or OpenVINO + numpy, no torch.
 
-Why: importing torch, transformers and sentence-transformers takes ~7 s on a 2-core machine, while
-encoding 10 texts takes 0.06 s. A user who encodes a handful of texts, searches an index or starts a
+Why: importing torch, transformers and sentence-transformers takes seconds, many times longer than
+encoding a few texts (docs/performance.md, "The light runtime"). A user who encodes a handful of texts, searches an index or starts a
 server with an exported model (``neobert-embed export``) needs none of them: the graph holds the
 encoder, and what sentence-transformers does around it is small. This module reads the same files
 sentence-transformers' loaders read and does the same around the graph:
@@ -33,8 +33,8 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,12 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
 from neobert_embed.inference.artifact_hashes import verify_export
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
-from neobert_embed.inference.pipeline import CHUNK_TEXTS, CPU_BATCH_TOKENS, plan_batches
+from neobert_embed.inference.pipeline import (
+    collect,
+    encode_chunks,
+    encode_tokenized,
+    plan_cpu_batches,
+)
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
 from neobert_embed.inference.tokenized import Padding, Tokenized
 from neobert_embed.model_files import MODULES_FILE, SavedModule
@@ -82,22 +87,15 @@ def _token_text(value: object) -> str | None:
 
 
 class LightTokenizer(FastTokenizer):
-    """The model's ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls its fast tokenizer.
-
-    A :class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer` (truncates, never pads) plus a second
-    copy of the ``tokenizers.Tokenizer`` that does not truncate (token counts); neither is changed while
-    in use, so both are safe to call from several threads.
+    """The model's ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls its fast tokenizer:
+    a :class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer` (truncates, counts what it cut, never
+    pads) read from an export's files; not changed while in use, so safe to call from several threads.
 
     Example:
         >>> tokenizer = LightTokenizer.from_directory(Path("runs/minilm-onnx"), 256, do_lower_case=False)
         >>> tokenizer.batch(["a cat", "a black cat"])["input_ids"].shape
         (2, 5)
     """
-
-    def __init__(self, batching: Tokenizer, counting: Tokenizer, max_seq_length: int, truncation_side: str,
-                 padding: Padding | None = None) -> None:
-        super().__init__(batching, max_seq_length, truncation_side, padding)
-        self._counting = counting
 
     @classmethod
     def from_directory(cls, folder: Path, max_seq_length: int | None, do_lower_case: bool) -> LightTokenizer:
@@ -118,41 +116,16 @@ class LightTokenizer(FastTokenizer):
             limits = [settings.get("model_max_length"), _json(folder / "config.json").get("max_position_embeddings")]
             usable = [int(limit) for limit in limits if isinstance(limit, (int, float)) and 0 < limit < NO_LIMIT]
             max_seq_length = min(usable) if usable else 512
-        counting, batching = Tokenizer.from_file(str(file)), Tokenizer.from_file(str(file))
-        for tokenizer in (counting, batching):
-            tokenizer.no_truncation()
-            tokenizer.no_padding()
-            if do_lower_case:
-                _lowercase_first(tokenizer)
+        batching = Tokenizer.from_file(str(file))
+        batching.no_truncation()
+        if do_lower_case:
+            _lowercase_first(batching)
         pad = (_token_text(settings.get("pad_token"))
                or _token_text(_json(folder / "special_tokens_map.json").get("pad_token")))
         pad_id = batching.token_to_id(pad) if pad is not None else None
         padding = Padding(pad_id if pad_id is not None else 0, int(settings.get("pad_token_type_id", 0)),
                           str(settings.get("padding_side", "right")) == "left")
-        return cls(batching, counting, max_seq_length, str(settings.get("truncation_side", "right")), padding)
-
-    def count(self, texts: Sequence[str]) -> list[int]:
-        """Tokens of each text with special tokens, before truncation.
-
-        Example:
-            >>> tokenizer.count(["hello world", ""])
-            [4, 2]
-        """
-        return [len(encoding.ids) for encoding in self._counting.encode_batch(list(texts))]
-
-    def __call__(self, texts: Sequence[str], *, add_special_tokens: bool = True, truncation: bool = False,
-                 **_options: object) -> dict[str, list[list[int]]]:
-        """Token ids, untruncated: the one call the toolkit makes on ``model.tokenizer`` to count tokens
-        (``encoding.count_truncated``), so a light model stands where a SentenceTransformer does there.
-
-        Example:
-            >>> tokenizer(["hello world"], add_special_tokens=True, truncation=False)["input_ids"]
-            [[101, 7592, 2088, 102]]
-        """
-        if truncation:
-            raise ValueError("the light tokenizer counts untruncated tokens only; use batch() to encode")
-        encodings = self._counting.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-        return {"input_ids": [encoding.ids for encoding in encodings]}
+        return cls(batching, max_seq_length, str(settings.get("truncation_side", "right")), padding)
 
 
 def _lowercase_first(tokenizer: Tokenizer) -> None:
@@ -245,7 +218,7 @@ class LightModel:
     """An exported model run without torch: what commands and the server need of a SentenceTransformer.
 
     ``prompts``, ``default_prompt_name``, ``similarity_fn_name``, ``truncate_dim``, ``max_seq_length``,
-    ``tokenizer`` (counting), ``get_embedding_dimension()`` and ``encode()`` behave as
+    ``get_embedding_dimension()`` and ``encode()`` behave as
     sentence-transformers' do, so :func:`~neobert_embed.sentence.resolve_prompt`, ``encode_texts`` and
     the index encoder take either.
 
@@ -270,6 +243,9 @@ class LightModel:
         self.source_fingerprint = source_fingerprint
         self._prompt_lengths: dict[str, int] = {}
 
+    #: the exported graph computes over the padded batch (NeoBERT's export included)
+    unpads = False
+
     @property
     def max_seq_length(self) -> int:
         """Inputs are truncated to this many tokens."""
@@ -290,33 +266,49 @@ class LightModel:
             self._prompt_lengths[prompt] = len(ids) - int(int(ids[-1]) in self.tokenizer.special_ids)
         return self._prompt_lengths[prompt]
 
-    def embed(self, texts: Sequence[str], prompt: str | None = None) -> np.ndarray:
-        """One forward pass over ``texts`` with ``prompt`` prepended: the pipeline's sentence embeddings
-        (pooled, normalized when it ends in Normalize, cut to ``truncate_dim``), float32.
+    @property
+    def dimension(self) -> int:
+        """Width of the sentence vectors (the :class:`~neobert_embed.inference.pipeline.Engine`'s)."""
+        return self.get_embedding_dimension()
 
-        Example:
-            >>> model.embed(["a cat", "a dog"], "query: ").shape
-            (2, 384)
-        """
-        return self._vectors(self.tokenizer.batch([prompt + text for text in texts] if prompt else texts), prompt)
+    def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
+        """``texts`` with ``prompt`` prepended, tokenized once (truncated, counted); the prompt's length
+        travels with them for the pooling (``include_prompt``). Safe from any thread."""
+        tokenized = self.tokenizer.tokenize([prompt + text for text in texts] if prompt else list(texts))
+        if prompt:
+            tokenized = replace(tokenized, shared={"prompt_length": self.prompt_length(prompt)})
+        return tokenized
 
-    def _vectors(self, features: dict[str, np.ndarray], prompt: str | None) -> np.ndarray:
+    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray:
         """The runtime's forward of one padded batch, pooled (and normalized, cut) as the pipeline says."""
         hidden = self.runner({name: np.ascontiguousarray(features[name]) for name in self.runner.input_names})
-        vectors = self.pooling(np.asarray(hidden, dtype=np.float32), features["attention_mask"],
-                               self.prompt_length(prompt) if prompt else None)
+        prompt_length = features.get("prompt_length")
+        vectors = self.pooling(np.asarray(hidden, dtype=np.float32), features["attention_mask"],  # type: ignore[arg-type]
+                               int(prompt_length) if prompt_length else None)  # type: ignore[call-overload]
         if self.normalizes:
             vectors = _unit_rows(vectors)
-        return vectors[:, :self.truncate_dim] if self.truncate_dim else vectors
+        vectors = vectors[:, :self.truncate_dim] if self.truncate_dim else vectors
+        return _unit_rows(vectors).astype(np.float32, copy=False) if normalize else vectors
+
+    def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
+        """One tokenized chunk in batches of ``batch_size`` texts cut by token count, within the CPU token
+        budget (:func:`~neobert_embed.inference.pipeline.plan_cpu_batches`: the pipeline's rule)."""
+        out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
+        for rows in plan_cpu_batches(tokenized.lengths, batch_size):
+            out[rows] = self.forward(tokenized.batch(rows), normalize=normalize)
+        return out
+
+    def release(self) -> None:
+        """Nothing to hand back: the runtime owns its memory."""
 
     def encode(self, texts: Sequence[str], *, batch_size: int = 32, prompt: str | None = None,
                prompt_name: str | None = None, normalize_embeddings: bool = False, show_progress_bar: bool = False,
                convert_to_numpy: bool = True) -> np.ndarray:
         """``SentenceTransformer.encode`` for texts: ``prompt`` (else the saved ``prompt_name``, else the
-        default prompt) prepended; each text tokenized once and batched by token count (``batch_size`` texts,
-        :func:`~neobert_embed.inference.pipeline.plan_batches`); rows in input order, float32.
-        ``show_progress_bar`` and ``convert_to_numpy`` are accepted for the callers that pass them (no
-        bar; always numpy).
+        default prompt) prepended; through the one encoding loop
+        (:func:`~neobert_embed.inference.pipeline.encode_chunks`: each text tokenized once, batched by token
+        count, a non-finite row refused); rows in input order, float32. ``show_progress_bar`` and
+        ``convert_to_numpy`` are accepted for the callers that pass them (no bar; always numpy).
 
         Example:
             >>> model.encode(["a cat"], prompt_name="query", normalize_embeddings=True).shape
@@ -328,27 +320,22 @@ class LightModel:
             prompt = self.prompts[prompt_name]
         elif prompt is None and self.default_prompt_name:
             prompt = self.prompts.get(self.default_prompt_name)
-        texts = [prompt + text for text in texts] if prompt else list(texts)
-        out = np.empty((len(texts), self.get_embedding_dimension()), dtype=np.float32)
-        for start in range(0, len(texts), CHUNK_TEXTS):  # each text tokenized once, batches cut by its tokens
-            tokenized = self.tokenizer.tokenize(texts[start:start + CHUNK_TEXTS])
-            out[start:start + len(tokenized)] = self.encode_tokenized(tokenized, batch_size=batch_size, prompt=prompt)
-        return _unit_rows(out).astype(np.float32, copy=False) if normalize_embeddings else out
+        chunks = encode_chunks(self, list(texts), prompt=prompt or None, batch_size=batch_size,
+                               normalize=normalize_embeddings)
+        return collect(chunks, len(texts), self.dimension)
 
-    def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, prompt: str | None = None,
-                         normalize: bool = False) -> np.ndarray:
-        """Vectors of texts already tokenized with ``prompt`` in front (rows in order), batched by the pipeline's
-        rule (``batch_size`` texts within its CPU token budget): ``encode``'s loop, and the passages of long
-        documents cut from one tokenization (:mod:`neobert_embed.index.passages`).
+    def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False,
+                         name_row: Callable[[int], str] | None = None) -> np.ndarray:
+        """Vectors of texts already tokenized by :meth:`tokenize` (rows in order; a prompt's length travels in
+        ``tokenized.shared``) through the one loop
+        (:func:`~neobert_embed.inference.pipeline.encode_tokenized`): the passages of long documents cut from
+        one tokenization (:mod:`neobert_embed.index.passages`).
 
         Example:
-            >>> model.encode_tokenized(model.tokenizer.tokenize(["a cat"])).shape
+            >>> model.encode_tokenized(model.tokenize(["a cat"], None)).shape
             (1, 384)
         """
-        out = np.empty((len(tokenized), self.get_embedding_dimension()), dtype=np.float32)
-        for rows in plan_batches(tokenized.lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS):
-            out[rows] = self._vectors(tokenized.batch(rows), prompt)
-        return _unit_rows(out).astype(np.float32, copy=False) if normalize else out
+        return encode_tokenized(self, tokenized, batch_size=batch_size, normalize=normalize, name_row=name_row)
 
     @property
     def description(self) -> str:

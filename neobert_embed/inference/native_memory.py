@@ -2,33 +2,28 @@
 large blocks mapped on their own.
 
 Why: the Python objects of an ``encode`` job are small (the texts, one tokenized chunk, the output
-matrix), but its resident memory grew with the input: all-MiniLM-L6-v2 in bf16 on a 2-core AMX
-Xeon held 2.35 GB after 20,000 AG-News texts and more than 3.7 GB after 200,000 (with all three
-bounds: 1.12 and 1.33 GB). Three native causes, all outside this toolkit's objects:
+matrix), but its resident memory grew with the input (docs/performance.md, "Native memory of a long
+encode", has the measurements behind each bound). Three native causes, all outside this toolkit's objects:
 
 1. **Kernel caches.** The un-padded forward multiplies ``(tokens in the batch) × hidden`` matrices,
    and the token count differs from batch to batch. oneDNN (through PyTorch's ``mkldnn`` ops)
    builds and keeps one JIT-compiled kernel per new shape, in two caches of 1,024 entries each
-   (oneDNN's primitive cache and ideep's LRU cache). Measured: 283 MB of executable JIT code after
-   6,144 texts, growing until both caches are full. Capped at :data:`KERNEL_CACHE_ENTRIES` (more on
-   a machine with many cores: :func:`kernel_cache_entries`), the JIT code stays at ~24 MB and
-   throughput is unchanged (20,000 texts, bf16, 2 threads: 305 docs/s
-   capped at 64, 293 at 1,024, 299 at 256): a batch of fresh texts rarely repeats a shape an
-   older entry was kept for.
+   (oneDNN's primitive cache and ideep's LRU cache): the JIT code grows until both caches are full.
+   Capped at :data:`KERNEL_CACHE_ENTRIES` (more on a machine with many cores:
+   :func:`kernel_cache_entries`), it stays small at the same throughput: a batch of fresh texts
+   rarely repeats a shape an older entry was kept for.
 2. **Freed memory kept by the C allocator.** Activations are freed after every batch, but glibc
    keeps freed blocks in each thread's arena (the tokenizing thread and one per side-by-side
-   batch) and returns only the top of a heap. ``malloc_trim`` hands them back: −150 to −260 MB
-   after each chunk, for ~1 ms.
+   batch) and returns only the top of a heap. ``malloc_trim`` hands them back after each chunk.
 3. **Large blocks kept for reuse.** glibc serves a block of 128 KiB or more from ``mmap`` and
    returns it on ``free``, but after the first such free it raises that threshold (up to 32 MiB),
-   so a forward's 12–24 MB activations then come from the arenas and fragment them. A fixed
-   threshold of :data:`MMAP_THRESHOLD_BYTES` keeps them on ``mmap``: −70 MB at the peak of 4,096
-   texts on 2 threads, in the same time (12.0 / 13.1 s against 12.7 / 15.3 s, A B A B). A lower one
-   costs page faults (1 MiB: 17.2 s).
+   so a forward's activations then come from the arenas and fragment them. A fixed threshold of
+   :data:`MMAP_THRESHOLD_BYTES` keeps them on ``mmap`` at the same speed; a lower one costs page faults.
 
-All three are process-wide settings of native libraries, so they are set at the two places a job
-starts (the CLI's entry point and :func:`~neobert_embed.inference.runtime.load_inference_model`),
-and never over a value the user set: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` or
+All three are process-wide settings of native libraries, so they are set where a job starts (the
+CLI's entry point), never by a library call such as
+:func:`~neobert_embed.inference.runtime.load_inference_model` (a program that embeds the toolkit calls
+:func:`bound_native_memory` itself if it wants them), and never over a value the user set: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` or
 ``MALLOC_MMAP_THRESHOLD_`` in the environment keeps the user's choice.
 
 Example:
@@ -49,7 +44,7 @@ from collections.abc import Callable
 KERNEL_CACHE_ENTRIES = 64
 #: Kernels one side-by-side batch needs at once: a forward multiplies its token count by 4 weight shapes
 #: (attention in, attention out, MLP up, MLP down), doubled for headroom. A cache smaller than the
-#: batches running together need thrashes: at 8 entries, 2 threads ran 2.6–4.8× slower than at 16 or 64.
+#: batches running together need thrashes (docs/performance.md: 8 entries ran several times slower).
 KERNELS_PER_THREAD = 8
 #: The environment variables oneDNN and ideep (PyTorch's wrapper of it) read their cache sizes from,
 #: once, when the first kernel is built.

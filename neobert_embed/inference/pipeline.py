@@ -3,16 +3,16 @@
 Why: a forward pass is only as fast as what feeds it. sentence-transformers' ``encode`` tokenizes each
 batch just before its forward, so the model waits for the tokenizer and the tokenizer for the model,
 and this toolkit used to tokenize every text a second time to count what was truncated. On a GPU that
-costs most of the job: the forward of BERT-base in bf16 runs ~1.6M tokens/s of real texts on an H200,
-and ``preprocess`` padding a call to one tensor ~165k. This module does what
+costs most of the job on a GPU (docs/performance.md, "Why the encoding path is built as it is"). This
+module does what
 text-embeddings-inference's queue and infinity's batch handler do, once, for every command that encodes:
 
 1. :func:`tokenize` tokenizes each text once, exactly as the model's own ``preprocess`` would (its
    prompts, lower-casing, truncation at ``max_seq_length``), in chunks of input order, on a worker
    thread that stays :data:`CHUNKS_AHEAD` chunks ahead of the model (a bounded queue). The texts are
    held unpadded (:class:`~neobert_embed.inference.tokenized.Tokenized`) and, where the tokenizer has
-   one, come straight from its Rust tokenizer, checked against ``preprocess`` first (2.4M tokens/s on
-   the H200's host against 165k for ``preprocess`` with padding). The same call says which texts
+   one, come straight from its Rust tokenizer, checked against ``preprocess`` first (many times
+   ``preprocess``'s speed: docs/performance.md). The same call says which texts
    were cut, so truncation is counted without tokenizing again.
 2. :func:`plan_batches` orders a chunk's texts by token count and cuts them into batches: at most
    ``max_texts`` texts (the ``--batch-size`` on a CPU), at most ``max_tokens`` padded tokens (the
@@ -31,10 +31,12 @@ The vectors are those of ``SentenceTransformer.encode`` up to the rounding of a 
 composition (exactly the same arithmetic per text for NeoBERT and the un-padded BERT family, whose
 texts attend to their own tokens only).
 
-:func:`install` makes it ``model.encode`` of a loaded model, for the calls where each row depends on its
-own text only (float32 sentence embeddings, a prompt, normalization); other calls (int8 output, token
-embeddings, a process pool) run sentence-transformers' ``encode`` unchanged. The server uses
-:func:`plan_batches` and :meth:`EncodePipeline.forward` for its merged requests.
+:func:`install` attaches it to a loaded model, whose class
+(:class:`~neobert_embed.inference.embedding_model.EmbeddingModel`) runs it as ``encode`` for the calls
+where each row depends on its own text only (float32 sentence embeddings, a prompt, normalization);
+other calls (int8 output, token embeddings, a process pool) run sentence-transformers' ``encode``
+unchanged (:func:`pipelined`). The light runtime runs the same loop (:func:`encode_chunks`), and the
+server plans its merged requests with :func:`plan_batches` and runs them with the engine's ``forward``.
 
 Example:
     >>> pipeline = EncodePipeline(model)
@@ -50,7 +52,6 @@ import functools
 import logging
 import queue
 import threading
-import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -84,30 +85,21 @@ CPU_BATCH_TOKENS = 16384
 #: How batches run on a multi-core CPU (what ``used:`` lines and records say).
 SIDE_BY_SIDE = "batches side by side, one per thread"
 #: ``encode`` arguments and the values under which each row depends on its own text only; a call
-#: with any other value runs sentence-transformers' ``encode``. ``prompt``, ``prompt_name``,
-#: ``normalize_embeddings``, ``batch_size``, ``show_progress_bar``, ``convert_to_*`` are handled here.
+#: with any other value runs sentence-transformers' ``encode`` (:func:`pipelined`). ``prompt``, ``prompt_name``,
+#: ``normalize_embeddings``, ``batch_size``, ``show_progress_bar``, ``convert_to_*`` and (without a Router)
+#: ``task`` are handled here.
 PIPELINED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "output_value": ("sentence_embedding",),
     "precision": ("float32",),
     "pool": (None,),
     "device": (None,),
     "chunk_size": (None,),
-    "task": (None,),
     "truncate_dim": (None,),
 }
 #: The other ``encode`` arguments the pipeline honours; a call with an argument outside both runs
 #: sentence-transformers' ``encode`` (which names what it does not know).
 HANDLED_ARGUMENTS = ("prompt", "prompt_name", "batch_size", "show_progress_bar", "convert_to_numpy",
-                     "convert_to_tensor", "normalize_embeddings")
-
-
-class Encoder(Protocol):
-    """What :func:`encode_with` needs of a model that is not a SentenceTransformer (the light runtime's)."""
-
-    def encode(self, texts: list[str], *, batch_size: int, prompt: str | None,
-               normalize_embeddings: bool) -> np.ndarray: ...
-
-    def get_embedding_dimension(self) -> int: ...
+                     "convert_to_tensor", "normalize_embeddings", "task")
 
 
 #: The tokenizer's output that maps overflow rows to their text (dropped before the forward).
@@ -119,16 +111,18 @@ _OVERFLOW_KEY = "overflow_to_sample_mapping"
 PROBE_TEXTS = 8
 
 
-def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | None = None) -> Tokenized:
+def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | None = None,
+             lock: contextlib.AbstractContextManager | None = None) -> Tokenized:
     """Tokenize ``texts`` with ``prompt`` exactly as ``model.encode`` would, once, counting truncation.
 
     Where the model's tokenizer has a Rust tokenizer, the ids come from it directly
-    (:class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer`: 0.11 s of Python for 9,100 texts
-    where ``preprocess`` spends 0.6 s), once a probe of the first call (its first and longest texts, and
+    (:class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer`: a fraction of ``preprocess``'s
+    Python, docs/performance.md), once a probe of the first call (its first and longest texts, and
     a text twice the length limit) gave exactly ``preprocess``'s ids, mask, type ids, padding, lengths
-    and truncation; the verdict holds for that model, prompt and tokenizer settings. Otherwise (another
-    input module, a chat template, a custom ``preprocess``) every call goes through
-    :func:`tokenize_with_preprocess`.
+    and truncation; the verdict holds for that model, prompt and tokenizer settings, whatever the size
+    of later calls (a server's one-text batches included). Otherwise (another input module, a chat
+    template, a custom ``preprocess``) every call goes through :func:`tokenize_with_preprocess`, under
+    ``lock`` when given (a transformers fast tokenizer must not be entered by two threads at once).
 
     Example:
         >>> tokenize(model, ["a cat", "word " * 600]).truncated
@@ -136,12 +130,13 @@ def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | Non
     """
     texts = list(texts)
     direct = _direct_tokenizer(model)
-    if (direct is not None and direct.verdicts.get(prompt, True) is not False and len(texts) > 2 * PROBE_TEXTS
+    if (direct is not None and direct.verdicts.get(prompt, True) is not False and texts
             and all(isinstance(text, str) for text in texts)):
-        tokenized = _checked_direct(model, direct, texts, prompt)
+        tokenized = _checked_direct(model, direct, texts, prompt, lock)
         if tokenized is not None:
             return tokenized
-    return tokenize_with_preprocess(model, texts, prompt)
+    with lock or contextlib.nullcontext():
+        return tokenize_with_preprocess(model, texts, prompt)
 
 
 @dataclasses.dataclass
@@ -162,13 +157,14 @@ class _Direct:
 
 
 def _checked_direct(model: SentenceTransformer, direct: _Direct, texts: list[str],
-                    prompt: str | None) -> Tokenized | None:
+                    prompt: str | None, lock: contextlib.AbstractContextManager | None) -> Tokenized | None:
     """``texts`` through the direct tokenizer; None (and the prompt's verdict False) when its first
     call's probe differs from ``preprocess``."""
     tokenized = direct.tokenizer.tokenize([prompt + text for text in texts] if prompt else texts)
     agreement = direct.verdicts.get(prompt)
     if agreement is None:
-        agreement = _probe(model, direct.tokenizer, texts, tokenized, prompt)
+        with lock or contextlib.nullcontext():
+            agreement = _probe(model, direct.tokenizer, texts, tokenized, prompt)
         direct.verdicts[prompt] = agreement
         if agreement is False:
             logger.info("%s: its Rust tokenizer called directly differs from preprocess; tokenizing through "
@@ -183,7 +179,7 @@ def _probe(model: SentenceTransformer, fast: FastTokenizer, texts: list[str], to
            prompt: str | None) -> _Agreement | bool:
     """Compare ``tokenized``'s first and longest rows, and a text twice the length limit (truncation shows
     whatever the call holds), with what ``preprocess`` gives for them."""
-    probe = np.unique(np.concatenate([np.arange(PROBE_TEXTS),
+    probe = np.unique(np.concatenate([np.arange(min(PROBE_TEXTS, len(texts))),
                                       np.argsort([-len(text) for text in texts], kind="stable")[:PROBE_TEXTS]]))
     overlong = "a " * (2 * fast.max_seq_length)
     reference = tokenize_with_preprocess(model, [*(texts[row] for row in probe), overlong], prompt)
@@ -244,11 +240,11 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
     if "attention_mask" not in rows:
         raise UserInputError(f"{type(model[0]).__name__} returns no attention_mask: this model's inputs "
                              "cannot be batched by length; encode it with sentence-transformers directly")
-    truncated, lost = None, None
+    cut, lost = None, None
     if mapping is not None:
         samples = np.asarray(mapping, dtype=np.int64)
         _, first = np.unique(samples, return_index=True)  # each text's first row: what encode reads
-        truncated = int((np.bincount(samples) > 1).sum())  # a text cut once or more: its overflow rows
+        cut = np.bincount(samples) > 1  # a text cut once or more: its overflow rows
         lost = _overflow_tokens(model, rows["attention_mask"], first)
         rows = {key: _first_rows(value, first) for key, value in rows.items()}
     details = {"padding": Padding.of(getattr(model, "tokenizer", None)), "shared": shared}
@@ -257,9 +253,9 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
     else:
         arrays = {key: value.numpy() for key, value in rows.items()}
         tokenized = Tokenized.from_padded(arrays, arrays["attention_mask"], **details)
-    if truncated is None:
-        truncated = int((tokenized.lengths >= int(model.max_seq_length or 1 << 30)).sum())
-    return dataclasses.replace(tokenized, truncated=truncated, lost_tokens=lost)
+    if cut is None:
+        cut = tokenized.lengths >= int(model.max_seq_length or 1 << 30)
+    return dataclasses.replace(tokenized, truncated=int(cut.sum()), cut=cut, lost_tokens=lost)
 
 
 def _overflow_tokens(model: SentenceTransformer, mask: list | torch.Tensor, first: np.ndarray) -> int | None:
@@ -300,11 +296,12 @@ def _is_rows(value: object) -> bool:
 
 
 def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None = None,
-                 max_tokens: int | None = None, min_fill: float = 0.0) -> list[np.ndarray]:
+                 max_tokens: int | None = None, min_fill: float = 0.0, padded: bool = True) -> list[np.ndarray]:
     """Cut texts of token counts ``lengths`` into batches, longest first: the one batching rule.
 
     A batch takes the next text while it holds fewer than ``max_texts`` texts, its padded size
-    (texts × its longest) stays within ``max_tokens``, and the text is at least ``min_fill`` × its
+    (texts × its longest; with ``padded=False``, for an engine that un-pads, its real tokens, as
+    text-embeddings-inference counts them) stays within ``max_tokens``, and the text is at least ``min_fill`` × its
     longest (padding then wastes at most 1/``min_fill`` of a padded model's compute). Every batch holds
     at least one text; equal lengths keep their input order.
 
@@ -315,34 +312,171 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None =
     lengths = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     batches: list[list[int]] = []
-    longest = 0
+    longest = total = 0
     for row in order.tolist():
         count = len(batches[-1]) if batches else 0
+        size = (count + 1) * longest if padded else total + int(lengths[row])
         fits = (bool(batches) and (max_texts is None or count < max_texts)
-                and (max_tokens is None or (count + 1) * longest <= max_tokens)
+                and (max_tokens is None or size <= max_tokens)
                 and lengths[row] >= min_fill * longest)
         if fits:
             batches[-1].append(row)
+            total += int(lengths[row])
         else:
             batches.append([row])
-            longest = int(lengths[row])
+            longest = total = int(lengths[row])
     return [np.asarray(batch, dtype=np.int64) for batch in batches]
 
 
+def plan_cpu_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """A chunk's batches on a CPU, for every runtime: ``batch_size`` texts each (as ``encode``), within
+    :data:`CPU_BATCH_TOKENS` padded tokens, so a batch of long texts does not hold 32 x 4,096 tokens of
+    activations at once.
+
+    Example:
+        >>> [b.tolist() for b in plan_cpu_batches([4096] * 5, 32)]
+        [[0, 1, 2, 3], [4]]
+    """
+    return plan_batches(lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS)
+
+
+class Engine(Protocol):
+    """What :func:`encode_chunks` (the one encoding loop) and the server need of a runtime: the torch
+    engine (:class:`EncodePipeline`) or the light runtime's (:class:`~neobert_embed.inference.light.LightModel`).
+
+    ``tokenize`` is the engine's tokenizer (truncating at ``max_seq_length``, counting what it cut);
+    ``forward`` turns one padded batch into float32 sentence vectors on the host; ``encode_chunk``
+    plans a tokenized chunk into batches and runs them (the torch engine overlaps them on a GPU and
+    runs them side by side on a CPU); ``release`` hands back what a chunk's batches freed.
+    """
+
+    max_seq_length: int
+
+    @property
+    def dimension(self) -> int: ...
+
+    @property
+    def normalizes(self) -> bool: ...
+
+    @property
+    def unpads(self) -> bool: ...
+
+    def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized: ...
+
+    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray: ...
+
+    def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray: ...
+
+    def release(self) -> None: ...
+
+
+def encode_chunks(engine: Engine, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
+                  normalize: bool = False, on_truncated: Callable[[int], None] | None = None,
+                  on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
+    """THE encoding loop, for every runtime: the vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows
+    at a time, in input order. Each chunk is tokenized once, ahead of the model (a worker thread), planned
+    and run by ``engine``; a row that is not finite stops the job naming it; what the chunk freed goes back
+    to the system before the next, so a long job's resident memory stays flat. ``on_truncated(n)`` is
+    called once the last chunk is done, with how many texts were cut at ``max_seq_length``, and
+    ``on_lost_tokens(n)`` with how many tokens lay past the cuts (None: the tokenizer did not say).
+
+    Example:
+        >>> [len(vectors) for vectors in encode_chunks(engine, texts_5000)]
+        [2048, 2048, 904]
+    """
+    def name_row(row: int) -> str:
+        return f"input row {row + 1} ({str(texts[row])[:60]!r})"
+
+    yield from _run_chunks(engine, _tokenized_chunks(engine, texts, prompt), batch_size, normalize, name_row,
+                           on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
+
+
+def encode_tokenized(engine: Engine, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False,
+                     name_row: Callable[[int], str] | None = None) -> np.ndarray:
+    """Vectors of texts already tokenized (float32, rows in order) through :func:`encode_chunks`' loop (the
+    engine's plan, the CPU token budget, the finiteness stop, the release), with no tokenization: the passages
+    of long documents, cut from one tokenization of each document (:mod:`neobert_embed.index.passages`).
+    ``name_row(i)`` names row ``i`` in the error when its vector is not finite.
+
+    Example:
+        >>> encode_tokenized(engine_of(model), passages, batch_size=32).shape
+        (96, 384)
+    """
+    chunks = _run_chunks(engine, iter([(0, tokenized)]), batch_size, normalize,
+                         name_row or (lambda row: f"input row {row + 1}"))
+    return collect(chunks, len(tokenized), engine.dimension)
+
+
+def _run_chunks(engine: Engine, tokenized_chunks: Iterator[tuple[int, Tokenized]], batch_size: int,
+                normalize: bool, name_row: Callable[[int], str], *,
+                on_truncated: Callable[[int], None] | None = None,
+                on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
+    """The loop's body over (first row, tokenized chunk) pairs: run, check, release, count what was cut."""
+    truncated, lost = 0, 0
+    for start, tokenized in tokenized_chunks:
+        truncated += tokenized.truncated
+        lost = None if lost is None or tokenized.lost_tokens is None else lost + tokenized.lost_tokens
+        vectors = engine.encode_chunk(tokenized, batch_size, normalize)
+        _check_finite(vectors, start, name_row)
+        engine.release()
+        yield vectors
+    if on_truncated is not None:
+        on_truncated(truncated)
+    if on_lost_tokens is not None:
+        on_lost_tokens(lost if truncated else 0)
+
+
+def _tokenized_chunks(engine: Engine, texts: Sequence[str], prompt: str | None) -> Iterator[tuple[int, Tokenized]]:
+    """(first row, tokenized chunk) in input order, tokenized on a worker thread ahead of the caller."""
+    starts = list(range(0, len(texts), CHUNK_TEXTS))
+    if len(starts) <= 1:  # one chunk: nothing to overlap
+        yield from ((start, engine.tokenize(texts[start:start + CHUNK_TEXTS], prompt)) for start in starts)
+        return
+    ready: queue.Queue[tuple[int, Tokenized] | BaseException | None] = queue.Queue(maxsize=CHUNKS_AHEAD)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for start in starts:
+                if stop.is_set():
+                    return
+                ready.put((start, engine.tokenize(texts[start:start + CHUNK_TEXTS], prompt)))
+            ready.put(None)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            ready.put(exc)
+
+    worker = threading.Thread(target=produce, name="neobert-embed-tokenize", daemon=True)
+    worker.start()
+    try:
+        while (item := ready.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                ready.get_nowait()
+            worker.join(timeout=0.05)
+
+
 class EncodePipeline:
-    """Tokenize-ahead, length-batched encoding for one loaded SentenceTransformer (see the module docstring).
+    """The torch :class:`Engine` of one loaded SentenceTransformer (see the module docstring).
 
     Args:
         model: the model, at its compute precision (:func:`~neobert_embed.inference.runtime.load_inference_model`).
         side_by_side: on a multi-core CPU, run batches side by side, one thread each.
         max_batch_tokens: the padded-token budget of a batch on a GPU (:data:`GPU_BATCH_TOKENS`).
+        unpads: the encoder skips pad tokens itself (NeoBERT, or BERT-family layers made un-padded),
+            so a server's batch budget counts real tokens.
     """
 
     def __init__(self, model: SentenceTransformer, *, side_by_side: bool = False,
-                 max_batch_tokens: int = GPU_BATCH_TOKENS) -> None:
+                 max_batch_tokens: int = GPU_BATCH_TOKENS, unpads: bool = False) -> None:
         self.model = model
         self.side_by_side = side_by_side
         self.max_batch_tokens = max_batch_tokens
+        self.unpads = unpads
         #: one fast tokenizer must not be entered by two threads at once ("Already borrowed")
         self.tokenizer_lock = threading.RLock()
 
@@ -351,11 +485,39 @@ class EncodePipeline:
         import copy
 
         return EncodePipeline(copy.deepcopy(self.model, memo), side_by_side=self.side_by_side,
-                              max_batch_tokens=self.max_batch_tokens)
+                              max_batch_tokens=self.max_batch_tokens, unpads=self.unpads)
 
     @property
     def on_gpu(self) -> bool:
         return self.model.device.type != "cpu"
+
+    @property
+    def max_seq_length(self) -> int:
+        """Inputs are truncated to this many tokens."""
+        return int(self.model.max_seq_length)
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        self.model.max_seq_length = int(value)
+
+    @property
+    def dimension(self) -> int:
+        """Width of the sentence vectors."""
+        return int(self.model.get_embedding_dimension())
+
+    @property
+    def normalizes(self) -> bool:
+        """True when the model's pipeline ends in a Normalize module (its outputs are unit vectors)."""
+        return any(type(module).__name__ == "Normalize" for module in self.model)
+
+    def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
+        """``texts`` as the model's ``encode`` tokenizes them (:func:`tokenize`); safe from any thread."""
+        return tokenize(self.model, texts, prompt, self.tokenizer_lock)
+
+    def release(self) -> None:
+        """On a CPU, hand the memory a chunk's activations freed back to the system."""
+        if not self.on_gpu:
+            release_freed_memory()
 
     def plan(self, tokenized: Tokenized, batch_size: int) -> list[np.ndarray]:
         """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``), within :data:`CPU_BATCH_TOKENS`
@@ -363,10 +525,15 @@ class EncodePipeline:
         (``max_batch_tokens``), since a GPU's speed depends on the tokens in a batch, not its texts."""
         if self.on_gpu:
             return plan_batches(tokenized.lengths, max_tokens=self.max_batch_tokens)
-        return plan_batches(tokenized.lengths, max_texts=batch_size, max_tokens=CPU_BATCH_TOKENS)
+        return plan_cpu_batches(tokenized.lengths, batch_size)
 
-    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
-        """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host)."""
+    def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray:
+        """Sentence embeddings of one padded batch, float32 on the host."""
+        return self.device_vectors(features, normalize=normalize).cpu().numpy()
+
+    def device_vectors(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
+        """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host: what
+        a chunk's batches queue on a GPU, and what ``benchmarks/gpu.py`` times as the forward alone)."""
         import torch
         from torch.nn import functional
 
@@ -380,12 +547,6 @@ class EncodePipeline:
                 embeddings = functional.normalize(embeddings.float(), p=2, dim=1)
             return embeddings.float()
 
-    def embed_batch(self, texts: Sequence[str], prompt: str | None = None) -> np.ndarray:
-        """Vectors of ``texts`` as ONE batch (float32, input order): what a server runs for a batch of
-        merged requests it has already cut to its token budget with :func:`plan_batches`."""
-        vectors = self.forward(tokenize(self.model, texts, prompt).batch(np.arange(len(texts))))
-        return vectors.cpu().numpy()
-
     def encode(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
                normalize: bool = False, advance: Callable[[int], None] | None = None,
                on_truncated: Callable[[int], None] | None = None,
@@ -395,90 +556,28 @@ class EncodePipeline:
         ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut,
         and ``on_lost_tokens(n)`` with how many tokens lay past the cuts (None: the tokenizer did not say).
         """
-        chunks = self.chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                             on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
-        return collect(chunks, len(texts), int(self.model.get_embedding_dimension()), advance)
+        chunks = encode_chunks(self, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                               on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
+        return collect(chunks, len(texts), self.dimension, advance)
 
     def chunks(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
                normalize: bool = False, on_truncated: Callable[[int], None] | None = None,
                on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
-        """The vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows at a time, in input order: what a
-        caller writing its output as it goes consumes (``encode`` of a big file holds one chunk, not the matrix).
-
-        On a CPU the memory the chunk's batches freed is handed back before the next
-        (:mod:`~neobert_embed.inference.native_memory`), so a long job's resident memory stays flat.
-        ``on_truncated(n)`` is called once the last chunk is done.
-
-        Example:
-            >>> [len(vectors) for vectors in pipeline.chunks(texts_5000)]
-            [2048, 2048, 904]
-        """
-        truncated, lost = 0, 0
-        for start, tokenized in self._tokenized_chunks(texts, prompt):
-            truncated += tokenized.truncated
-            lost = None if lost is None or tokenized.lost_tokens is None else lost + tokenized.lost_tokens
-            vectors = self._encode_chunk(tokenized, batch_size, normalize)
-            _check_finite(vectors, texts, start)
-            if not self.on_gpu:  # the chunk's activations, freed into the threads' arenas
-                release_freed_memory()
-            yield vectors
-        if on_truncated is not None:
-            on_truncated(truncated)
-        if on_lost_tokens is not None:
-            on_lost_tokens(lost if truncated else 0)
+        """:func:`encode_chunks` through this engine."""
+        return encode_chunks(self, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                             on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
 
     def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False) -> np.ndarray:
-        """Vectors of texts already tokenized (rows in order): the passages of long documents, cut from one
-        tokenization of each document (:mod:`neobert_embed.index.passages`), batched as :meth:`chunks` batches.
+        """:func:`encode_tokenized` through this engine: texts already tokenized (the passages of long documents)."""
+        return encode_tokenized(self, tokenized, batch_size=batch_size, normalize=normalize)
 
-        Example:
-            >>> pipeline.encode_tokenized(passages, batch_size=32).shape
-            (96, 384)
-        """
-        vectors = self._encode_chunk(tokenized, batch_size, normalize)
-        if not self.on_gpu:
-            release_freed_memory()
-        return vectors
-
-    def _tokenized_chunks(self, texts: Sequence[str], prompt: str | None) -> Iterator[tuple[int, Tokenized]]:
-        """(first row, tokenized chunk) in input order, tokenized on a worker thread ahead of the caller."""
-        starts = list(range(0, len(texts), CHUNK_TEXTS))
-        if len(starts) <= 1:  # one chunk: nothing to overlap
-            yield from ((start, tokenize(self.model, texts[start:start + CHUNK_TEXTS], prompt))
-                        for start in starts)
-            return
-        ready: queue.Queue[tuple[int, Tokenized] | BaseException | None] = queue.Queue(maxsize=CHUNKS_AHEAD)
-        stop = threading.Event()
-
-        def produce() -> None:
-            try:
-                for start in starts:
-                    if stop.is_set():
-                        return
-                    ready.put((start, tokenize(self.model, texts[start:start + CHUNK_TEXTS], prompt)))
-                ready.put(None)
-            except BaseException as exc:  # handed to the consumer, which raises it
-                ready.put(exc)
-
-        worker = threading.Thread(target=produce, name="neobert-embed-tokenize", daemon=True)
-        worker.start()
-        try:
-            while (item := ready.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while worker.is_alive():  # unblock a producer waiting on a full queue
-                with contextlib.suppress(queue.Empty):
-                    ready.get_nowait()
-                worker.join(timeout=0.05)
-
-    def _encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
+    def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
+        """The vectors of one tokenized chunk (rows in its order): planned, then run on the GPU without
+        waiting per batch, or on the CPU's threads."""
         batches = self.plan(tokenized, batch_size)
         if self.on_gpu:
             return self._run_on_gpu(tokenized, batches, normalize)
-        out = np.empty((len(tokenized), int(self.model.get_embedding_dimension())), dtype=np.float32)
+        out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
         if self.side_by_side and len(batches) > 1 and _threads() > 1:
             results = _run_side_by_side(lambda rows: self._host_vectors(tokenized, rows, normalize), batches)
         else:
@@ -488,19 +587,18 @@ class EncodePipeline:
         return out
 
     def _host_vectors(self, tokenized: Tokenized, rows: np.ndarray, normalize: bool) -> np.ndarray:
-        return self.forward(tokenized.batch(rows), normalize=normalize).numpy()
+        return self.forward(tokenized.batch(rows), normalize=normalize)
 
     def _run_on_gpu(self, tokenized: Tokenized, batches: list[np.ndarray], normalize: bool) -> np.ndarray:
         """Every batch of a chunk queued on the GPU, each result copied into one pinned host buffer without
         waiting; the host waits once, for the chunk's last copy."""
         import torch
 
-        width = int(self.model.get_embedding_dimension())
-        staged = torch.empty((len(tokenized), width), dtype=torch.float32).pin_memory()
+        staged = torch.empty((len(tokenized), self.dimension), dtype=torch.float32).pin_memory()
         order = np.concatenate(batches)
         cursor = 0
         for rows in batches:
-            vectors = self.forward(_pinned(tokenized.batch(rows)), normalize=normalize)
+            vectors = self.device_vectors(_pinned(tokenized.batch(rows)), normalize=normalize)
             staged[cursor:cursor + len(rows)].copy_(vectors, non_blocking=True)
             cursor += len(rows)
         torch.cuda.synchronize(self.model.device)
@@ -527,13 +625,13 @@ def _pinned(features: dict[str, np.ndarray | object]) -> dict[str, object]:
             else value for key, value in features.items()}
 
 
-def _check_finite(vectors: np.ndarray, texts: Sequence[str], start: int) -> None:
+def _check_finite(vectors: np.ndarray, start: int, name_row: Callable[[int], str]) -> None:
     finite = np.isfinite(vectors).all(axis=1)
     if finite.all():
         return
     row = start + int(np.argmin(finite))  # fp16 overflow, damaged weights: stop rather than store NaN
-    raise UserInputError(f"input row {row + 1} ({str(texts[row])[:60]!r}): the model produced NaN or Inf "
-                         "values; nothing was written. Encode in --precision fp32, or check the model's weights")
+    raise UserInputError(f"{name_row(row)}: the model produced NaN or Inf values; nothing was written. "
+                         "Encode in --precision fp32, or check the model's weights")
 
 
 def _threads() -> int:
@@ -569,29 +667,26 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 def install(model: SentenceTransformer, *, side_by_side: bool = False,
-            max_batch_tokens: int = GPU_BATCH_TOKENS) -> EncodePipeline:
-    """Make ``model.encode`` (and so ``encode_query``/``encode_document``, mteb's and the index's calls)
-    run through an :class:`EncodePipeline` where each row depends on its own text only (in place).
+            max_batch_tokens: int = GPU_BATCH_TOKENS, unpads: bool = False) -> EncodePipeline:
+    """Attach an :class:`EncodePipeline` to ``model``: the engine its ``encode`` runs when it is an
+    :class:`~neobert_embed.inference.embedding_model.EmbeddingModel` (what the loader builds), and the one
+    the toolkit's own callers use (:func:`engine_of`). Nothing of the instance's methods is replaced.
 
-    The method is bound to ``model``, so ``copy.deepcopy(model)`` gets a copy that runs its own
-    pipeline. :func:`uninstall` undoes it.
+    ``copy.deepcopy(model)`` gets a copy with its own pipeline. :func:`uninstall` detaches it.
 
     Example:
         >>> pipeline = install(model, side_by_side=True)
         >>> model.encode(texts, batch_size=32).shape   # tokenized once, ahead, length-batched
         (1024, 384)
     """
-    pipeline = EncodePipeline(model, side_by_side=side_by_side, max_batch_tokens=max_batch_tokens)
-    model.encode = types.MethodType(_pipelined_encode, model)  # type: ignore[method-assign]
-    model.preprocess = types.MethodType(_locked_preprocess, model)  # type: ignore[method-assign]
+    pipeline = EncodePipeline(model, side_by_side=side_by_side, max_batch_tokens=max_batch_tokens, unpads=unpads)
     vars(model)["_neobert_embed_pipeline"] = pipeline
     return pipeline
 
 
 def uninstall(model: SentenceTransformer) -> None:
     """Undo :func:`install`: ``model.encode`` is sentence-transformers' own again."""
-    for name in ("encode", "preprocess", "_neobert_embed_pipeline"):
-        vars(model).pop(name, None)
+    vars(model).pop("_neobert_embed_pipeline", None)
 
 
 def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
@@ -599,7 +694,7 @@ def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
     return pipeline_of(model) or EncodePipeline(model)
 
 
-def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
+def encode_with(model: SentenceTransformer | Engine, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False, advance: Callable[[int], None] | None = None,
                 on_truncated: Callable[[int], None] | None = None,
                 on_lost_tokens: Callable[[int | None], None] | None = None) -> np.ndarray:
@@ -615,25 +710,32 @@ def encode_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, p
     return collect(chunks, len(texts), int(model.get_embedding_dimension()), advance)
 
 
-def chunks_with(model: SentenceTransformer | Encoder, texts: Sequence[str], *, prompt: str | None,
+def chunks_with(model: SentenceTransformer | Engine, texts: Sequence[str], *, prompt: str | None,
                 batch_size: int = 32, normalize: bool = False,
                 on_truncated: Callable[[int], None] | None = None,
                 on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
-    """The vectors of ``texts`` through ``model``'s pipeline, one chunk of rows at a time in input order
-    (:meth:`EncodePipeline.chunks`); an exported model run by the light runtime (no torch, no
-    ``preprocess``) batches each chunk itself by :func:`plan_batches` in its own ``encode``.
+    """The vectors of ``texts`` through ``model``'s engine (:func:`engine_of`), one chunk of rows at a time
+    in input order (:func:`encode_chunks`, the same loop for the torch and the light runtime).
 
     Example:
         >>> sum(len(vectors) for vectors in chunks_with(model, texts, prompt=None))
         5000
     """
-    if hasattr(model, "preprocess"):
-        yield from pipeline_for(model).chunks(texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                                              on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
-        return
-    for start in range(0, len(texts), CHUNK_TEXTS):
-        yield model.encode(list(texts[start:start + CHUNK_TEXTS]), batch_size=batch_size, prompt=prompt or "",
-                           normalize_embeddings=normalize)
+    yield from encode_chunks(engine_of(model), texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                             on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
+
+
+def engine_of(model: SentenceTransformer | Engine) -> Engine:
+    """The :class:`Engine` that encodes for ``model``: a light model is its own; a SentenceTransformer's
+    is the pipeline its loader gave it (:func:`install`), else a plain one.
+
+    Example:
+        >>> engine_of(load_inference_model("runs/minilm-onnx", backend="onnx").model).unpads
+        False
+    """
+    if hasattr(model, "encode_chunk"):
+        return model  # type: ignore[return-value]
+    return pipeline_for(model)  # type: ignore[arg-type]
 
 
 def collect(chunks: Iterator[np.ndarray], rows: int, dimension: int,
@@ -663,23 +765,18 @@ def pipeline_of(model: SentenceTransformer) -> EncodePipeline | None:
     return pipeline if isinstance(pipeline, EncodePipeline) and pipeline.model is model else None
 
 
-def _locked_preprocess(self: SentenceTransformer, *args: object, **kwargs: object) -> dict[str, object]:
-    """``preprocess`` under the pipeline's tokenizer lock (side-by-side batches share one tokenizer)."""
-    pipeline = pipeline_of(self)
-    with pipeline.tokenizer_lock if pipeline is not None else contextlib.nullcontext():
-        return type(self).preprocess(self, *args, **kwargs)  # type: ignore[arg-type]
+def pipelined_encode(model: SentenceTransformer, inputs: object, *args: object, **kwargs: object) -> object:
+    """``SentenceTransformer.encode`` through the model's pipeline for a list of texts and the arguments
+    :func:`pipelined` accepts; any other call is sentence-transformers' own ``encode``."""
+    from sentence_transformers import SentenceTransformer
 
-
-def _pipelined_encode(self: SentenceTransformer, inputs: object, *args: object, **kwargs: object) -> object:
-    """``SentenceTransformer.encode`` through the pipeline for a list of texts and plain arguments."""
-    pipeline = pipeline_of(self)
-    if pipeline is None or args or not _pipelined(inputs, kwargs):
-        return type(self).encode(self, inputs, *args, **kwargs)  # type: ignore[arg-type]
-    texts: list[str] = inputs  # type: ignore[assignment]
+    pipeline = pipeline_of(model)
     batch_size = kwargs.get("batch_size", 32)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        return type(self).encode(self, inputs, **kwargs)  # type: ignore[arg-type]
-    vectors = pipeline.encode(texts, prompt=_prompt(self, kwargs), batch_size=batch_size,
+    if (pipeline is None or args or not pipelined(model, inputs, kwargs)
+            or not isinstance(batch_size, int) or batch_size < 1):
+        return SentenceTransformer.encode(model, inputs, *args, **kwargs)  # type: ignore[arg-type]
+    texts: list[str] = inputs  # type: ignore[assignment]
+    vectors = pipeline.encode(texts, prompt=_prompt(model, kwargs), batch_size=batch_size,
                               normalize=bool(kwargs.get("normalize_embeddings", False)))
     if kwargs.get("convert_to_tensor"):
         import torch
@@ -692,10 +789,20 @@ def _pipelined_encode(self: SentenceTransformer, inputs: object, *args: object, 
     return list(torch.from_numpy(vectors))
 
 
-def _pipelined(inputs: object, kwargs: dict[str, object]) -> bool:
+def pipelined(model: SentenceTransformer, inputs: object, kwargs: dict[str, object]) -> bool:
+    """The one rule for which ``encode`` calls the engine runs: a non-empty list of strings; every argument
+    in :data:`PIPELINED_DEFAULTS` (at a value listed there) or :data:`HANDLED_ARGUMENTS`; ``task`` only
+    for a model without a Router module (for which it changes nothing).
+
+    Example:
+        >>> pipelined(model, ["a cat"], {"batch_size": 8}), pipelined(model, ["a cat"], {"precision": "int8"})
+        (True, False)
+    """
     if not isinstance(inputs, list) or not inputs or not all(isinstance(text, str) for text in inputs):
         return False
     if any(name not in PIPELINED_DEFAULTS and name not in HANDLED_ARGUMENTS for name in kwargs):
+        return False
+    if kwargs.get("task") is not None and any(type(module).__name__ == "Router" for module in model):
         return False
     return all(kwargs.get(name, allowed[0]) in allowed for name, allowed in PIPELINED_DEFAULTS.items())
 

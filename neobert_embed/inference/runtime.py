@@ -40,6 +40,7 @@ import gc
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -49,7 +50,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.inference.native_memory import bound_native_memory, release_freed_memory
+from neobert_embed.files import atomic_write_json, read_json_object_or_none
+from neobert_embed.inference.native_memory import release_freed_memory
 from neobert_embed.machine import (
     Machine,
     check_compute_precision,
@@ -57,6 +59,7 @@ from neobert_embed.machine import (
     describe_cpu,
     describe_machine,
 )
+from neobert_embed.model_files import CheckedModel
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -66,10 +69,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "onnx", "openvino")
-AUTO_SAMPLE = 32  # texts auto encodes per candidate on a CPU (twice: the faster pass counts)
+AUTO_SAMPLE = 32  # texts auto encodes per candidate on a CPU at least (twice: the faster pass counts)
+#: Characters (~4 per token) ``auto``'s CPU sample holds at least, the texts repeated up to
+#: :data:`AUTO_SAMPLE_MAX` texts: a few short texts are mostly per-call overhead, and timed on them two
+#: starts of the same model on the same machine took different precisions (docs/performance.md).
+AUTO_SAMPLE_CHARS = 32_000
+AUTO_SAMPLE_MAX = 512
+#: Where ``auto``'s choices are kept, per machine, model weights and torch version, so that every start
+#: computes the same way (the directory; default ``$XDG_CACHE_HOME/neobert-embed`` or ``~/.cache/neobert-embed``).
+CACHE_VARIABLE = "NEOBERT_EMBED_CACHE"
 #: Texts ``auto`` encodes per candidate on a GPU: a batch of 32 texts is all kernel launches there
-#: (bf16 timed at 0.87× fp32 on an H200 that runs BERT-base's bf16 forward at ~5× its fp32 one), so the
-#: sample is repeated up to a few of the pipeline's token-budgeted batches.
+#: (a small sample once timed bf16 slower than fp32 on a GPU where it is several times faster:
+#: docs/performance.md), so the sample is repeated up to a few of the pipeline's token-budgeted batches.
 AUTO_SAMPLE_GPU = 4096
 #: A precision other than fp32 must be at least this much faster than fp32 on the sample to be taken:
 #: timing noise must not flip a job between two precisions that are nearly as fast (tiny models,
@@ -279,8 +290,8 @@ def replaces_layers(precision: str, machine: Machine) -> bool:
     """True when :func:`apply_precision` swaps the model's Linear layers for its own, which cannot be
     undone (``auto`` tries such a precision on a copy): int8 (:class:`~neobert_embed.inference.kernels.Int8Linear`),
     bf16 on a CPU with bf16 units, whose Linear layers run oneDNN-packed with BERT's GELU and
-    NeoBERT's SwiGLU fused (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`: 1.10× the texts/s of autocast's
-    Linear at 1 thread on an avx512_bf16 EPYC; on a CPU without bf16 units bf16 stays autocast), and
+    NeoBERT's SwiGLU fused (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`, faster than autocast's
+    Linear: docs/performance.md; on a CPU without bf16 units bf16 stays autocast), and
     bf16/fp16 on a GPU, whose Linear weights are held in that dtype (:func:`~neobert_embed.inference.kernels.hold_linears_in`).
     """
     from neobert_embed.inference.kernels import packed_bf16_available
@@ -299,13 +310,12 @@ def spreads_on(machine: Machine, precision: str) -> bool:
 
     Why side by side: a small encoder's batch is too little work to keep several threads busy inside
     each operator (PyTorch runs most element-wise operators on one thread below its 32,768-element
-    grain, and every parallel region makes its threads wait for each other); all-MiniLM-L6-v2 on 2
-    cores (AMD EPYC, AVX2, fp32): 133.9 → 150.8 texts/s, median of 9 interleaved passes.
+    grain, and every parallel region makes its threads wait for each other); docs/performance.md,
+    "Batches side by side", has the measurements.
 
-    Why not int8 there: ``torch._int_mm`` on an AMX Xeon (16 threads, MiniLM-shaped BERT, 1,024
-    texts) measured 0.81× one batch after another, while fp32 gained 1.15× and bf16 1.42× on the same
-    machine; on a CPU without int8 units int8 runs fp32 products and gains like fp32 (1.22× at 2
-    threads on an AVX2 EPYC).
+    Why not int8 there: ``torch._int_mm`` on int8 units ran slower side by side than one batch after
+    another, while fp32 and bf16 gained; on a CPU without int8 units int8 runs fp32 products and gains
+    like fp32 (docs/performance.md).
     """
     return machine.is_cpu and machine.threads > 1 and not (precision == "int8" and machine.int8_units)
 
@@ -319,7 +329,8 @@ def _taken_evenly(texts: Sequence[str], count: int) -> list[str]:
 
 
 def trial_texts(sample_texts: Sequence[str], machine: Machine) -> list[str]:
-    """What ``auto`` times each precision on: :data:`AUTO_SAMPLE` of the texts on a CPU; on a GPU
+    """What ``auto`` times each precision on: on a CPU :data:`AUTO_SAMPLE` of the texts or more, up to
+    :data:`AUTO_SAMPLE_MAX`, until they hold :data:`AUTO_SAMPLE_CHARS` characters; on a GPU
     :data:`AUTO_SAMPLE_GPU`, the texts repeated, so the trial runs batches of the size real jobs run.
 
     Example:
@@ -327,9 +338,18 @@ def trial_texts(sample_texts: Sequence[str], machine: Machine) -> list[str]:
         4096
     """
     texts = [text for text in sample_texts if text.strip()] or list(BUILTIN_SAMPLE)
-    if machine.is_cpu:
-        return _taken_evenly(texts, AUTO_SAMPLE)
-    return [texts[i % len(texts)] for i in range(AUTO_SAMPLE_GPU)]
+    if not machine.is_cpu:
+        return [texts[i % len(texts)] for i in range(AUTO_SAMPLE_GPU)]
+    count = AUTO_SAMPLE
+    while count < AUTO_SAMPLE_MAX and sum(map(len, _spread(texts, count))) < AUTO_SAMPLE_CHARS:
+        count *= 2
+    return _spread(texts, count)
+
+
+def _spread(texts: Sequence[str], count: int) -> list[str]:
+    """``count`` texts taken evenly through ``texts``, repeated where there are fewer."""
+    return [texts[int(i * len(texts) / count)] for i in range(count)] if len(texts) < count else _taken_evenly(
+        texts, count)
 
 
 def _timed_encode(model: SentenceTransformer, texts: list[str], batch_size: int) -> tuple[np.ndarray, float]:
@@ -337,8 +357,8 @@ def _timed_encode(model: SentenceTransformer, texts: list[str], batch_size: int)
 
     Why two full passes: the first call of each batch shape pays one-time costs (CUDA loads each
     kernel on first use; oneDNN may build kernels for each new shape), and a warm-up of
-    a few short texts does not meet the shapes the timed batches have. Timed once after such a
-    warm-up, bf16 on an H200 measured 0.02× fp32 and ``auto`` never took it.
+    a few short texts does not meet the shapes the timed batches have: timed once after such a
+    warm-up, bf16 on a GPU measured far slower than fp32 and ``auto`` never took it.
     """
     import torch
 
@@ -414,8 +434,44 @@ def choose_precision(model: SentenceTransformer, sample_texts: Sequence[str], ma
     return PrecisionChoice(best.precision, "auto", reason, machine.summary(), tuple(trials))
 
 
+def precision_cache() -> Path:
+    """The file ``auto``'s choices are kept in (:data:`CACHE_VARIABLE`, else the user's cache directory)."""
+    root = os.environ.get(CACHE_VARIABLE)
+    if root:
+        return Path(root) / "precision.json"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "neobert-embed" / "precision.json"
+
+
+def _remembered_choice(model: SentenceTransformer, sample_texts: Sequence[str], machine: Machine, batch_size: int,
+                       fingerprint: str) -> PrecisionChoice:
+    """``auto``'s choice for this machine, model weights and torch version: the one an earlier start measured
+    (:func:`precision_cache`), else measured now (:func:`choose_precision`) and kept, so restarts agree."""
+    import torch
+
+    key = hashlib.blake2b(json.dumps([machine.summary(), fingerprint, torch.__version__, batch_size,
+                                      AUTO_MIN_SPEEDUP, vars(AUTO_TOLERANCE)]).encode(), digest_size=8).hexdigest()
+    cache = precision_cache()
+    kept = read_json_object_or_none(cache) or {}
+    entry = kept.get(key)
+    if isinstance(entry, dict):
+        try:
+            trials = tuple(Trial(**trial) for trial in entry["trials"])
+            return PrecisionChoice(entry["precision"], "auto", f"{entry['reason']}; measured at an earlier start",
+                                   entry["machine"], trials)
+        except (KeyError, TypeError):
+            pass  # an entry of another version: measured again
+    choice = choose_precision(model, sample_texts, machine, batch_size)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cache, {**kept, key: choice.to_json()})
+    except OSError as exc:  # a read-only home: the choice holds for this start only
+        logger.warning("auto precision not kept in %s (%s): the next start measures again", cache, exc)
+    return choice
+
+
 def load_inference_model(
-    source: str | Path,
+    source: str | Path | CheckedModel,
     precision: str = "auto",
     *,
     device: str | None = None,
@@ -429,7 +485,8 @@ def load_inference_model(
     unpadded: bool = True,
     spread: bool = True,
 ) -> InferenceModel:
-    """Load ``source`` (anything :func:`~neobert_embed.sentence.load_sentence_model` takes) to compute
+    """Load ``source`` (anything :func:`~neobert_embed.sentence.load_sentence_model` takes, a preflight's
+    :class:`~neobert_embed.model_files.CheckedModel` included) to compute
     at ``precision``; ``auto`` measures on ``sample_texts`` (else a built-in mixed-length sample).
 
     The model keeps its own prompts, max_seq_length, pooling and normalization. ``fingerprint``
@@ -460,15 +517,16 @@ def load_inference_model(
         raise UserInputError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if backend != "torch":  # the light runtime: no torch, transformers or sentence-transformers
         return _load_exported(source, precision, backend, device, max_seq_length)
-    require_torch_stack()
-    bound_native_memory()  # the cache sizes count only before the first kernel; nothing the user set is changed
+    require_torch_stack()  # process-wide settings (native_memory.bound_native_memory) are the CLI's, not a library call's
     # torch runs on the toolkit's default device (devices.default_device: a GPU when there is one),
     # the one training and index ranks use too, and the one the precision is chosen for
     machine = describe_machine(device)
     check_precision_fits(precision, machine)
+    from neobert_embed.inference.embedding_model import EmbeddingModel
     from neobert_embed.sentence import load_sentence_model
 
-    model = load_sentence_model(str(source), max_seq_length, device=device or machine.device, revision=revision)
+    model = load_sentence_model(source if isinstance(source, CheckedModel) else str(source), max_seq_length,
+                                device=device or machine.device, revision=revision, model_class=EmbeddingModel)
     model.eval()
     digest = model_fingerprint(model) if fingerprint else None
     from neobert_embed.inference.unpadded import unpad_encoders
@@ -477,9 +535,11 @@ def load_inference_model(
     layout = f"un-padded {', '.join(sorted(set(encoders)))} layers" if encoders else None
     from neobert_embed.inference.pipeline import SIDE_BY_SIDE, install
 
-    pipeline = install(model, side_by_side=spread and spreads_on(machine, "fp32"))  # auto measures through it
+    unpads = bool(encoders) or _model_type(model) == "neobert"  # NeoBERT drops padding in its own forward
+    pipeline = install(model, side_by_side=spread and spreads_on(machine, "fp32"), unpads=unpads)  # auto measures through it
     if precision == "auto":
-        measure = functools.partial(choose_precision, model, sample_texts or BUILTIN_SAMPLE, machine, batch_size)
+        measure = functools.partial(_remembered_choice, model, sample_texts or BUILTIN_SAMPLE, machine, batch_size,
+                                    digest or model_fingerprint(model))
         choice = agree(measure) if agree is not None else measure()
     else:
         choice = PrecisionChoice(precision, precision, "asked for", machine.summary())
@@ -493,6 +553,31 @@ def load_inference_model(
     release_freed_memory()  # what the measurement's copies and trial batches held
     logger.debug("compute precision: %s on %s", choice.description, machine.summary())
     return InferenceModel(model, choice, "torch", digest)
+
+
+def load(name_or_path: str | Path, precision: str = "auto", *, device: str | None = None,
+         max_seq_length: int | None = None, backend: str = "torch") -> SentenceTransformer | LightModel:
+    """The public way to load a model to encode with: a ``SentenceTransformer``
+    (:class:`~neobert_embed.inference.embedding_model.EmbeddingModel`) whose ``encode``,
+    ``encode_query`` and ``encode_document`` (and so mteb's and sentence-transformers' utilities) run
+    the toolkit's engine at ``precision`` (``auto``: measured on this machine); ``backend="onnx"`` or
+    ``"openvino"`` gives an export's light model (no torch). Its precision is ``model.compute_precision``.
+
+    Example:
+        >>> model = neobert_embed.load("sentence-transformers/all-MiniLM-L6-v2", precision="fp32")
+        >>> model.encode_query(["how do I reset my password?"]).shape
+        (1, 384)
+    """
+    loaded = load_inference_model(name_or_path, precision, device=device, max_seq_length=max_seq_length,
+                                  backend=backend)
+    loaded.model.compute_precision = loaded.choice  # type: ignore[union-attr]
+    return loaded.model
+
+
+def _model_type(model: SentenceTransformer) -> str | None:
+    """The encoder's ``config.model_type`` (``neobert``, ``bert`` ...), None for another first module."""
+    auto_model = getattr(model[0], "auto_model", None)
+    return getattr(getattr(auto_model, "config", None), "model_type", None)
 
 
 def require_torch_stack() -> None:

@@ -58,8 +58,8 @@ class Tokenized:
     held without padding: a batch is padded to its own longest text when it is made.
 
     Why un-padded: padding a call's texts to its longest and turning the tokenizer's lists into one
-    tensor took 2.6 s of the 3.0 s tokenization of 9,100 AG News + STS-B texts (2-core Xeon), and made
-    tokenization, not the GPU, the bound of a whole encode (150k tokens/s on an H200 machine).
+    tensor took most of the time of tokenization, and made tokenization, not the GPU, the bound of a
+    whole encode (docs/performance.md, "Why the encoding path is built as it is").
 
     Attributes:
         values: per key (``input_ids``, ``attention_mask``, ``token_type_ids``), every text's tokens one
@@ -70,6 +70,7 @@ class Tokenized:
         shared: what ``preprocess`` returned for the whole call (``modality``, ``prompt_length``).
         truncated: how many texts were longer than the model reads (cut at ``max_seq_length``).
         lost_tokens: how many of their tokens lay past the cut (None where the tokenizer does not say).
+        cut: which texts those were (bool per row), where the tokenizer says.
     """
 
     values: dict[str, np.ndarray]
@@ -78,6 +79,7 @@ class Tokenized:
     shared: dict[str, object] = field(default_factory=dict)
     truncated: int = 0
     lost_tokens: int | None = None
+    cut: np.ndarray | None = None
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
@@ -107,6 +109,22 @@ class Tokenized:
             padded[target] = values[source]
             features[key] = padded
         return {**features, **self.shared}
+
+    @classmethod
+    def gather(cls, picks: Sequence[tuple[Tokenized, int]]) -> Tokenized:
+        """One row from each of several calls (the same tokenizer and prompt), in ``picks``' order: a
+        server's batch of rows from several requests, each tokenized once when it came.
+
+        Example:
+            >>> Tokenized.gather([(first, 0), (second, 2)]).lengths.tolist()
+            [4, 9]
+        """
+        first = picks[0][0]
+        lengths = np.array([tokenized.lengths[row] for tokenized, row in picks], dtype=np.int64)
+        values = {key: np.concatenate([tokenized.values[key][tokenized.starts[row]:
+                                                             tokenized.starts[row] + tokenized.lengths[row]]
+                                       for tokenized, row in picks]) for key in first.values}
+        return cls(values, lengths, first.padding, first.shared)
 
     @classmethod
     def from_lists(cls, rows: Mapping[str, Sequence[Sequence[int]]], **details: object) -> Tokenized:

@@ -34,7 +34,6 @@ from neobert_embed.serve.batcher import DynamicBatcher
 from neobert_embed.serve.engine import Embedder
 from neobert_embed.serve.errors import APIError, install_error_handlers
 from neobert_embed.serve.indexes import IndexRegistry, OpenIndex
-from neobert_embed.serve.light_engine import LightEmbedder
 from neobert_embed.serve.metrics import CONTENT_TYPE, ServeMetrics
 from neobert_embed.serve.middleware import EdgeMiddleware
 from neobert_embed.serve.schemas import (
@@ -52,8 +51,9 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from neobert_embed.index import Hit
+    from neobert_embed.inference.tokenized import Tokenized
 
-INLINE_COUNT_CHARS = 4096  # requests up to this many characters are counted on the event loop
+INLINE_COUNT_CHARS = 4096  # requests up to this many characters are tokenized on the event loop
 PADDED_MIN_FILL = 0.5  # a padded model's batch never pads an input to more than twice its length
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (401, 413, 422, 503)}
 
@@ -63,7 +63,7 @@ class ServerState:
     """What one server process holds: settings, the model, the batcher, indexes and metrics."""
 
     settings: ServeSettings
-    engine: Embedder | LightEmbedder
+    engine: Embedder
     batcher: DynamicBatcher
     indexes: IndexRegistry
     metrics: ServeMetrics
@@ -86,8 +86,7 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
     if served is None:
         served = load_inference_model(settings.model, settings.precision, device=settings.device,
                                       fingerprint=bool(settings.indexes), backend=settings.backend, spread=False)
-    # an export (--backend onnx/openvino) runs without torch: the same methods over the light model
-    engine = Embedder(served, settings.name) if served.backend == "torch" else LightEmbedder(served, settings.name)
+    engine = Embedder(served, settings.name)  # either runtime: one engine (an export runs without torch)
     limit = settings.max_input_tokens or engine.max_seq_length
     if limit > engine.max_seq_length:
         raise UserInputError(f"--max-input-tokens {limit} is more than the model's max_seq_length "
@@ -97,7 +96,8 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
     metrics = ServeMetrics()
     batcher = DynamicBatcher(engine.forward, max_batch_tokens=settings.max_batch_tokens,
                              max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue,
-                             min_fill=0.0 if engine.unpads else PADDED_MIN_FILL, observer=metrics)
+                             min_fill=0.0 if engine.unpads else PADDED_MIN_FILL, observer=metrics,
+                             padded=not engine.unpads)
     registry = IndexRegistry(settings.indexes, served=served, model_name=settings.name, device=settings.device)
     registry.open_all()
     return ServerState(settings, engine, batcher, registry, metrics, settings.resolved_api_key(), limit,
@@ -213,31 +213,29 @@ def _check_texts(state: ServerState, texts: list[str]) -> None:
                            "send UTF-8 text") from None
 
 
-async def _token_counts(state: ServerState, path: str, texts: list[str], prompt: str | None,
-                        truncate: bool) -> list[int]:
-    """Token count of each text as encoded (after truncation); 413 for too-long ones unless truncating."""
+async def _tokenized(state: ServerState, path: str, texts: list[str], prompt: str | None,
+                     truncate: bool) -> Tokenized:
+    """The request's texts tokenized once, as encoded (truncated); 413 for too-long ones unless truncating."""
     _check_texts(state, texts)
     if sum(map(len, texts)) <= INLINE_COUNT_CHARS:  # ~0.1 ms of tokenizing: no thread hop
-        counts = state.engine.count_tokens(texts, prompt, on_loop=True)
+        tokenized = state.engine.tokenize(texts, prompt)
     else:
-        counts = await run_in_threadpool(state.engine.count_tokens, texts, prompt)
+        tokenized = await run_in_threadpool(state.engine.tokenize, texts, prompt)
     limit = state.max_input_tokens
-    if not truncate:
-        for i, count in enumerate(counts):
-            if count > limit:
-                raise APIError(413, f"input[{i}] has {count} tokens; the limit is {limit} (--max-input-tokens): "
-                               "shorten it, or ask for truncation (truncate: true / --truncate)",
-                               "request_too_large")
-    tokens = [min(count, limit) for count in counts]
-    state.metrics.observe_inputs(path, len(texts), sum(tokens))
-    return tokens
+    if not truncate and tokenized.cut is not None and tokenized.cut.any():
+        i = int(np.argmax(tokenized.cut))
+        raise APIError(413, f"input[{i}] has more than {limit} tokens; the limit is {limit} (--max-input-tokens): "
+                       "shorten it, or ask for truncation (truncate: true / --truncate)", "request_too_large")
+    state.metrics.observe_inputs(path, len(texts), int(tokenized.lengths.sum()))
+    return tokenized
 
 
 async def _embed(state: ServerState, path: str, texts: list[str], prompt: str | None,
                  truncate: bool) -> tuple[np.ndarray, int]:
-    tokens = await _token_counts(state, path, texts, prompt, truncate)
-    vectors = await state.batcher.embed(texts, prompt, tokens)
-    return vectors, sum(tokens)
+    tokenized = await _tokenized(state, path, texts, prompt, truncate)
+    rows = [(tokenized, row) for row in range(len(texts))]
+    vectors = await state.batcher.embed(rows, prompt, tokenized.lengths.tolist())
+    return vectors, int(tokenized.lengths.sum())
 
 
 async def _search(state: ServerState, entry: OpenIndex, texts: list[str], k: int) -> list[list[Hit]]:

@@ -4,7 +4,7 @@ Why: one request at a time wastes the hardware (a forward pass over one short te
 as much as over thirty), and a naive merge wastes it on padding. Waiting inputs are sorted by
 token count and cut into batches whose padded size (inputs × longest) stays within
 ``max_batch_tokens`` (:func:`~neobert_embed.inference.pipeline.plan_batches`, the rule every
-command's encoding follows); while a batch runs, new requests queue up and form the next one, so under
+command's encoding follows; real tokens for a model that un-pads, ``padded=False``); while a batch runs, new requests queue up and form the next one, so under
 load batches fill by themselves and ``max_wait_ms`` only matters when the model is idle. For a
 model that computes over padding (BERT, MiniLM…), ``min_fill`` keeps a paragraph from padding a batch
 of short sentences to its length (4x the compute in a measured 8-text batch); NeoBERT drops
@@ -36,7 +36,9 @@ import numpy as np
 
 from neobert_embed.inference.pipeline import plan_batches
 
-ForwardFn = Callable[[Sequence[str], Sequence[str | None]], np.ndarray]
+#: The model thread's forward: the inputs of a batch (what ``embed`` was given: a request's tokenized
+#: rows in the server) and each one's prompt, to float32 vectors in that order.
+ForwardFn = Callable[[Sequence[object], Sequence[str | None]], np.ndarray]
 
 
 @runtime_checkable
@@ -59,7 +61,7 @@ class QueueFull(Exception):
 @dataclass(order=True)
 class _Item:
     tokens: int
-    text: str = field(compare=False)
+    text: object = field(compare=False)
     prompt: str | None = field(compare=False)
     future: asyncio.Future = field(compare=False)
 
@@ -68,9 +70,11 @@ class DynamicBatcher:
     """Merges concurrent ``embed`` calls into token-budgeted batches run by one worker thread."""
 
     def __init__(self, forward: ForwardFn, *, max_batch_tokens: int = 16384, max_wait_ms: float = 2.0,
-                 max_queue: int = 4096, min_fill: float = 0.0, observer: BatchObserver | None = None) -> None:
+                 max_queue: int = 4096, min_fill: float = 0.0, observer: BatchObserver | None = None,
+                 padded: bool = True) -> None:
         self.forward = forward
         self.max_batch_tokens = max_batch_tokens
+        self.padded = padded  # False: the model un-pads, so a batch's budget counts its real tokens
         self.min_fill = min_fill
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
@@ -101,8 +105,8 @@ class DynamicBatcher:
         """Run other model work (e.g. an index's own encoder) on the model thread, in turn with batches."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
 
-    async def embed(self, texts: Sequence[str], prompt: str | None, tokens: Sequence[int]) -> np.ndarray:
-        """Embed ``texts`` (with ``prompt``; ``tokens[i]`` = text i's token count) as float32 (n, dim).
+    async def embed(self, texts: Sequence[object], prompt: str | None, tokens: Sequence[int]) -> np.ndarray:
+        """Embed ``texts`` (with ``prompt``; ``tokens[i]`` = input i's token count) as float32 (n, dim).
 
         Raises:
             QueueFull: the queue cannot take ``len(texts)`` more inputs right now.
@@ -136,12 +140,16 @@ class DynamicBatcher:
         never starved by a stream of long ones."""
         window, self._waiting = self._waiting, []
         cuts = plan_batches([item.tokens for item in window], max_tokens=self.max_batch_tokens,
-                            min_fill=self.min_fill)
+                            min_fill=self.min_fill, padded=self.padded)
         return [[window[row] for row in rows] for rows in cuts]
 
     def _budget_filled(self) -> bool:
         waiting = self._waiting
-        return bool(waiting) and len(waiting) * max(item.tokens for item in waiting) >= self.max_batch_tokens
+        if not waiting:
+            return False
+        if not self.padded:
+            return sum(item.tokens for item in waiting) >= self.max_batch_tokens
+        return len(waiting) * max(item.tokens for item in waiting) >= self.max_batch_tokens
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -176,7 +184,8 @@ class DynamicBatcher:
                     item.future.set_exception(exc)
             return
         if self.observer is not None:
-            self.observer.batch_done(len(batch), len(batch) * batch[0].tokens, time.perf_counter() - start)
+            tokens = len(batch) * batch[0].tokens if self.padded else sum(item.tokens for item in batch)
+            self.observer.batch_done(len(batch), tokens, time.perf_counter() - start)
         for item, vector in zip(batch, vectors, strict=True):
             if not item.future.done():
                 item.future.set_result(vector)
