@@ -35,6 +35,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # also when imported by path
+
+from conditions import conditions  # noqa: E402
+
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news" / "test.jsonl"
 
 
@@ -261,6 +265,14 @@ def main() -> None:
         out[name] = SECTIONS[name](args)
         out[name]["section_seconds"] = round(time.perf_counter() - started, 1)
         print(json.dumps({name: out[name]}), file=sys.stderr, flush=True)
+    out["conditions"] = conditions(
+        data=(f"AG News test (../shared/data/ag_news): recall {args.recall_documents} documents of {args.articles} "
+              f"articles, 3 title queries each; passkey/needle {args.task_documents} documents per length "
+              f"{args.lengths}; throughput {args.documents} documents of {args.throughput_articles} articles"),
+        precision="fp32", protocol="exact (flat) index, documents ranked by their best passage (MaxP)",
+        selection="nothing selected", timing=f"throughput: best of {args.repeats} interleaved A/B runs in this "
+                                             "process; memory: peak RSS of a fresh process",
+        model="all-MiniLM-L6-v2; tiny NeoBERT (4,096 window) for memory", sections=args.sections)
     print(json.dumps(out, indent=1))
 
 

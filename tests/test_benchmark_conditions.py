@@ -81,7 +81,7 @@ def _problems(source: str) -> list[str]:
 
 
 def test_there_are_benchmarks_to_check():
-    assert len(SCRIPTS) >= 19, [path.name for path in SCRIPTS]
+    assert len(SCRIPTS) >= 15, [path.name for path in SCRIPTS]  # issue 48 deleted the scripts named nowhere
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)

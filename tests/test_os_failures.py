@@ -42,7 +42,7 @@ from safety_helpers import REPO, cli_env, fault_world, main_status, run_main, sn
 from safety_helpers import in_turn as _both
 
 BAR = re.compile("━")
-STARTED = re.compile(r"(used: |index: |training in )")  # a command's own lines once its work has begun
+STARTED = re.compile(r"(used: |index: |training in |batches: )")  # a command's own lines once its work has begun
 KEPT_ON_REFUSAL = re.compile(r"(/\.[^/]+\.lock|\.log|\.partial(/.*)?)$")
 LONG = "n" * 240  # a legal name; the temporary names written beside it are not
 
