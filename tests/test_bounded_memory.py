@@ -88,15 +88,15 @@ def test_a_failure_mid_stream_keeps_the_previous_pair_and_leaves_no_litter(minil
 
     before = pair_and_litter()
     monkeypatch.setattr(pipeline_module, "CHUNK_TEXTS", 10)
-    real_chunks = pipeline_module.EncodePipeline.chunks
+    real_chunks = pipeline_module.encode_chunks  # the one encoding loop, for every runtime
 
-    def full_disk_after_two(self, *args, **kwargs):
-        for index, vectors in enumerate(real_chunks(self, *args, **kwargs)):
+    def full_disk_after_two(*args, **kwargs):
+        for index, vectors in enumerate(real_chunks(*args, **kwargs)):
             if index == 2:
                 raise OSError(errno.ENOSPC, "No space left on device")
             yield vectors
 
-    monkeypatch.setattr(pipeline_module.EncodePipeline, "chunks", full_disk_after_two)
+    monkeypatch.setattr(pipeline_module, "encode_chunks", full_disk_after_two)
     result = encode(minilm_path, texts_file, output, "--overwrite")
     assert result.exit_code != 0
     assert pair_and_litter() == before
