@@ -88,7 +88,7 @@ def add_documents(index_dir: str | Path, corpus: str | Path, *, fields: CorpusFi
                              "corpus): they continue after the index's largest id, so they never name an "
                              "indexed document")
     if model is not None:
-        check_model_files(model)
+        model = check_model_files(model)  # handed to the loader: the files are inspected once
     with contextlib.ExitStack() as held:   # rank 0 holds the lock and the work copy; every rank encodes
         def locked_and_staged() -> _Staged:
             work = held.enter_context(updated_directory(index_dir, record=INDEX_MANIFEST, wait=wait,

@@ -68,7 +68,7 @@ from neobert_embed.index.store import DocumentStore
 from neobert_embed.index.tuning import CALIBRATION_QUERIES, RECALL_TARGET, calibrate, exact_neighbours
 from neobert_embed.locks import LockHolder
 from neobert_embed.machine import COMPUTE_PRECISIONS, check_compute_precision
-from neobert_embed.model_files import check_model_files, embedding_dimension
+from neobert_embed.model_files import CheckedModel, check_model_files, embedding_dimension
 from neobert_embed.outputs import check_output_directory
 from neobert_embed.records import INDEX_BUILD_STATE, INDEX_MANIFEST
 from neobert_embed.runs import (
@@ -485,16 +485,18 @@ def build_index(model: str | Path, corpus: str | Path, output: str | Path, *, te
         raise UserInputError("--stride sets the step between passages; pass it with --passages")
     output = Path(output)
     world = init_world()
+    checked: list[CheckedModel] = []  # rank 0's inspected model files, handed to its loader
     with contextlib.ExitStack() as held:
         def checked_and_locked() -> None:  # rank 0 only: the other ranks wait for its verdict, not on the lock
-            _preflight(opts, output, overwrite, resume)
+            checked.append(_preflight(opts, output, overwrite, resume))
             held.enter_context(claimed_directory(output, command="neobert-embed index build", wait=wait,
                                                  on_stale=lambda holder: _report_stale(holder, output),
                                                  **_claim(opts, overwrite)))
             _adopt_legacy_partial(output)
 
         on_main(world, checked_and_locked)
-        return _build_locked(opts, output, resume, overwrite, show_progress, on_chunk, world)
+        model = checked[0] if checked else opts.model
+        return _build_locked(opts, model, output, resume, overwrite, show_progress, on_chunk, world)
 
 
 def _sample_texts(opts: BuildOptions, count: int = 32) -> list[str]:
@@ -502,14 +504,14 @@ def _sample_texts(opts: BuildOptions, count: int = 32) -> list[str]:
     return [document.encoded_text for document in itertools.islice(read_corpus(opts.corpus, opts.fields), count)]
 
 
-def _preflight(opts: BuildOptions, output: Path, overwrite: bool, resume: bool = False) -> None:
+def _preflight(opts: BuildOptions, output: Path, overwrite: bool, resume: bool = False) -> CheckedModel:
     """Every check that needs no model weights (the factory is checked against the corpus size
     here when the model's width can be read from its files, else again after the import), and the
     free space for the encoded vectors, which are on disk before the index is (a fresh build only:
     a resumed one has some of them already)."""
     check_compute_precision(opts.compute_precision)
     check_output_directory(output, **_claim(opts, overwrite))
-    check_model_files(opts.model, opts.max_seq_length, "--max-length")
+    checked = check_model_files(opts.model, opts.max_seq_length, "--max-length")
     dimension = embedding_dimension(opts.model)
     check_options(opts.index_type, opts.precision, opts.factory, dimension or 8)
     documents = count_documents(opts.corpus)
@@ -517,6 +519,7 @@ def _preflight(opts: BuildOptions, output: Path, overwrite: bool, resume: bool =
         check_factory_for_corpus(opts.factory, documents, dimension)
     if not resume and documents is not None and dimension is not None:
         check_free_space(output, documents * dimension * 4, what=f"the float32 vectors of {documents} documents")
+    return checked
 
 
 def _claim(opts: BuildOptions, overwrite: bool) -> dict[str, Any]:
@@ -532,7 +535,7 @@ def _report_stale(holder: LockHolder, output: Path) -> None:
           file=sys.stderr, flush=True)
 
 
-def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: bool, show_progress: bool,
+def _build_locked(opts: BuildOptions, model: str | CheckedModel, output: Path, resume: bool, overwrite: bool, show_progress: bool,
                   on_chunk: Callable[[ChunkDone], None] | None, world: World) -> IndexManifest:
     recorded = (INDEX_BUILD_STATE.read(partial_directory(output)) or {}) if resume else {}
     precision = recorded.get("compute_precision", "auto") if opts.compute_precision == "auto" else opts.compute_precision
@@ -540,7 +543,7 @@ def _build_locked(opts: BuildOptions, output: Path, resume: bool, overwrite: boo
         raise UserInputError(f"{INDEX_BUILD_STATE.path(partial_directory(output))}: damaged "
                              f"{INDEX_BUILD_STATE.holds} (compute_precision {precision!r} is not one of "
                              f"{', '.join(COMPUTE_PRECISIONS)}); {INDEX_BUILD_STATE.fix}")
-    encoder = load_encoder(opts.model, device=world.device(opts.device), batch_size=opts.batch_size,
+    encoder = load_encoder(model, device=world.device(opts.device), batch_size=opts.batch_size,
                            max_seq_length=opts.max_seq_length, revision=opts.revision, precision=precision,
                            sample_texts=_sample_texts(opts) if precision == "auto" else None,
                            agree=functools.partial(on_main, world), backend=opts.backend)

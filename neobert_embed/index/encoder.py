@@ -23,6 +23,7 @@ import numpy as np
 from neobert_embed.errors import UserInputError
 from neobert_embed.index.manifest import IndexManifest
 from neobert_embed.inference.runtime import fingerprints_match, model_fingerprint
+from neobert_embed.model_files import CheckedModel
 from neobert_embed.sentence import DOCUMENT_PROMPT, QUERY_PROMPT, resolve_prompt
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class IndexEncoder:
         )
 
 
-def load_encoder(name_or_path: str | Path, *, device: str | None = None, batch_size: int = 32,
+def load_encoder(name_or_path: str | Path | CheckedModel, *, device: str | None = None, batch_size: int = 32,
                  max_seq_length: int | None = None, revision: str | None = None, precision: str = "auto",
                  sample_texts: list[str] | None = None,
                  agree: Callable[[Callable[[], PrecisionChoice]], PrecisionChoice] | None = None,
@@ -187,8 +188,9 @@ def load_encoder(name_or_path: str | Path, *, device: str | None = None, batch_s
     from neobert_embed.inference.light import exported_runtime
     from neobert_embed.inference.runtime import load_inference_model
 
-    backend = backend or exported_runtime(name_or_path) or "torch"
-    loaded = load_inference_model(str(name_or_path), precision, device=device, max_seq_length=max_seq_length,
+    backend = backend or exported_runtime(str(name_or_path)) or "torch"
+    source = name_or_path if isinstance(name_or_path, CheckedModel) else str(name_or_path)
+    loaded = load_inference_model(source, precision, device=device, max_seq_length=max_seq_length,
                                   revision=revision, sample_texts=sample_texts, batch_size=batch_size,
                                   fingerprint=True, agree=agree, backend=backend)
     model = loaded.model
@@ -200,7 +202,7 @@ def load_encoder(name_or_path: str | Path, *, device: str | None = None, batch_s
     if similarity not in SUPPORTED_SIMILARITIES:
         raise UserInputError(f"model {name_or_path!r} uses {similarity!r} similarity; indexes support "
                              f"{' and '.join(SUPPORTED_SIMILARITIES)} models")
-    local = Path(name_or_path)
+    local = Path(str(name_or_path))
     return IndexEncoder(
         model=model,
         name=str(name_or_path),

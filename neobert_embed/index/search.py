@@ -23,6 +23,7 @@ from neobert_embed.index.factory import IndexSpec, SearchableIndex, exclusion_se
 from neobert_embed.index.integrity import open_faiss, open_store
 from neobert_embed.index.manifest import IndexManifest, read_manifest
 from neobert_embed.index.rerank import with_rerank
+from neobert_embed.model_files import CheckedModel
 from neobert_embed.sentence import QUERY_PROMPT
 
 #: An index of passages is first searched for ``k`` x this many passages; queries whose passages name fewer
@@ -54,7 +55,7 @@ def spec_of(manifest: IndexManifest) -> IndexSpec:
     return IndexSpec(manifest.index_type, manifest.factory, manifest.precision, manifest.binary, tuned, 0)
 
 
-def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | None = None,
+def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | CheckedModel | None = None,
                 device: str | None = None, batch_size: int = 32, loaded: IndexEncoder | None = None,
                 precision: str | None = None, backend: str | None = None) -> IndexEncoder:
     """Load the index's model (or ``model``), refuse it if its weights differ, use the saved prompts.
@@ -69,15 +70,16 @@ def encoder_for(manifest: IndexManifest, directory: Path, model: str | Path | No
     Example:
         >>> encoder = encoder_for(read_manifest(d), d, model="runs/other")  # raises if different
     """
+    name: str | CheckedModel
     if model is not None:
-        name = str(model)
+        name = model if isinstance(model, CheckedModel) else str(model)
     elif manifest.model_path and Path(manifest.model_path).exists():
         name = manifest.model_path
     else:
         name = manifest.model
     from neobert_embed.inference.light import exported_runtime
 
-    backend = backend or exported_runtime(name) or "torch"
+    backend = backend or exported_runtime(str(name)) or "torch"
     recorded = manifest.compute_precision if backend == "torch" else "auto"  # a graph computes as saved
     try:
         encoder = loaded or load_encoder(name, device=device, batch_size=batch_size,
