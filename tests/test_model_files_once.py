@@ -65,3 +65,13 @@ def test_index_build_and_add_inspect_the_model_once_each(tiny_bert, tmp_path, in
                                 "--model", str(tiny_bert)])
     assert added.exit_code == 0, added.output
     assert inspections == [str(tiny_bert)]
+
+
+def test_train_contrastive_inspects_the_model_once(tiny_bert, tmp_path, inspections):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"anchor": f"question {i} about rain", "positive": f"answer {i} on rain"})
+                             + "\n" for i in range(8)), encoding="utf-8")
+    result = CliRunner().invoke(app, ["train-contrastive", "--model", str(tiny_bert), "--data", f"pairs={pairs}",
+                                      "--output", str(tmp_path / "run"), "--max-steps", "1", "--batch-size", "4"])
+    assert result.exit_code == 0, result.output
+    assert inspections.count(str(tiny_bert)) == 1

@@ -60,8 +60,9 @@ def train_contrastive_command(
     from neobert_embed.model_files import check_length_flag, check_model_files
     from neobert_embed.runs import METRICS_FILE
 
+    checked = None
     if model is not None:
-        check_model_files(model)
+        checked = check_model_files(model)  # handed to the loader: the files are inspected once
         check_length_flag(model, max_length, "--max-length")
     overrides = {"max_steps": max_steps, "text_budget": text_budget, "batch_size": batch_size,
                  "learning_rate": learning_rate, "temperature": temperature, "max_length": max_length,
@@ -69,7 +70,7 @@ def train_contrastive_command(
     given = recipe is not None or any(v is not None for v in overrides.values())
     loaded = load_contrastive_recipe(recipe, **overrides) if given else None
     with third_party_log(output, verbose), json_only_stdout(as_json):
-        out = train_contrastive(model=model, data=opt.parse_data_option(data or []) or None, output=output,
+        out = train_contrastive(model=checked, data=opt.parse_data_option(data or []) or None, output=output,
                                 recipe=loaded, resume=resume, overwrite=overwrite, wait=not no_wait)
     from neobert_embed.contrastive.train import TrainingSummary
     from neobert_embed.records import TRAINING_SUMMARY

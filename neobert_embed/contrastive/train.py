@@ -49,7 +49,7 @@ from neobert_embed.contrastive.recipe import ContrastiveRecipe, DataSource
 from neobert_embed.distributed import is_main_process
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import check_free_space, follow_umask, remove_debris, writing
-from neobert_embed.model_files import model_bytes
+from neobert_embed.model_files import CheckedModel, model_bytes
 from neobert_embed.outputs import DirectoryState
 from neobert_embed.recipes import Spec
 from neobert_embed.records import RUN, TRAINER_STATE, TRAINING_SUMMARY
@@ -227,7 +227,7 @@ def trained_prompts(sources: dict[str, DataSource], recipe: ContrastiveRecipe) -
     return prompts
 
 
-def _load_model(model_name: str, recipe: ContrastiveRecipe, sources: dict[str, DataSource]):
+def _load_model(model_name: str | CheckedModel, recipe: ContrastiveRecipe, sources: dict[str, DataSource]):
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(model_name)
@@ -264,15 +264,16 @@ def _save_final(model, output: Path, summary: dict[str, Any], texts: list[str]) 
         TRAINING_SUMMARY.write(tmp, summary)
 
 
-def train_contrastive(model: str | None = None, data: dict[str, Any] | None = None,
+def train_contrastive(model: str | CheckedModel | None = None, data: dict[str, Any] | None = None,
                       output: str | Path = "runs/contrastive", recipe: ContrastiveRecipe | None = None,
                       resume: bool = False, overwrite: bool = False,
                       callbacks: list[TrainerCallback] | None = None, wait: bool = True) -> Path:
     """Fine-tune ``model`` contrastively on ``data`` with ``recipe``; return the saved model dir.
 
     Args:
-        model: registry key (``bert``, ``neobert`` …), hub id, HF or SentenceTransformer directory.
-            May be omitted with ``resume=True`` (taken from the run).
+        model: registry key (``bert``, ``neobert`` …), hub id, HF or SentenceTransformer directory,
+            or the :class:`~neobert_embed.model_files.CheckedModel` a preflight made of one (its files are
+            then not inspected again). May be omitted with ``resume=True`` (taken from the run).
         data: ``{name: path or DataSource}``; overrides the recipe's ``data``.
         output: run directory; becomes the SentenceTransformer (see the module docstring).
         recipe: settings (default: the paper's, :class:`ContrastiveRecipe`).
@@ -296,17 +297,18 @@ def train_contrastive(model: str | None = None, data: dict[str, Any] | None = No
         ...                         recipe=load_contrastive_recipe(max_steps=20))
     """
     output = Path(output)
-    inputs = [model] + [getattr(v, "path", v) for v in (data or {}).values()]
+    inputs = [None if model is None else str(model)] + [getattr(v, "path", v) for v in (data or {}).values()]
     with runs.claimed_directory(output, record=RUN, command="neobert-embed train-contrastive",
                                 inputs=inputs, what="training run", wait=wait,
                                 on_stale=lambda _: remove_debris(output)) as state:  # a killed run's .NAME.old-PID
         return _train_in(output, model, data, recipe, resume, overwrite, callbacks, state)
 
 
-def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, recipe: ContrastiveRecipe | None,
+def _train_in(output: Path, model: str | CheckedModel | None, data: dict[str, Any] | None, recipe: ContrastiveRecipe | None,
               resume: bool, overwrite: bool, callbacks: list[TrainerCallback] | None, state: DirectoryState) -> Path:
     """The body of :func:`train_contrastive`, run while holding the run directory's lock."""
-    model_name, sources, recipe = _resolve_run(output, model, data, recipe, resume, overwrite)
+    model_name, sources, recipe = _resolve_run(output, None if model is None else str(model), data, recipe, resume,
+                                               overwrite)
     if resume and TRAINING_SUMMARY.exists(output) and is_sentence_transformer_dir(output):
         logger.warning("%s: this run already finished; nothing to resume", output)
         return output
@@ -316,7 +318,8 @@ def _train_in(output: Path, model: str | None, data: dict[str, Any] | None, reci
         kept = min(recipe.save_total_limit or 1, recipe.max_steps // max(recipe.save_steps, 1))
         check_free_space(output, model_bytes(model_name, 1 + CHECKPOINT_COPIES * kept),
                          what=f"the model and checkpoints of {model_name}")
-    sentence_model = _load_model(model_name, recipe, sources)
+    checked = model if isinstance(model, CheckedModel) and str(model) == model_name else None
+    sentence_model = _load_model(checked or model_name, recipe, sources)
     chosen = _measured_precision(sentence_model, recipe, chosen, sets)
     if recipe.compile_layers:
         from neobert_embed.layer_compile import compile_repeated_layers
