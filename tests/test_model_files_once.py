@@ -75,3 +75,17 @@ def test_train_contrastive_inspects_the_model_once(tiny_bert, tmp_path, inspecti
                                       "--output", str(tmp_path / "run"), "--max-steps", "1", "--batch-size", "4"])
     assert result.exit_code == 0, result.output
     assert inspections.count(str(tiny_bert)) == 1
+
+
+@pytest.mark.parametrize("protocol", ["model", "uniform"])
+def test_mteb_inspects_the_model_once(tiny_bert, tmp_path, inspections, protocol):
+    task = tmp_path / "tasks" / "sts"
+    task.mkdir(parents=True)
+    (task / "task.json").write_text(json.dumps({"name": "TinySTS", "type": "STS"}), encoding="utf-8")
+    rows = [{"sentence1": f"the {c} cat", "sentence2": f"a {c} {a}", "score": float(i % 5)}
+            for i, (c, a) in enumerate((c, a) for c in ("red", "blue", "green") for a in ("cat", "dog", "owl"))]
+    (task / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    result = CliRunner().invoke(app, ["mteb", "--model", str(tiny_bert), "--task-dir", str(task.parent),
+                                      "--output", str(tmp_path / "out"), "--protocol", protocol])
+    assert result.exit_code == 0, result.output
+    assert inspections == [str(tiny_bert)]

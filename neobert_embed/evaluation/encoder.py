@@ -32,6 +32,7 @@ from neobert_embed.backbones import resolve_model_name, usable_max_length
 from neobert_embed.evaluation.recipe import EvaluationRecipe
 from neobert_embed.files import directory_digest
 from neobert_embed.inference.runtime import PrecisionChoice
+from neobert_embed.model_files import CheckedModel
 from neobert_embed.runs import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
@@ -44,11 +45,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ModelIdentity:
-    """What results are stored under: ``name`` (hub id or directory name) and ``revision``."""
+    """What results are stored under: ``name`` (hub id or directory name) and ``revision``; ``checked``, when a
+    command's preflight inspected the model's files, is what the loader takes (the files are not read again)."""
 
     source: str
     name: str
     revision: str
+    checked: CheckedModel | None = None
+
+    @property
+    def loadable(self) -> str | CheckedModel:
+        """What to hand :func:`~neobert_embed.inference.runtime.load_inference_model`."""
+        return self.checked or self.source
 
     def meta(self, protocol: str, *, recipe: EvaluationRecipe | None = None,
              overrides: dict[str, Any] | None = None, base: ModelMeta | None = None) -> ModelMeta:
@@ -118,7 +126,7 @@ class UniformEncoder(SentenceTransformerEncoderWrapper):
 
         from neobert_embed.inference.runtime import load_inference_model
 
-        loaded = load_inference_model(identity.source, recipe.precision, device=device,
+        loaded = load_inference_model(identity.loadable, recipe.precision, device=device,
                                       revision=None if Path(identity.source).is_dir() else identity.revision,
                                       sample_texts=sample_texts, batch_size=recipe.batch_size)
         model = loaded.model

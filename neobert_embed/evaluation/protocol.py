@@ -116,7 +116,7 @@ def load_model_encoder(identity: ModelIdentity, *, device: str | None = None,
                                  "SentenceTransformer directory instead") from None
         choice = _loader_choice(encoder, device)
     else:
-        loaded = load_inference_model(source, compute_precision or "fp32", device=device,
+        loaded = load_inference_model(identity.loadable, compute_precision or "fp32", device=device,
                                       revision=None if local else identity.revision, sample_texts=sample_texts)
         choice = loaded.choice if compute_precision else default_choice(loaded.choice)
         encoder = SentenceTransformerEncoderWrapper(loaded.model)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -392,7 +392,7 @@ def plan_evaluation(model: str | Path, *, output: str | Path, protocol: str = "m
         raise UserInputError(f"--output {output} lies in the model directory {model}, an input of this command; "
                              "choose an output outside it")
     check_output_directory(output, record=RESULTS_MARKS, inputs=list(task_dirs or []), what="results directory")
-    check_model_files(model)  # a damaged local model is refused before any result folder is made
+    checked = check_model_files(model)  # refused before any result folder is made; handed to the loader
     check_protocol(protocol)
     if precision is not None:
         check_compute_precision(precision)
@@ -402,7 +402,8 @@ def plan_evaluation(model: str | Path, *, output: str | Path, protocol: str = "m
                              "they come from the evaluation recipe")
     selected = select_tasks(benchmark, tasks, task_types, task_dirs, default_benchmark=default_benchmark)
     planned = PlannedEvaluation(model, Path(output), protocol, recipe or load_evaluation_recipe(), selected,
-                                model_identity(model, revision), overrides, device, list(task_dirs or []))
+                                replace(model_identity(model, revision), checked=checked), overrides, device,
+                                list(task_dirs or []))
     cache, meta = ResultCache(planned.output), planned.meta
     for task in selected:  # a damaged result of a finished task is refused before anything runs
         _cached_score(cache, task, meta)
