@@ -84,17 +84,21 @@ def _write_corpus(path: Path, documents: list[dict]) -> Path:
     return path
 
 
-def _scores_by_position(index_dir: Path, queries: dict[str, tuple[str, str, str]], relevant: int) -> dict:
+def _scores_by_position(index_dir: Path, queries: dict[str, tuple[str, str, str]], relevant: int,
+                        by_document: bool = False) -> dict:
     """recall@10 and nDCG@10 of every query searched through the index once, for the queries of each position
     and for ``middle_or_end`` (the issue's target) and ``all``; ``relevant`` picks the judged document (1: the
-    long document, 2: the article)."""
+    long document, 2: the article). ``by_document`` ranks an index of articles by long document, each scored by
+    its best article: what passages cut exactly at the articles' boundaries would reach."""
     from neobert_embed.index import open_index
     from neobert_embed.index.evaluate import ranking_scores
 
     ids = list(queries)
     with open_index(index_dir) as index:
-        hits = index.search([queries[qid][0] for qid in ids], k=10)
+        hits = index.search([queries[qid][0] for qid in ids], k=200 if by_document else 10)
     results = {qid: {hit.doc_id: hit.score for hit in ranked} for qid, ranked in zip(ids, hits, strict=True)}
+    if by_document:
+        results = {qid: _best_per_document(ranked) for qid, ranked in results.items()}
     groups = {position: [qid for qid in ids if qid.endswith("." + position)] for position in POSITIONS}
     groups["middle_or_end"] = groups["middle"] + groups["end"]
     groups["all"] = ids
@@ -105,6 +109,14 @@ def _scores_by_position(index_dir: Path, queries: dict[str, tuple[str, str, str]
         out[name] = {"recall_at_10": scores["recall_at_10"], "ndcg_at_10": scores["ndcg_at_10"],
                      "queries": len(members)}
     return out
+
+
+def _best_per_document(article_scores: dict[str, float]) -> dict[str, float]:
+    """The first 10 long documents of an article ranking (``doc3.a7`` belongs to ``doc3``), each at its best article."""
+    best: dict[str, float] = {}
+    for article, score in sorted(article_scores.items(), key=lambda item: -item[1]):
+        best.setdefault(article.split(".")[0], score)
+    return dict(list(best.items())[:10])
 
 
 def recall(args: argparse.Namespace) -> dict:
@@ -129,6 +141,10 @@ def recall(args: argparse.Namespace) -> dict:
             manifest = build_index(_minilm(), source, index, index_type="flat", compute_precision="fp32",
                                    passages=passages, max_seq_length=length, show_progress=False)
             scores = _scores_by_position(index, queries, relevant=2 if source != corpus else 1)
+            if source != corpus:  # the same article index, ranked by long document: passages at article boundaries
+                by_document = _scores_by_position(index, queries, relevant=1, by_document=True)
+                out["ceiling_best_article_per_document"] = {**by_document.pop("middle_or_end"),
+                                                            "by_position": by_document}
             out[name] = {**scores.pop("middle_or_end"), "by_position": scores, "documents": manifest.documents,
                          "vectors": manifest.vectors, "window": manifest.passages.window if passages else None,
                          "seconds": round(time.perf_counter() - started, 1)}
