@@ -202,12 +202,16 @@ def test_export_checks_its_files_through_the_light_runtime(tiny_bert, tmp_path, 
 
     encoded = []
     real_encode = light.LightModel.encode
-    monkeypatch.setattr(light.LightModel, "encode", lambda self, *a, **k: encoded.append(real_encode(self, *a, **k))
-                        or encoded[-1])
+
+    def recorded(self, *args, **kwargs):
+        encoded.append(real_encode(self, *args, **kwargs))
+        return encoded[-1]
+
+    monkeypatch.setattr(light.LightModel, "encode", recorded)
     report = export.export_model(tiny_bert, tmp_path / "onnx", "onnx")
     assert len(encoded) == 1
-    reference = load_sentence_model(str(tiny_bert), device="cpu", precision="fp32").encode(list(export.CHECK_TEXTS),
-                                                                                            batch_size=8)
+    torch_model = load_sentence_model(str(tiny_bert), device="cpu", precision="fp32")
+    reference = torch_model.encode(list(export.CHECK_TEXTS), batch_size=8)
     assert report.fp32 == export._agreement(reference, encoded[0])
     again = light.load_light_model(tmp_path / "onnx", "onnx").encode(list(export.CHECK_TEXTS))
     np.testing.assert_allclose(again, encoded[0], atol=1e-6)

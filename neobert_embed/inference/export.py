@@ -280,10 +280,9 @@ def _agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
 
 def _encode_file(model: SentenceTransformer, directory: Path, backend: str, quantized: bool,
                  texts: Sequence[str]) -> np.ndarray:
-    """Sentence embeddings of ``texts`` from a written file, computed in fp32 (the file, not the runtime's
-    choice), by the light runtime through the one encoding loop: what ``--backend onnx|openvino`` runs.
-    A pipeline the light runtime refuses (a Dense module) is checked as sentence-transformers' own
-    ``backend=`` loaders run the file: by :func:`_encode_around_graph`."""
+    """Sentence embeddings of ``texts`` from a written file in fp32 (the file, not the runtime's choice), by
+    what ``--backend onnx|openvino`` runs: the light runtime, through the one encoding loop. A pipeline it
+    refuses (a Dense module) is checked as sentence-transformers' loaders run it (:func:`_encode_around_graph`)."""
     from neobert_embed.inference.light import TORCH_HINT, load_light_model
     from neobert_embed.inference.runners import locate_graph
 
@@ -303,6 +302,7 @@ def _encode_around_graph(model: SentenceTransformer, file: Path, backend: str, t
     the file, as its ``backend=`` loaders run it."""
     import numpy as np
     import torch
+    from sentence_transformers import SentenceTransformer
 
     from neobert_embed.inference.runners import make_runner
 
@@ -315,8 +315,8 @@ def _encode_around_graph(model: SentenceTransformer, file: Path, backend: str, t
         return features
 
     hook = model[0].register_forward_hook(graph_output)
-    try:
-        return model.encode(list(texts), batch_size=8, convert_to_numpy=True)
+    try:  # sentence-transformers' own encode, which runs the modules (a loader's subclass may not)
+        return SentenceTransformer.encode(model, list(texts), batch_size=8, convert_to_numpy=True)
     finally:
         hook.remove()
 
