@@ -17,9 +17,9 @@ News articles; ``../shared/data``) at 1 thread and at all threads:
     no torch; what ``--backend onnx|openvino`` runs) on the same ONNX and OpenVINO files.
     sentence-transformers' own ``backend="onnx"/"openvino"`` loaders need optimum-onnx / optimum-intel,
     which cannot be installed beside transformers 5 (optimum-onnx 0.1 requires transformers < 4.58);
-    the same runtimes run the same exported graph here behind sentence-transformers' own tokenizer,
-    pooling and Normalize modules (:mod:`neobert_embed.inference.backends`), which is what those
-    loaders do;
+    sentence-transformers' own ``backend=`` loading runs here with optimum's model class replaced by the
+    same runtime on the same exported graph (:func:`st_backend_model`): its tokenizer, prompts, pooling
+    and Normalize modules around the graph, which is what those loaders give;
   - infinity-emb and fastembed where they load offline (they fetch models from a hub: reported as skipped).
 * for each: texts/s (best of ``--repeats`` passes after a warm-up, the backends' passes interleaved
   so that the machine's drift hits them alike), cosine mean / min of every text's
@@ -120,6 +120,39 @@ def st_encoder(model, batch_size: int = 32) -> Encode:
     return encode
 
 
+def st_backend_model(export_dir: Path, backend: str, threads: int, quantized: bool = False):
+    """``SentenceTransformer(export_dir, backend=backend)``, sentence-transformers' own loading and encode, with
+    optimum's ``ORTModel``/``OVModelForFeatureExtraction`` (not installable beside transformers 5) replaced
+    by a module running the export's graph on ONNX Runtime / OpenVINO (the runtime's default precision)."""
+    from unittest import mock
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import transformer
+
+    from neobert_embed.inference.runners import graph_file, make_runner
+
+    runner = make_runner(graph_file(export_dir, backend, quantized), backend, threads)
+
+    class Graph(torch.nn.Module):
+        def __init__(self, config: object) -> None:
+            super().__init__()
+            self.config = config
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                    token_type_ids: torch.Tensor | None = None, return_dict: bool = True) -> dict[str, torch.Tensor]:
+            given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            arrays = {name: (given[name] if given[name] is not None else torch.zeros_like(input_ids)).numpy()
+                      for name in runner.input_names}
+            return {"last_hidden_state": torch.from_numpy(runner(arrays))}
+
+    def load(model_name_or_path: str, config: object, task_name: str, **model_kwargs: object) -> Graph:
+        return Graph(config)
+
+    with mock.patch.object(transformer, "load_onnx_model", load), \
+            mock.patch.object(transformer, "load_openvino_model", load):
+        return SentenceTransformer(str(export_dir), device="cpu", backend=backend)
+
+
 def emulated_precisions(machine: Machine) -> dict[str, str]:
     """bf16 where this CPU has no bf16 units: skipped (minutes of emulation at ~1/6 of fp32's speed,
     which ``auto`` never picks). int8 is always measured: without int8 units its codes are
@@ -134,15 +167,13 @@ def candidates(model_dir: str, exported: dict[str, Path], texts: list[str], thre
     """Name → a function that loads the encoder (loading is not timed)."""
     from sentence_transformers import SentenceTransformer
 
-    from neobert_embed.inference.backends import load_backend_model
     from neobert_embed.inference.light import load_light_model
 
     ours = {f"toolkit {p}": (lambda p=p: st_encoder(load_inference_model(model_dir, p, sample_texts=texts).model))
             for p in ("fp32", "bf16", "int8", "auto") if p not in skip}
     ours["toolkit fp32 padded"] = lambda: st_encoder(load_inference_model(model_dir, "fp32", unpadded=False).model)
     def runtime(kind: str, backend: str, quantized: bool = False) -> Callable[[], Encode]:
-        return lambda: st_encoder(load_backend_model(str(exported[kind]), backend, threads=threads,
-                                                     quantized=quantized))
+        return lambda: st_encoder(st_backend_model(exported[kind], backend, threads, quantized))
 
     peers = {
         "sentence-transformers torch": lambda: st_encoder(SentenceTransformer(model_dir, device="cpu")),

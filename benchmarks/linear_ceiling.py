@@ -116,9 +116,8 @@ def tokenize_seconds(model, texts: list[str], repeats: int) -> float:
 
 def peer_speeds(model_dir: str, texts: list[str], threads: int, repeats: int, scratch: Path) -> dict[str, float]:
     """texts/s of this toolkit's default encode and sentence-transformers' ONNX Runtime backend (fp32)."""
-    from cpu_inference import interleaved_throughput, st_encoder
+    from cpu_inference import interleaved_throughput, st_backend_model, st_encoder
 
-    from neobert_embed.inference.backends import load_backend_model
     from neobert_embed.inference.export import export_model
     from neobert_embed.inference.runtime import load_inference_model
 
@@ -126,7 +125,7 @@ def peer_speeds(model_dir: str, texts: list[str], threads: int, repeats: int, sc
     if not onnx.exists():
         export_model(model_dir, onnx, format="onnx")
     encoders = {"toolkit auto": st_encoder(load_inference_model(model_dir, "auto", sample_texts=texts).model),
-                "sentence-transformers ONNX": st_encoder(load_backend_model(str(onnx), "onnx", threads=threads))}
+                "sentence-transformers ONNX": st_encoder(st_backend_model(onnx, "onnx", threads))}
     return {name: speed for name, (_, speed) in interleaved_throughput(encoders, texts, repeats).items()}
 
 

@@ -151,7 +151,7 @@ def export(
     The output is a complete SentenceTransformer directory (tokenizer, pooling, normalization,
     prompts) with the graph beside it. Every file written is checked against the torch fp32
     model (cosine of the sentence embeddings, also in OUTPUT/export.json); run it with
-    neobert_embed.inference.backends.load_backend_model.
+    --backend onnx|openvino (encode, index, serve).
     """
     from neobert_embed.errors import UserInputError
     from neobert_embed.inference.export import FORMATS, QUANTIZATIONS

@@ -1,9 +1,10 @@
-"""``neobert-embed export`` and ``load_backend_model``: ONNX / OpenVINO files that compute what torch does.
+"""``neobert-embed export`` and the light runtime: ONNX / OpenVINO files that compute what torch does.
 
-Every export runs through the console script's entry point; the exported files are loaded back as
-SentenceTransformers and compared with the torch fp32 model on real texts (STS-B dev sentences and
-AG News articles from ``../shared/data``): fp32 graphs to a mean cosine of 0.9999, MiniLM's int8
-ONNX file to the quantization target (mean 0.995, minimum 0.98 over 256 texts).
+Every export runs through the console script's entry point; the exported files are loaded back by
+the light runtime (``load_light_model``, what ``--backend onnx|openvino`` runs) and compared with the
+torch fp32 model on real texts (STS-B dev sentences and AG News articles from ``../shared/data``): fp32
+graphs to a mean cosine of 0.9999, MiniLM's int8 ONNX file to the quantization target (mean 0.995,
+minimum 0.98 over 256 texts).
 
 These cases run in their own interpreter (``tests/test_export.py``): once OpenVINO's runtime has run
 in a process, a SIGINT raised later in that process by the training tests' Ctrl-C cases crashed it
@@ -109,7 +110,7 @@ def _graph_inputs(file: Path) -> dict[str, list]:
 
 
 def test_neobert_onnx_matches_the_unpadded_torch_model(neobert_dir, neobert_onnx, real_texts):
-    from neobert_embed.inference.backends import load_backend_model
+    from neobert_embed.inference.light import load_light_model
     from neobert_embed.sentence import load_sentence_model
 
     record = json.loads((neobert_onnx / "export.json").read_text())
@@ -118,8 +119,8 @@ def test_neobert_onnx_matches_the_unpadded_torch_model(neobert_dir, neobert_onnx
         "input_ids": ["batch_size", "sequence_length"], "attention_mask": ["batch_size", "sequence_length"]}
     torch_model = load_sentence_model(str(neobert_dir), device="cpu")
     assert torch_model[0].auto_model.config.attention_backend == "auto"  # the saved model runs un-padded
-    exported = load_backend_model(neobert_onnx, "onnx", threads=1)
-    assert exported.get_backend() == "onnx" and exported.prompts == torch_model.prompts
+    exported = load_light_model(neobert_onnx, "onnx", threads=1)
+    assert exported.runner.name == "ONNX Runtime" and exported.prompts == torch_model.prompts
     assert exported.max_seq_length == torch_model.max_seq_length
     assert exported.similarity_fn_name == torch_model.similarity_fn_name
     texts = real_texts[::4]  # 64 texts, long and short in each batch
@@ -151,7 +152,7 @@ def test_neobert_openvino_replaces_an_earlier_export_only_with_overwrite(neobert
                                                                         real_texts):
     import shutil
 
-    from neobert_embed.inference.backends import load_backend_model
+    from neobert_embed.inference.light import load_light_model
     from neobert_embed.sentence import load_sentence_model
 
     output = tmp_path / "neobert"
@@ -164,12 +165,12 @@ def test_neobert_openvino_replaces_an_earlier_export_only_with_overwrite(neobert
     assert json.loads((output / "export.json").read_text())["format"] == "openvino"
     texts = real_texts[1::4]
     reference = load_sentence_model(str(neobert_dir), device="cpu").encode(texts, prompt_name="document")
-    vectors = load_backend_model(output, "openvino", inference_precision="fp32").encode(texts, prompt_name="document")
+    vectors = load_light_model(output, "openvino", inference_precision="fp32").encode(texts, prompt_name="document")
     assert _cosines(vectors, reference).mean() >= 0.9999
 
 
 def test_minilm_onnx_fp32_and_int8(minilm_path, minilm_reference, real_texts, tmp_path):
-    from neobert_embed.inference.backends import load_backend_model
+    from neobert_embed.inference.light import load_light_model
 
     output = tmp_path / "minilm-onnx"
     line = _export(minilm_path, output, "onnx", "--quantize", "int8")
@@ -179,23 +180,23 @@ def test_minilm_onnx_fp32_and_int8(minilm_path, minilm_reference, real_texts, tm
     assert inputs["input_ids"] == ["batch_size", "sequence_length"]
     assert (output / "onnx" / "model_qint8_avx512_vnni.onnx").stat().st_size < 0.4 * (
         output / "onnx" / "model.onnx").stat().st_size
-    fp32 = load_backend_model(output, "onnx").encode(real_texts[::4], batch_size=32)
+    fp32 = load_light_model(output, "onnx").encode(real_texts[::4], batch_size=32)
     assert _cosines(fp32, minilm_reference[::4]).mean() >= 0.9999
-    int8 = _cosines(load_backend_model(output, "onnx", quantized=True).encode(real_texts, batch_size=32),
+    int8 = _cosines(load_light_model(output, "onnx", quantized=True).encode(real_texts, batch_size=32),
                     minilm_reference)
     assert int8.mean() >= 0.995 and int8.min() >= 0.98, (int8.mean(), int8.min())
 
 
 def test_minilm_openvino_matches_torch(minilm_path, minilm_reference, real_texts, tmp_path):
     from neobert_embed.errors import UserInputError
-    from neobert_embed.inference.backends import load_backend_model
+    from neobert_embed.inference.light import load_light_model
 
     output = tmp_path / "minilm-openvino"
     _export(minilm_path, output, "openvino")
-    vectors = load_backend_model(output, "openvino", inference_precision="fp32").encode(real_texts[::4], batch_size=32)
+    vectors = load_light_model(output, "openvino", inference_precision="fp32").encode(real_texts[::4], batch_size=32)
     assert _cosines(vectors, minilm_reference[::4]).mean() >= 0.9999
     with pytest.raises(UserInputError, match="openvino_model_qint8_quantized.xml not found"):
-        load_backend_model(output, "openvino", quantized=True)  # no int8 file was asked for
+        load_light_model(output, "openvino", quantized=True)  # no int8 file was asked for
 
 
 @pytest.mark.parametrize(("arch", "inputs"), [

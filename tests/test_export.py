@@ -1,4 +1,4 @@
-"""Runs ``tests/export_cases.py`` (``neobert-embed export`` and ``load_backend_model``) in a fresh interpreter.
+"""Runs ``tests/export_cases.py`` (``neobert-embed export`` and the light runtime) in a fresh interpreter.
 
 Why a separate process: see that file's docstring (OpenVINO's runtime and a later SIGINT in the same
 pytest process). Its output is shown when a case fails.

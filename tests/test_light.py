@@ -1,7 +1,7 @@
 """The light runtime: exported models encode, search and serve without torch, as sentence-transformers would.
 
-* vector equality: :func:`~neobert_embed.inference.light.load_light_model` against sentence-transformers
-  running the same graph (``load_backend_model``) for the real all-MiniLM-L6-v2, a tiny NeoBERT (mean
+* vector equality: :func:`~neobert_embed.inference.light.load_light_model` against sentence-transformers'
+  torch model saved in the same export directory for the real all-MiniLM-L6-v2, a tiny NeoBERT (mean
   pooling without the prompt's tokens) and tiny BERTs with CLS and the other pooling modes, with and
   without prompts, the default prompt, lower-casing and truncation;
 * modules it cannot run (Dense, a custom module) are one error naming the module and ``--backend torch``;
@@ -97,13 +97,19 @@ def tiny_bert(tmp_path_factory) -> Path:
     return build_tiny_model("bert", tmp_path_factory.mktemp("light") / "bert", seed=1)
 
 
+def _torch_model(export: Path):
+    """sentence-transformers' torch model of an export directory (its saved weights, not the graph)."""
+    from neobert_embed.sentence import load_sentence_model
+
+    return load_sentence_model(str(export), device="cpu")
+
+
 def _assert_same_vectors(export: Path, **encode) -> None:
-    """The light model's vectors equal sentence-transformers' on the same graph (cosine ≥ 0.99999)."""
-    from neobert_embed.inference.backends import load_backend_model
+    """The light model's vectors equal sentence-transformers' torch model's (cosine ≥ 0.99999)."""
     from neobert_embed.inference.light import load_light_model
 
     light = load_light_model(export, "onnx", threads=1)
-    reference = load_backend_model(export, "onnx", threads=1)
+    reference = _torch_model(export)
     assert light.max_seq_length == reference.max_seq_length
     assert light.prompts == reference.prompts and light.default_prompt_name == reference.default_prompt_name
     assert light.get_embedding_dimension() == reference.get_embedding_dimension()
@@ -188,6 +194,63 @@ def test_an_export_records_the_fingerprint_of_the_weights_it_came_from(minilm_pa
     assert exported_runtime(minilm_onnx) == "onnx" and exported_runtime(minilm_path) is None
 
 
+def test_export_checks_its_files_through_the_light_runtime(tiny_bert, tmp_path, monkeypatch):
+    """The figures ``export`` reports are the cosines of the light runtime's vectors (what ``--backend onnx``
+    runs) to the torch fp32 model's, on the same texts."""
+    from neobert_embed.inference import export, light
+    from neobert_embed.sentence import load_sentence_model
+
+    encoded = []
+    real_encode = light.LightModel.encode
+
+    def recorded(self, *args, **kwargs):
+        encoded.append(real_encode(self, *args, **kwargs))
+        return encoded[-1]
+
+    monkeypatch.setattr(light.LightModel, "encode", recorded)
+    report = export.export_model(tiny_bert, tmp_path / "onnx", "onnx")
+    assert len(encoded) == 1
+    torch_model = load_sentence_model(str(tiny_bert), device="cpu", precision="fp32")
+    reference = torch_model.encode(list(export.CHECK_TEXTS), batch_size=8)
+    assert report.fp32 == export._agreement(reference, encoded[0])
+    again = light.load_light_model(tmp_path / "onnx", "onnx").encode(list(export.CHECK_TEXTS))
+    np.testing.assert_allclose(again, encoded[0], atol=1e-6)
+
+
+def test_a_pipeline_the_light_runtime_refuses_is_checked_on_the_graphs_output(tiny_bert, tmp_path, monkeypatch):
+    """A Dense module after the pooling: ``export`` checks the file with sentence-transformers' modules
+    around the graph's hidden states, so a graph that computes something else is refused."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+
+    from neobert_embed.errors import UserInputError
+    from neobert_embed.inference import runners
+    from neobert_embed.inference.export import export_model
+
+    transformer = Transformer(str(tiny_bert), max_seq_length=64)
+    width = transformer.get_embedding_dimension()
+    SentenceTransformer(modules=[transformer, Pooling(width), Dense(width, 16)], prompts=PROMPTS,
+                        default_prompt_name="query", device="cpu").save(str(tmp_path / "st"))
+    report = export_model(tmp_path / "st", tmp_path / "onnx", "onnx")
+    assert report.fp32.mean >= 0.9999 and report.fp32.texts == 16
+    real_runner = runners.make_runner
+
+    class Noisy:  # the graph's hidden states, plus noise
+        def __init__(self, *args, **kwargs) -> None:
+            self.runner = real_runner(*args, **kwargs)
+            self.input_names = self.runner.input_names
+
+        def __call__(self, arrays):
+            hidden = self.runner(arrays)
+            return hidden + np.random.default_rng(0).standard_normal(hidden.shape).astype(np.float32)
+
+    monkeypatch.setattr(runners, "make_runner", Noisy)
+    with pytest.raises(UserInputError, match="does not compute what the torch model does"):
+        export_model(tmp_path / "st", tmp_path / "noisy", "onnx")
+
+
 # --- whole processes without torch -------------------------------------------------------------------------
 
 
@@ -229,14 +292,12 @@ def minilm_index(minilm_path, tmp_path_factory) -> Path:
 
 
 def test_encode_runs_an_export_without_torch(minilm_onnx, tmp_path):
-    from neobert_embed.inference.backends import load_backend_model
-
     env = _blocked_env(tmp_path)
     (tmp_path / "texts.txt").write_text("\n".join(TEXTS[:3]) + "\n", encoding="utf-8")
     done = _cli(["encode", "-m", minilm_onnx, "-i", "texts.txt", "-o", "out.npy", "--backend", "onnx"], env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "light runtime: no torch" in done.stderr and "onnxruntime" in done.stderr, done.stderr
-    expected = load_backend_model(minilm_onnx, "onnx").encode(TEXTS[:3])
+    expected = _torch_model(minilm_onnx).encode(TEXTS[:3])
     assert _cosines(np.load(tmp_path / "out.npy"), expected).min() >= 0.99999
     refused = _cli(["encode", "-m", minilm_onnx, "-i", "texts.txt", "-o", "torch.npy"], env, tmp_path)
     assert refused.returncode == 2 and not (tmp_path / "torch.npy").exists()
@@ -299,8 +360,6 @@ def _free_port() -> int:
 
 
 def test_serve_answers_with_an_export_without_torch(minilm_onnx, tmp_path):
-    from neobert_embed.inference.backends import load_backend_model
-
     port = _free_port()
     log = tmp_path / "serve.log"
     with open(log, "w", encoding="utf-8") as stderr:
@@ -324,7 +383,7 @@ def test_serve_answers_with_an_export_without_torch(minilm_onnx, tmp_path):
         server.terminate()
         server.wait(timeout=60)
     assert "light runtime: no torch" in log.read_text()
-    expected = load_backend_model(minilm_onnx, "onnx").encode(TEXTS[:2], prompt_name="query")
+    expected = _torch_model(minilm_onnx).encode(TEXTS[:2], prompt_name="query")
     assert _cosines(vectors, expected).min() >= 0.99999
 
 

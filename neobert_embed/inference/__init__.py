@@ -18,6 +18,5 @@ Modules:
     native_memory: a long CPU job's native memory kept flat (kernel caches capped, freed arenas handed back).
     export: the ONNX / OpenVINO files of ``neobert-embed export`` (sentence-transformers' layout).
     runners: ONNX Runtime and OpenVINO sessions over those files (no torch).
-    backends: running those files behind sentence-transformers' own ``encode`` (torch).
     light: running them without torch (tokenizers + a runner + numpy pooling): ``--backend onnx|openvino``.
 """

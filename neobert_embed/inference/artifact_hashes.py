@@ -1,26 +1,16 @@
 """Hash pins of an export: every file that decides its vectors, recorded at export and checked at load.
 
-Why: an export used to be trusted on its ``export.json`` alone. A same-size corruption of
-``model.onnx`` encoded all-NaN matrices with exit 0, a pooling edited from mean to CLS or a
-``tokenizer.json`` without lower-casing appended other vectors to an index built with the original
-model, and another model's graph dropped under the original ``export.json`` was accepted. The
-export now records the size and content hash (:class:`ExportPin`) of every file it wrote but its prose
-(``*.md``) under ``pins`` in ``export.json``; loading checks the files the chosen runtime reads (every
-settings and tokenizer file, and the one graph or the torch weights) and refuses, in one line naming the
-file, one that is missing, changed, or present without a pin.
+Why: a same-size corruption of a graph, a pooling edited from mean to CLS, a tokenizer that lost its
+lower-casing or another model's graph under the same ``export.json`` would otherwise encode other
+vectors with exit 0 (and append them to an index built with the original model). ``export`` records the
+size and content hash (:class:`ExportPin`) of every file it wrote but its prose (``*.md``) under ``pins``
+in ``export.json``; loading checks the files the chosen runtime reads and refuses, in one line naming the
+file, one that is missing, changed, or present without a pin; an export without pins is refused too.
 
-The hash is xxHash's XXH3-128 over a memory map of the file, not SHA-256: loading an export is the
-start of every ``encode --backend onnx``, whose whole process takes about a second, and SHA-256 of
-all-MiniLM-L6-v2's 90 MB graph costs ~60 ms on a 2-core EPYC (1.6 GB/s), over the 5% budget, where
-XXH3 costs a few ms (``docs/data-safety.md`` has the measured shares, ``benchmarks/verification_cost.py``).
+The hash is xxHash's XXH3-128 over a memory map, not SHA-256, because it runs at the start of every
+``encode --backend onnx`` (docs/data-safety.md has the measured cost, ``benchmarks/verification_cost.py``).
 It detects damage and edits, which is what pins are for; it is not a signature (whoever can rewrite a
-graph can rewrite ``export.json`` too, whatever the hash). Graphs of the other runtime and precision, and
-the torch weights, are not read by the light runtime and not hashed by it (the torch backend hashes the
-weights and skips the graphs).
-
-An export written before pins existed is refused with one line saying to export it again: its
-``source_fingerprint`` covered the weights only, so an index could not tell its pooling or
-tokenizer from another's.
+graph can rewrite ``export.json`` too).
 
 Example:
     >>> record["pins"] = pin_export(Path("runs/x-onnx"))   # at export, after every file is written
@@ -62,8 +52,7 @@ class ExportPin:
     """A file's size and :func:`content_digest` as the export wrote it.
 
     Example:
-        >>> ExportPin.of(Path("runs/x-onnx/modules.json")).difference(Path("runs/x-onnx/modules.json")) is None
-        True
+        >>> ExportPin.of(Path("runs/x-onnx/modules.json")).difference(Path("runs/x-onnx/modules.json"))  # None
     """
 
     size: int
@@ -107,22 +96,13 @@ def pin_export(directory: str | Path) -> dict[str, dict[str, object]]:
     return {name: asdict(ExportPin.of(directory / name)) for name in _pinned_files(directory)}
 
 
-def _graph_part(name: str, names: set[str]) -> bool:
-    """A graph file, or the ``.bin`` weights beside an OpenVINO ``.xml``."""
-    path = Path(name)
-    return path.suffix in GRAPH_SUFFIXES or (path.suffix == ".bin" and path.with_suffix(".xml").as_posix() in names)
-
-
-def _torch_weights(name: str) -> bool:
-    path = Path(name)
-    return path.suffix == ".safetensors" or path.name.startswith("pytorch_model")
-
-
 def _read_by(name: str, names: set[str], graph: str | None) -> bool:
-    """Whether a runtime that loads ``graph`` (None: torch) reads the file ``name``."""
-    if _graph_part(name, names):
-        return graph is not None and Path(name).with_suffix("") == Path(graph).with_suffix("")
-    return graph is None or not _torch_weights(name)
+    """Whether a runtime that loads ``graph`` (None: torch) reads the file ``name``: a graph file (or the
+    ``.bin`` beside an OpenVINO ``.xml``) only when it is that graph, the torch weights only under torch."""
+    path = Path(name)
+    if path.suffix in GRAPH_SUFFIXES or (path.suffix == ".bin" and path.with_suffix(".xml").as_posix() in names):
+        return graph is not None and path.with_suffix("") == Path(graph).with_suffix("")
+    return graph is None or not (path.suffix == ".safetensors" or path.name.startswith("pytorch_model"))
 
 
 def verify_export(directory: str | Path, graph: str | Path | None) -> None:

@@ -2,47 +2,24 @@
 
 Why: serving stacks that do not run PyTorch (ONNX Runtime, OpenVINO, Triton) need the encoder as a
 graph, and a graph that silently computes something else is worse than none. The export writes a
-complete SentenceTransformer directory (``model.save``: config, tokenizer, ``modules.json``,
-pooling, normalization, prompts) plus the graph where sentence-transformers' ``backend=`` loaders
-look for it (``onnx/model.onnx``, ``openvino/openvino_model.xml``; with ``--quantize int8`` also
-``onnx/model_qint8_avx512_vnni.onnx`` or ``openvino/openvino_model_qint8_quantized.xml``). Then it
-runs every file it wrote through the runtime users run it with (the light runtime) and
-compares the pooled sentence embeddings with the torch fp32 model on a set of texts: an fp32 file
-that does not agree to a mean cosine of 0.9999 is refused, and the figures go into the report and
-into the directory's record (``export.json``).
-
-How each part is made (measured on all-MiniLM-L6-v2 over 256 real texts, STS-B dev + AG News):
-
-* the graph: ``torch.onnx.export`` (TorchScript exporter, opset 17, dynamic batch and sequence
-  axes; inputs ``input_ids``, ``attention_mask`` and ``token_type_ids`` when the tokenizer makes
-  them and the model reads them; output ``last_hidden_state``). NeoBERT drops pad tokens by default
-  (data-dependent shapes) and rotates in complex numbers, neither of which a graph holds: it is
-  exported through its padded reference path (masked attention over the padded batch), RoPE as
-  real cos/sin pairs and RMSNorm written out; pad positions are zeroed as the un-padded model does.
-* OpenVINO: ``openvino.convert_model`` of that ONNX graph, saved with fp32 weights.
-* ONNX int8: ``onnxruntime.quantization.quantize_dynamic``: per-channel int8 weights of the weight
-  MatMuls and the embedding tables, uint8 activations quantized per batch. The FFN's
-  down-projections (the MatMuls from the wide intermediate back to the hidden size, whose input is
-  the heavy-tailed GELU/SwiGLU output) stay fp32: quantizing them too gives mean 0.9936, keeping
-  them 0.9964 mean and 0.9928 minimum (33.6 MB instead of 90.4, ~1.3× faster on 2 threads;
-  per-tensor weights gave only 0.963).
-* OpenVINO int8: without ``calibration``, nncf's int8 weight compression (0.9995 mean, 0.9990
-  minimum, 23.2 MB; compute stays fp32/bf16, so it saves memory more than time); with
-  ``calibration`` texts, nncf's static quantization of weights and activations (0.9977 mean,
-  0.9935 minimum calibrated on 300 other real texts, ~2.4× faster than the bf16 default on an
-  AVX-512 bf16 CPU) — a gain that depends on the model: check its figures in the report.
+complete SentenceTransformer directory (``model.save``) plus the graph where sentence-transformers'
+``backend=`` loaders look for it (:data:`~neobert_embed.inference.runners.GRAPH_FILES`), then encodes
+a set of texts with every file it wrote through the runtime users run it with (the light runtime,
+:func:`~neobert_embed.inference.light.load_light_model`) and compares the sentence embeddings with the
+torch fp32 model's: an fp32 file below a mean cosine of 0.9999 is refused; the figures go into the
+report and ``export.json``, with the hashes of every file written
+(:mod:`~neobert_embed.inference.artifact_hashes`). How each file is made and what it measured:
+docs/performance.md ("Export").
 
 Example:
     >>> report = export_model("runs/my-embedder", "runs/my-embedder-onnx", "onnx", quantize="int8")
     >>> report.summary()
     'exported runs/my-embedder → runs/my-embedder-onnx/onnx/model_qint8_avx512_vnni.onnx (33.6 MB) ...'
-    >>> from neobert_embed.inference.backends import load_backend_model
-    >>> load_backend_model("runs/my-embedder-onnx", "onnx", quantized=True).encode(["a text"]).shape
-    (1, 384)
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -59,7 +36,6 @@ if TYPE_CHECKING:
     import openvino
     import torch
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.base.modules.transformer import Transformer
     from torch import nn
 
     from neobert_embed.modeling import NeoBERTModel
@@ -71,6 +47,8 @@ FORMATS = ("onnx", "openvino")
 QUANTIZATIONS = ("int8",)
 OPSET = 17
 FP32_MIN_MEAN_COSINE = 0.9999
+EXPORT_COPIES = 2.0  # an export holds the model's weights twice: the SentenceTransformer files and the graph
+INT8_COPY = 0.3  # and a quarter more (plus headers) for an int8 graph
 #: Below this mean cosine to fp32 on the check texts, an int8 file is reported with a warning. Lower than
 #: the target the settings were chosen for (mean 0.995, minimum 0.98 over 256 real texts): activations are
 #: quantized with one scale per batch, so the few very short check texts ("ok") are the worst case.
@@ -149,15 +127,12 @@ class ExportReport:
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON values (paths as strings)."""
-        data = asdict(self)
-        data["output"], data["file"] = str(self.output), str(self.file)
-        return data
+        return {**asdict(self), "output": str(self.output), "file": str(self.file)}
 
 
 def check_export_output(output: str | Path, source: str | Path, overwrite: bool) -> None:
-    """Refuse, before any model is loaded, an output that is a file, lies where nothing can be
-    written, is the source, or already holds something: an earlier export is replaced only with
-    ``overwrite``, anything else (another command's output, foreign files) never.
+    """Refuse, before any model is loaded, an output that is a file, is unwritable, is the source, or
+    holds something: an earlier export is replaced only with ``overwrite``, anything else never.
 
     Example:
         >>> check_export_output("runs/x-onnx", "runs/x", overwrite=False)
@@ -166,9 +141,7 @@ def check_export_output(output: str | Path, source: str | Path, overwrite: bool)
 
     output = Path(output)
     state = check_output_directory(output, **_claim(output, source, overwrite))
-    if state is not DirectoryState.OWNED:
-        return
-    if not overwrite:
+    if state is DirectoryState.OWNED and not overwrite:
         raise UserInputError(f"--output {output} already holds an export; pass --overwrite to replace it or choose "
                              "another path")
 
@@ -194,23 +167,17 @@ def export_model(
     """Export ``source`` to ``output_dir`` as a SentenceTransformer directory with an ONNX or OpenVINO graph.
 
     Args:
-        source: registry key, hub id, Hugging Face or SentenceTransformer directory (loaded fp32 on CPU
-            with :func:`~neobert_embed.sentence.load_sentence_model`).
+        source: registry key, hub id, Hugging Face or SentenceTransformer directory (loaded fp32 on CPU).
         output_dir: the directory to write; absent, empty, or an earlier export (``overwrite``).
-        format: ``onnx`` or ``openvino``.
-        quantize: ``int8`` to also write the int8 file (see the module docstring for the method).
-        calibration: OpenVINO int8 only: real texts for static quantization (a few hundred are
-            plenty); without them the weights alone are compressed to int8.
+        quantize: ``int8`` to also write the int8 file (:func:`_quantize_onnx`, :func:`_quantize_openvino`).
+        calibration: OpenVINO int8 only: real texts for static quantization (a few hundred are plenty);
+            without them the weights alone are compressed to int8.
         texts: the texts each written file is checked on against the torch fp32 model.
-        opset: ONNX opset of the graph.
         wait: when another command writes ``output_dir``, wait for it (default); False fails at once.
 
     Returns:
-        An :class:`ExportReport`; its figures are also in ``output_dir/export.json``.
-
-    Raises:
-        UserInputError: a bad format or output, a model that cannot load, or an fp32 graph whose
-            mean cosine to torch fp32 is below 0.9999 (then nothing is written).
+        An :class:`ExportReport`; its figures are also in ``output_dir/export.json``. Nothing is written
+        when it raises (a bad format or output, or an fp32 graph below a mean cosine of 0.9999).
 
     Example:
         >>> export_model("sentence-transformers/all-MiniLM-L6-v2", "models/minilm-openvino", "openvino").fp32
@@ -256,7 +223,7 @@ def export_model(
                 ov_model = _convert_openvino(onnx_file, tmp / fp32_name)
                 onnx_file.unlink()
                 onnx_file.parent.rmdir()
-            fp32 = _agreement(reference, _encode_file(tmp, format, False, texts))
+            fp32 = _agreement(reference, _encode_file(model, tmp, format, False, texts))
             if fp32.mean < FP32_MIN_MEAN_COSINE:
                 raise UserInputError(f"{source}: the exported {format} graph does not compute what the torch model does "
                                      f"(mean cosine {fp32.mean:.6f} < {FP32_MIN_MEAN_COSINE} on {fp32.texts} texts); "
@@ -265,7 +232,7 @@ def export_model(
             if quantize == "int8":
                 method = (_quantize_openvino(ov_model, tmp / int8_name, model, inputs, calibration)
                           if format == "openvino" else _quantize_onnx(onnx_file, tmp / int8_name))
-                int8 = _agreement(reference, _encode_file(tmp, format, True, texts))
+                int8 = _agreement(reference, _encode_file(model, tmp, format, True, texts))
             if int8 is not None and int8.mean < INT8_WARN_MEAN:
                 logger.warning("%s int8: cosine to fp32 mean %.4f (min %.4f) is below %.2f; check the model's "
                                "quality on your task before using it", format, int8.mean, int8.minimum, INT8_WARN_MEAN)
@@ -284,10 +251,6 @@ def export_model(
     return report
 
 
-EXPORT_COPIES = 2.0  # an export holds the model's weights twice: the SentenceTransformer files and the graph
-INT8_COPY = 0.3  # and a quarter more (plus headers) for an int8 graph
-
-
 def _size(file: Path) -> int:
     """Bytes of a graph file (an OpenVINO ``.xml`` with its ``.bin``)."""
     weights = file.with_suffix(".bin")
@@ -300,10 +263,8 @@ def _versions(format: str) -> dict[str, str]:  # noqa: A002
     names = ("torch", "onnx", "onnxruntime", *(("openvino", "nncf") if format == "openvino" else ()))
     found = {}
     for name in names:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):  # a runtime not installed
             found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
     return found
 
 
@@ -317,14 +278,13 @@ def _agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
                      texts=len(cosines))
 
 
-def _encode_file(directory: Path, backend: str, quantized: bool, texts: Sequence[str]) -> np.ndarray:
-    """Pooled embeddings of ``texts`` from a written file, computed in fp32 (the file, not the runtime's
-    choice), by the runtime users run it with: the light runtime (``--backend onnx|openvino``, the one
-    encoding loop), or sentence-transformers' modules around the graph
-    (:func:`~neobert_embed.inference.backends.load_backend_model`) for a pipeline the light runtime does
-    not run (a Dense module, for instance)."""
-    from neobert_embed.errors import UserInputError
+def _encode_file(model: SentenceTransformer, directory: Path, backend: str, quantized: bool,
+                 texts: Sequence[str]) -> np.ndarray:
+    """Sentence embeddings of ``texts`` from a written file in fp32 (the file, not the runtime's choice), by
+    what ``--backend onnx|openvino`` runs: the light runtime, through the one encoding loop. A pipeline it
+    refuses (a Dense module) is checked as sentence-transformers' loaders run it (:func:`_encode_around_graph`)."""
     from neobert_embed.inference.light import TORCH_HINT, load_light_model
+    from neobert_embed.inference.runners import locate_graph
 
     fp32 = "fp32" if backend == "openvino" else None
     try:
@@ -332,21 +292,33 @@ def _encode_file(directory: Path, backend: str, quantized: bool, texts: Sequence
     except UserInputError as exc:
         if TORCH_HINT not in str(exc):
             raise
-        from neobert_embed.inference.backends import load_backend_model
-
-        model = load_backend_model(directory, backend, quantized=quantized, inference_precision=fp32)
-        return model.encode(list(texts), batch_size=8, convert_to_numpy=True)
+        return _encode_around_graph(model, locate_graph(directory, backend, quantized).file, backend, texts)
     return light.encode(list(texts), batch_size=8)
 
 
-def _transformer_module(model: SentenceTransformer) -> Transformer:
-    from sentence_transformers.base.modules.transformer import Transformer
+def _encode_around_graph(model: SentenceTransformer, file: Path, backend: str, texts: Sequence[str]) -> np.ndarray:
+    """``model.encode(texts)`` with the graph's hidden states in place of its encoder's (a forward hook on
+    the Transformer module, removed after): sentence-transformers' tokenization, prompts and modules around
+    the file, as its ``backend=`` loaders run it."""
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
 
-    first = model[0]
-    if not isinstance(first, Transformer) or first.auto_model is None:
-        raise UserInputError(f"the model's first module is {type(first).__name__}, not a Hugging Face Transformer "
-                             "encoder; only Transformer-based SentenceTransformers can be exported")
-    return first
+    from neobert_embed.inference.runners import make_runner
+
+    runner = make_runner(file, backend, torch.get_num_threads(), None, "fp32" if backend == "openvino" else None)
+
+    def graph_output(_module: nn.Module, _inputs: object, features: dict[str, Any]) -> dict[str, Any]:
+        zeros = torch.zeros_like(features["input_ids"])  # for token_type_ids the tokenizer did not make
+        hidden = runner({name: features.get(name, zeros).numpy().astype(np.int64) for name in runner.input_names})
+        features["token_embeddings"] = torch.from_numpy(np.asarray(hidden, dtype=np.float32))
+        return features
+
+    hook = model[0].register_forward_hook(graph_output)
+    try:  # sentence-transformers' own encode, which runs the modules (a loader's subclass may not)
+        return SentenceTransformer.encode(model, list(texts), batch_size=8, convert_to_numpy=True)
+    finally:
+        hook.remove()
 
 
 def _traceable_encoder(model: SentenceTransformer) -> tuple[nn.Module, tuple[str, ...]]:
@@ -358,9 +330,15 @@ def _traceable_encoder(model: SentenceTransformer) -> tuple[nn.Module, tuple[str
     import copy
     import inspect
 
+    from sentence_transformers.base.modules.transformer import Transformer
+
     from neobert_embed.modeling import NeoBERTModel
 
-    encoder = copy.deepcopy(_transformer_module(model).auto_model).float().eval()
+    first = model[0]
+    if not isinstance(first, Transformer) or first.auto_model is None:
+        raise UserInputError(f"the model's first module is {type(first).__name__}, not a Hugging Face Transformer "
+                             "encoder; only Transformer-based SentenceTransformers can be exported")
+    encoder = copy.deepcopy(first.auto_model).float().eval()
     if isinstance(encoder, NeoBERTModel):
         encoder.config.attention_backend = "padded"  # the copy only: the saved model keeps its setting
         return _padded_neobert(encoder), ("input_ids", "attention_mask")
@@ -387,14 +365,11 @@ def _last_hidden_state(encoder: nn.Module, names: tuple[str, ...]) -> nn.Module:
 
 
 def _padded_neobert(encoder: NeoBERTModel) -> nn.Module:
-    """NeoBERT's padded reference forward in graph-friendly operations, over ``encoder``'s own layers.
-
-    The same computation as ``attention_backend="padded"`` (masked SDPA over the padded batch),
-    but RoPE rotates adjacent pairs with real cos/sin instead of complex numbers and RMSNorm is
-    written out (opset 17 has neither). Pad positions come out zero, as from the un-padded model.
-    RoPE uses the model's frequencies (YaRN/linear scaling included; ``dynamic`` scaling, which
-    changes them beyond the trained context, keeps its base frequencies).
-    The classes are made here so that importing this module does not import torch.
+    """NeoBERT's padded reference forward (``attention_backend="padded"``: masked SDPA over the padded
+    batch) over ``encoder``'s own layers, in operations a graph holds: un-padding has data-dependent shapes,
+    and opset 17 has neither complex numbers (RoPE rotates adjacent pairs with real cos/sin here, at the
+    model's frequencies; ``dynamic`` scaling keeps its base ones) nor RMSNorm (written out). Pad positions
+    come out zero, as from the un-padded model. Made here so that importing this module imports no torch.
     """
     import torch
     import torch.nn.functional as F
@@ -467,7 +442,9 @@ def _down_projections(file: Path) -> list[str]:
 
 
 def _quantize_onnx(fp32: Path, int8: Path) -> str:
-    """Dynamic int8 (see the module docstring for why these settings); returns the method's description."""
+    """Dynamic int8: per-channel int8 weights of the weight MatMuls and embedding tables, uint8 activations
+    per batch. The FFN's down-projections, whose input is the heavy-tailed GELU/SwiGLU output, stay fp32
+    (docs/performance.md has the agreement with and without). Returns the method's description."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     kept = _down_projections(fp32)
@@ -490,7 +467,8 @@ def _convert_openvino(onnx_file: Path, xml: Path) -> openvino.Model:
 
 def _quantize_openvino(ov_model: openvino.Model, xml: Path, model: SentenceTransformer, inputs: tuple[str, ...],
                        calibration: Sequence[str] | None) -> str:
-    """nncf static int8 with ``calibration`` texts, else int8 weight compression; returns the method."""
+    """nncf static int8 (weights and activations) with ``calibration`` texts, else int8 weight compression
+    (compute stays fp32/bf16: it saves memory more than time); returns the method."""
     import nncf
     import openvino as ov
 

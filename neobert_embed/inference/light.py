@@ -1,28 +1,12 @@
 """The light runtime: an exported model encodes with tokenizers + ONNX Runtime or OpenVINO + numpy, no torch.
 
-Why: importing torch, transformers and sentence-transformers takes seconds, many times longer than
-encoding a few texts (docs/performance.md, "The light runtime"). A user who encodes a handful of texts, searches an index or starts a
-server with an exported model (``neobert-embed export``) needs none of them: the graph holds the
-encoder, and what sentence-transformers does around it is small. This module reads the same files
-sentence-transformers' loaders read and does the same around the graph:
-
-* ``modules.json``: a Transformer (the graph), then Pooling, then optionally Normalize. Any other
-  module (Dense, a custom one) is one error naming it and saying to use ``--backend torch``;
-* the Transformer folder's ``tokenizer.json`` (run by ``tokenizers``), ``tokenizer_config.json``
-  (pad token, padding and truncation side, ``model_max_length``), ``config.json``
-  (``max_position_embeddings``) and ``sentence_bert_config.json`` (``max_seq_length``,
-  ``do_lower_case``): texts are truncated ``longest_first`` to ``max_seq_length`` and padded to the
-  longest of the batch, as sentence-transformers' ``Transformer`` module asks the fast tokenizer to;
-  ``do_lower_case`` puts a Lowercase normalizer first, as it does;
-* ``1_Pooling/config.json``: ``cls``, ``mean``, ``max``, ``mean_sqrt_len_tokens``,
-  ``weightedmean``, ``lasttoken`` (concatenated in that order when several), ``include_prompt``
-  (the prompt's tokens, less a trailing special token, left out of the pooling);
-* ``config_sentence_transformers.json``: prompts, default prompt, similarity, ``truncate_dim``;
-* ``export.json``: the fingerprint of the weights the export came from (:func:`source_fingerprint`),
-  so an index built with the torch model accepts its export.
-
-Its vectors equal sentence-transformers' on the same graph to cosine ≥ 0.99999
-(``tests/test_light.py``).
+Why: importing torch, transformers and sentence-transformers takes seconds, longer than encoding a few
+texts; the graph holds the encoder, and what sentence-transformers does around it is small. This module
+reads the files its loaders read and does the same: ``modules.json`` (Transformer → Pooling → optionally
+Normalize; any other module is one error naming it), the Transformer folder's ``tokenizer.json`` and
+settings, ``1_Pooling/config.json``, ``config_sentence_transformers.json`` (prompts, similarity,
+``truncate_dim``) and ``export.json`` (the pins every file is checked against, :func:`source_fingerprint`).
+:class:`LightModel` is an :class:`~neobert_embed.inference.pipeline.Engine`: it runs the one encoding loop.
 
 Example:
     >>> model = load_light_model("runs/minilm-onnx", "onnx")
@@ -33,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,12 +28,7 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
 from neobert_embed.inference.artifact_hashes import verify_export
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
-from neobert_embed.inference.pipeline import (
-    collect,
-    encode_chunks,
-    encode_tokenized,
-    plan_cpu_batches,
-)
+from neobert_embed.inference.pipeline import collect, encode_chunks, plan_cpu_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
 from neobert_embed.inference.tokenized import Padding, Tokenized
 from neobert_embed.model_files import MODULES_FILE, SavedModule
@@ -86,46 +65,34 @@ def _token_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class LightTokenizer(FastTokenizer):
-    """The model's ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls its fast tokenizer:
-    a :class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer` (truncates, counts what it cut, never
-    pads) read from an export's files; not changed while in use, so safe to call from several threads.
+def read_tokenizer(folder: Path, max_seq_length: int | None, do_lower_case: bool) -> FastTokenizer:
+    """``folder``'s ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls its fast
+    tokenizer; ``max_seq_length`` None: the tokenizer's limit, capped by the encoder's positions.
 
     Example:
-        >>> tokenizer = LightTokenizer.from_directory(Path("runs/minilm-onnx"), 256, do_lower_case=False)
-        >>> tokenizer.batch(["a cat", "a black cat"])["input_ids"].shape
-        (2, 5)
+        >>> read_tokenizer(Path("runs/minilm-onnx"), None, do_lower_case=False).max_seq_length
+        256
     """
+    from tokenizers import Tokenizer
 
-    @classmethod
-    def from_directory(cls, folder: Path, max_seq_length: int | None, do_lower_case: bool) -> LightTokenizer:
-        """Read ``folder``'s tokenizer files; ``max_seq_length`` None: the tokenizer's and the encoder's limit.
-
-        Example:
-            >>> LightTokenizer.from_directory(Path("runs/minilm-onnx"), None, False).max_seq_length
-            256
-        """
-        from tokenizers import Tokenizer
-
-        file = folder / "tokenizer.json"
-        if not file.is_file():
-            raise UserInputError(f"{file} not found: the light runtime reads a fast tokenizer's tokenizer.json; "
-                                 f"{TORCH_HINT}")
-        settings = _json(folder / "tokenizer_config.json")
-        if max_seq_length is None:  # as sentence-transformers: the tokenizer's limit, capped by the positions
-            limits = [settings.get("model_max_length"), _json(folder / "config.json").get("max_position_embeddings")]
-            usable = [int(limit) for limit in limits if isinstance(limit, (int, float)) and 0 < limit < NO_LIMIT]
-            max_seq_length = min(usable) if usable else 512
-        batching = Tokenizer.from_file(str(file))
-        batching.no_truncation()
-        if do_lower_case:
-            _lowercase_first(batching)
-        pad = (_token_text(settings.get("pad_token"))
-               or _token_text(_json(folder / "special_tokens_map.json").get("pad_token")))
-        pad_id = batching.token_to_id(pad) if pad is not None else None
-        padding = Padding(pad_id if pad_id is not None else 0, int(settings.get("pad_token_type_id", 0)),
-                          str(settings.get("padding_side", "right")) == "left")
-        return cls(batching, max_seq_length, str(settings.get("truncation_side", "right")), padding)
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        raise UserInputError(f"{file} not found: the light runtime reads a fast tokenizer's tokenizer.json; "
+                             f"{TORCH_HINT}")
+    settings = _json(folder / "tokenizer_config.json")
+    if max_seq_length is None:
+        limits = [settings.get("model_max_length"), _json(folder / "config.json").get("max_position_embeddings")]
+        usable = [int(limit) for limit in limits if isinstance(limit, (int, float)) and 0 < limit < NO_LIMIT]
+        max_seq_length = min(usable) if usable else 512
+    rust = Tokenizer.from_file(str(file))
+    if do_lower_case:
+        _lowercase_first(rust)
+    pad = (_token_text(settings.get("pad_token"))
+           or _token_text(_json(folder / "special_tokens_map.json").get("pad_token")))
+    pad_id = rust.token_to_id(pad) if pad is not None else None
+    padding = Padding(pad_id if pad_id is not None else 0, int(settings.get("pad_token_type_id", 0)),
+                      str(settings.get("padding_side", "right")) == "left")
+    return FastTokenizer(rust, max_seq_length, str(settings.get("truncation_side", "right")), padding)
 
 
 def _lowercase_first(tokenizer: Tokenizer) -> None:
@@ -177,8 +144,9 @@ class Pooling:
         """Pool ``hidden`` (batch, length, width) over ``mask``; ``prompt_length`` tokens are left out unless
         the prompt is included."""
         original = mask
-        if prompt_length and not self.include_prompt:
-            mask = _without_prompt(mask, prompt_length)
+        if prompt_length and not self.include_prompt:  # the prompt's tokens, after any left padding, left out
+            positions = np.arange(mask.shape[1])[None, :]
+            mask = np.where(positions < (mask.argmax(axis=1) + prompt_length)[:, None], 0, mask)
         weights = mask[..., None].astype(np.float32)
         pooled = []
         for mode in self.modes:
@@ -200,36 +168,23 @@ class Pooling:
         return np.concatenate(pooled, axis=-1).astype(np.float32, copy=False)
 
 
-def _without_prompt(mask: np.ndarray, prompt_length: int) -> np.ndarray:
-    """The mask with the prompt's tokens (after any left padding) set to 0 (sentence-transformers' rule)."""
-    mask = mask.copy()
-    pads = mask.argmax(axis=1)
-    positions = np.arange(mask.shape[1])[None, :]
-    mask[positions < (pads + prompt_length)[:, None]] = 0
-    return mask
-
-
 def _unit_rows(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (``torch.nn.functional.normalize``: norms floored at 1e-12)."""
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
 class LightModel:
-    """An exported model run without torch: what commands and the server need of a SentenceTransformer.
-
-    ``prompts``, ``default_prompt_name``, ``similarity_fn_name``, ``truncate_dim``, ``max_seq_length``,
-    ``get_embedding_dimension()`` and ``encode()`` behave as
-    sentence-transformers' do, so :func:`~neobert_embed.sentence.resolve_prompt`, ``encode_texts`` and
-    the index encoder take either.
+    """An exported model run without torch: the light runtime's engine, and what commands and the server
+    need of a SentenceTransformer (``prompts``, ``default_prompt_name``, ``similarity_fn_name``,
+    ``truncate_dim``, ``max_seq_length``, ``get_embedding_dimension()`` and ``encode()`` behave as its).
 
     Attributes:
-        runner: the runtime (:mod:`neobert_embed.inference.runners`).
-        file: the graph file it runs.
+        runner: the runtime (:mod:`neobert_embed.inference.runners`); ``file``: the graph it runs.
         normalizes: the pipeline ends in a Normalize module.
         source_fingerprint: the weights the export came from (``export.json``), or None.
     """
 
-    def __init__(self, tokenizer: LightTokenizer, runner: Runner, file: Path, pooling: Pooling, *,
+    def __init__(self, tokenizer: FastTokenizer, runner: Runner, file: Path, pooling: Pooling, *,
                  normalizes: bool, settings: dict[str, Any], source_fingerprint: str | None) -> None:
         self.tokenizer = tokenizer
         self.runner = runner
@@ -259,7 +214,7 @@ class LightModel:
         """Width of the sentence embeddings (``truncate_dim`` when the model saved one)."""
         return min(self.truncate_dim or self.pooling.output_dimension, self.pooling.output_dimension)
 
-    def prompt_length(self, prompt: str) -> int:
+    def _prompt_length(self, prompt: str) -> int:
         """Tokens of the prompt alone, less a trailing special token (sentence-transformers' rule)."""
         if prompt not in self._prompt_lengths:
             ids = self.tokenizer.batch([prompt])["input_ids"][0]
@@ -268,7 +223,7 @@ class LightModel:
 
     @property
     def dimension(self) -> int:
-        """Width of the sentence vectors (the :class:`~neobert_embed.inference.pipeline.Engine`'s)."""
+        """Width of the sentence vectors (the :class:`~neobert_embed.inference.pipeline.Engine`'s name)."""
         return self.get_embedding_dimension()
 
     def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
@@ -276,7 +231,7 @@ class LightModel:
         travels with them for the pooling (``include_prompt``). Safe from any thread."""
         tokenized = self.tokenizer.tokenize([prompt + text for text in texts] if prompt else list(texts))
         if prompt:
-            tokenized = replace(tokenized, shared={"prompt_length": self.prompt_length(prompt)})
+            tokenized = replace(tokenized, shared={"prompt_length": self._prompt_length(prompt)})
         return tokenized
 
     def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray:
@@ -304,11 +259,10 @@ class LightModel:
     def encode(self, texts: Sequence[str], *, batch_size: int = 32, prompt: str | None = None,
                prompt_name: str | None = None, normalize_embeddings: bool = False, show_progress_bar: bool = False,
                convert_to_numpy: bool = True) -> np.ndarray:
-        """``SentenceTransformer.encode`` for texts: ``prompt`` (else the saved ``prompt_name``, else the
-        default prompt) prepended; through the one encoding loop
-        (:func:`~neobert_embed.inference.pipeline.encode_chunks`: each text tokenized once, batched by token
-        count, a non-finite row refused); rows in input order, float32. ``show_progress_bar`` and
-        ``convert_to_numpy`` are accepted for the callers that pass them (no bar; always numpy).
+        """``SentenceTransformer.encode`` for texts, through the one encoding loop
+        (:func:`~neobert_embed.inference.pipeline.encode_chunks`): ``prompt``, else the saved ``prompt_name``,
+        else the default prompt; float32 rows in input order. ``show_progress_bar`` and ``convert_to_numpy``
+        are accepted for the callers that pass them (no bar; always numpy).
 
         Example:
             >>> model.encode(["a cat"], prompt_name="query", normalize_embeddings=True).shape
@@ -323,19 +277,6 @@ class LightModel:
         chunks = encode_chunks(self, list(texts), prompt=prompt or None, batch_size=batch_size,
                                normalize=normalize_embeddings)
         return collect(chunks, len(texts), self.dimension)
-
-    def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False,
-                         name_row: Callable[[int], str] | None = None) -> np.ndarray:
-        """Vectors of texts already tokenized by :meth:`tokenize` (rows in order; a prompt's length travels in
-        ``tokenized.shared``) through the one loop
-        (:func:`~neobert_embed.inference.pipeline.encode_tokenized`): the passages of long documents cut from
-        one tokenization (:mod:`neobert_embed.index.passages`).
-
-        Example:
-            >>> model.encode_tokenized(model.tokenize(["a cat"], None)).shape
-            (1, 384)
-        """
-        return encode_tokenized(self, tokenized, batch_size=batch_size, normalize=normalize, name_row=name_row)
 
     @property
     def description(self) -> str:
@@ -383,12 +324,11 @@ def exported_runtime(model: str | Path) -> str | None:
 def _pipeline(directory: Path, modules: list[SavedModule]) -> tuple[Pooling, bool]:
     """The Pooling and whether a Normalize follows; any module the light runtime cannot run is an error."""
     where = directory / MODULES_FILE
-    for entry in modules:
-        kind = entry.type.rsplit(".", 1)[-1]
+    kinds = [entry.type.rsplit(".", 1)[-1] for entry in modules]
+    for entry, kind in zip(modules, kinds, strict=True):
         if kind not in RUNS or not entry.type.startswith("sentence_transformers."):
             raise UserInputError(f"{where}: module {entry.name!r} ({entry.type}) is not one the light runtime runs "
                                  f"(it runs {', '.join(RUNS)}); {TORCH_HINT}")
-    kinds = [entry.type.rsplit(".", 1)[-1] for entry in modules]
     if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
         raise UserInputError(f"{where}: modules {' → '.join(kinds)}: the light runtime runs Transformer → Pooling "
                              f"(→ Normalize); {TORCH_HINT}")
@@ -399,17 +339,12 @@ def load_light_model(path: str | Path, backend: str, *, threads: int | None = No
                      quantized: bool = False, inference_precision: str | None = None) -> LightModel:
     """Load an exported directory to run on ``backend`` (``onnx`` or ``openvino``) without torch.
 
-    Args:
-        path: a directory written by ``neobert-embed export`` (any SentenceTransformer directory with the
-            graph beside its Transformer module and a ``tokenizer.json``).
-        threads: compute threads (default: the CPUs this process may run on).
-        device: ``cpu`` (default), ``cuda[:N]`` for onnxruntime-gpu, or an OpenVINO device.
-        quantized: run the int8 file instead of the fp32 one.
-        inference_precision: OpenVINO only (``fp32`` | ``bf16`` | ``fp16``; default the device's choice).
-
-    Raises:
-        UserInputError: a missing graph or tokenizer, a module the light runtime cannot run (naming it), or a
-            file that differs from the hash the export pinned (:mod:`~neobert_embed.inference.artifact_hashes`).
+    ``path`` is a directory written by ``neobert-embed export`` (or any SentenceTransformer directory with
+    the graph beside its Transformer module and a ``tokenizer.json``); ``threads`` default to the CPUs this
+    process may run on; ``device``, ``quantized`` and ``inference_precision`` choose the runner
+    (:func:`~neobert_embed.inference.runners.make_runner`, :func:`~neobert_embed.inference.runners.locate_graph`).
+    A missing graph or tokenizer, a module the light runtime cannot run, or a file that differs from the
+    export's pins (:mod:`~neobert_embed.inference.artifact_hashes`) is one UserInputError naming it.
 
     Example:
         >>> load_light_model("runs/minilm-openvino", "openvino", inference_precision="fp32").description
@@ -425,8 +360,8 @@ def load_light_model(path: str | Path, backend: str, *, threads: int | None = No
         raise UserInputError(f"{located.transformer_dir / 'sentence_bert_config.json'}: a {task} Transformer with "
                              f"modalities {sorted(settings.get('modality_config') or ['text'])} is not one the light "
                              f"runtime runs (text feature extraction); {TORCH_HINT}")
-    tokenizer = LightTokenizer.from_directory(located.transformer_dir, settings.get("max_seq_length"),
-                                              bool(settings.get("do_lower_case", False)))
+    tokenizer = read_tokenizer(located.transformer_dir, settings.get("max_seq_length"),
+                               bool(settings.get("do_lower_case", False)))
     runner = make_runner(located.file, backend, threads or default_threads(), device, inference_precision)
     return LightModel(tokenizer, runner, located.file, pooling, normalizes=normalizes,
                       settings=_json(directory / "config_sentence_transformers.json"),

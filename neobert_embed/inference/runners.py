@@ -1,12 +1,9 @@
 """The runtimes an exported graph runs on: ONNX Runtime and OpenVINO, token ids in, hidden states out.
 
-Why a module of its own: both the sentence-transformers path (:mod:`neobert_embed.inference.backends`,
-which needs torch) and the torch-free light path (:mod:`neobert_embed.inference.light`) run the same
-files the same way; this module imports neither torch nor sentence-transformers, only numpy and, when a
-runner is made, its runtime.
-
-Threads: ONNX Runtime would otherwise start one thread per core; both runtimes get ``threads``, ONNX
-Runtime one inter-op thread and OpenVINO the latency hint (one request at a time, all threads on it).
+Why a module of its own: the light runtime (:mod:`neobert_embed.inference.light`) and ``export``'s
+check run the same files the same way, and neither may import torch for it: only numpy and, when a
+runner is made, its runtime. Both runtimes get ``threads`` (ONNX Runtime would otherwise start one per
+core), ONNX Runtime one inter-op thread and OpenVINO the latency hint (all threads on one request).
 
 Example:
     >>> runner = OnnxRunner(graph_file("runs/x-onnx", "onnx"), threads=2, device=None)
@@ -27,14 +24,12 @@ from neobert_embed.errors import UserInputError
 from neobert_embed.model_files import MODULES_FILE, SavedModule, saved_modules
 
 BACKENDS = ("onnx", "openvino")
-#: The graph files, relative to the directory of the Transformer module: ``(fp32, int8)`` per backend.
-#: These are the names sentence-transformers' own ``backend=`` loaders look for.
+#: The graph files, relative to the Transformer module's folder: ``(fp32, int8)`` per backend, the names
+#: sentence-transformers' own ``backend=`` loaders look for.
 GRAPH_FILES = {
     "onnx": ("onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"),
     "openvino": ("openvino/openvino_model.xml", "openvino/openvino_model_qint8_quantized.xml"),
 }
-#: Encoder inputs a graph may take, in the order they are exported; its output is ``last_hidden_state``.
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAME = "last_hidden_state"
 #: ``inference_precision`` values and OpenVINO's names for them (ONNX Runtime runs the file's fp32).
 PRECISIONS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -53,22 +48,16 @@ def graph_file(directory: str | Path, backend: str, quantized: bool = False) -> 
 
 
 def unreadable_graph(file: Path, runtime: str, exc: Exception) -> UserInputError:
-    """One line for an exported graph its runtime cannot read (truncated, overwritten, another
-    runtime's), with the runtime's own reason cut to its last line.
-
-    Example:
-        >>> raise unreadable_graph(Path("runs/x-onnx/onnx/model.onnx"), "ONNX", exc)
-        Traceback (most recent call last):
-        UserInputError: runs/x-onnx/onnx/model.onnx: not a readable ONNX model (... Protobuf parsing failed.); ...
-    """
+    """One line for a graph its runtime cannot read (truncated, another runtime's), with the runtime's
+    own reason cut to its last line: ``runs/x-onnx/onnx/model.onnx: not a readable ONNX model (...)``."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
     return UserInputError(f"{file}: not a readable {runtime} model ({reason}); export it again with "
                           f"`neobert-embed export MODEL --format {runtime.lower()} --output DIR --overwrite`")
 
 
 class Runner(Protocol):
-    """What a runtime gives the light path and ``BackendTransformer``: its input names, one line
-    naming it, and the call (named int64 arrays in, ``(batch, length, hidden)`` fp32 out)."""
+    """What a runtime gives the light runtime: its input names, one line naming it, and the call
+    (named int64 arrays in, ``(batch, length, hidden)`` fp32 out)."""
 
     name: str  # the runtime, as users know it: "ONNX Runtime", "OpenVINO"
     input_names: tuple[str, ...]
@@ -79,7 +68,8 @@ class Runner(Protocol):
 
 def make_runner(file: Path, backend: str, threads: int, device: str | None = None,
                 precision: str | None = None) -> OnnxRunner | OpenVINORunner:
-    """The runner of ``backend`` (``onnx`` or ``openvino``) for ``file``; ``precision`` is OpenVINO's only.
+    """The runner of ``backend`` (``onnx`` or ``openvino``) for ``file``; ``precision`` is OpenVINO's only
+    (``fp32`` | ``bf16`` | ``fp16``; None: the device's default, bf16 on CPUs with bf16 units).
 
     Example:
         >>> make_runner(graph_file("runs/x-openvino", "openvino"), "openvino", 2, precision="fp32").description
