@@ -1,19 +1,15 @@
 """The indexes a server searches, reopened when ``index add`` changes them.
 
-Why: ``index add`` replaces an index directory atomically (new FAISS file, store and manifest),
-and a server must serve the new documents without a restart. Each request compares the
-manifest's file identity (inode, size, mtime) with the one opened; when it changed the index is
-reopened once, and requests already searching keep the old one until they finish.
-
-Queries are encoded the index's way (its "query" prompt and normalization). When the index was
-built by the served model itself (same weight fingerprint, max_seq_length and compute precision),
-its queries go through the server's dynamic batcher; otherwise the index's own model is loaded
-beside it, at the precision the index was built at.
+Why: ``index add`` replaces an index directory atomically, and a server must serve the new documents
+without a restart: each request compares the manifest's file identity (inode, size, mtime) with the one
+opened and reopens it once when it changed (searches in flight keep the old version). A directory that
+disappears for good is refused with 503 and reported by ``/health`` until it is back. Queries are
+encoded the index's way: through the server's batcher when the index was built by the served model
+(same weights, max_seq_length and compute precision), else by the index's own model, loaded beside it.
 
 Example:
-    >>> registry = IndexRegistry(["runs/news-index"], served_model=served)
-    >>> entry = registry.get("news-index")
-    >>> entry.index.manifest.documents
+    >>> registry = IndexRegistry(["runs/news-index"], served=served)
+    >>> registry.get("news-index").index.manifest.documents
     7600
 """
 
@@ -34,6 +30,7 @@ from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.inference.runtime import InferenceModel
 from neobert_embed.locks import read_holder
 from neobert_embed.records import INDEX_MANIFEST
+from neobert_embed.serve.errors import APIError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,12 +39,16 @@ logger = logging.getLogger(__name__)
 VANISH_RECHECK_SECONDS = 0.05  # a missing manifest is looked for again once before the index counts as gone
 
 
-class UnknownIndex(UserInputError):
+class UnknownIndex(APIError):
     """A request named an index this server does not serve."""
 
+    status, kind = 404, "not_found"
 
-class IndexGone(UserInputError):
+
+class IndexGone(APIError):
     """A served index whose directory disappeared under the server (answered 503, and /health says so)."""
+
+    status, kind = 503, "index_unavailable"
 
 
 def _stamp(directory: Path) -> tuple[int, int, int] | None:
@@ -105,11 +106,7 @@ class IndexRegistry:
         return list(self.directories)
 
     def get(self, name: str | None) -> OpenIndex:
-        """The current version of index ``name`` (default: the first), reopening it if it changed.
-
-        Raises:
-            UnknownIndex: no index of that name is served.
-        """
+        """The current version of index ``name`` (default: the first), reopened if it changed."""
         if not self.directories:
             raise UnknownIndex("this server has no index; start it with --index DIR to enable /search")
         name = name if name is not None else self.names[0]
@@ -147,12 +144,7 @@ class IndexRegistry:
         return True
 
     def unavailable(self) -> dict[str, str]:
-        """Served indexes whose directory has disappeared, with why (looked at now, nothing opened).
-
-        Example:
-            >>> registry.unavailable()
-            {'news-index': 'its directory runs/news-index (or its manifest.json) disappeared; ...'}
-        """
+        """Served indexes whose directory has disappeared, with why (looked at now, nothing opened)."""
         for name, directory in self.directories.items():
             if _stamp(directory) is None:
                 self._vanished(name, directory)
@@ -170,20 +162,13 @@ class IndexRegistry:
             self.get(name)
 
     def _load(self, name: str, directory: Path, stamp: tuple[int, int, int] | None) -> OpenIndex:
-        manifest = read_manifest(directory)
-        encoder = self._served_encoder()
-        # an export computes as saved whatever precision the index was built at (as `index search` with it)
-        if (encoder is not None and encoder.matches(manifest)
-                and int(self.served.model.max_seq_length) == manifest.max_seq_length
-                and (self.served.backend != "torch" or encoder.compute_precision == manifest.compute_precision)):
-            return OpenIndex(name, open_index(directory, encoder=encoder), stamp, shared=True)
+        manifest, served = read_manifest(directory), self.served
+        if served is not None and served.fingerprint is not None:
+            encoder = IndexEncoder(model=served.model, name=self.model_name, path=None, revision=None,
+                                   fingerprint=served.fingerprint, choice=served.choice,
+                                   similarity=getattr(served.model, "similarity_fn_name", None) or "cosine")
+            # an export computes as saved whatever precision the index was built at (as `index search` with it)
+            if (encoder.matches(manifest) and int(served.model.max_seq_length) == manifest.max_seq_length
+                    and (served.backend != "torch" or encoder.compute_precision == manifest.compute_precision)):
+                return OpenIndex(name, open_index(directory, encoder=encoder), stamp, shared=True)
         return OpenIndex(name, open_index(directory, device=self.device), stamp, shared=False)
-
-    def _served_encoder(self) -> IndexEncoder | None:
-        served = self.served
-        if served is None or served.fingerprint is None:
-            return None
-        return IndexEncoder(model=served.model, name=self.model_name, path=None, revision=None,
-                            fingerprint=served.fingerprint,
-                            similarity=getattr(served.model, "similarity_fn_name", None) or "cosine",
-                            choice=served.choice)

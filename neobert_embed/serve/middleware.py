@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from neobert_embed.serve.errors import error_body
+from neobert_embed.serve.errors import error_response
 from neobert_embed.serve.metrics import ServeMetrics
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class EdgeMiddleware:
             return receive
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and not declared.isdigit():
-            await _reject(send, 400, "Content-Length is not a number", "invalid_request_error")
+            await error_response(400, "Content-Length is not a number")(scope, receive, send)
             return None
         # Read the body even when it is too large (discarding it, up to DRAIN_LIMIT) so the client
         # finishes sending and reads the 413 instead of seeing a reset connection.
@@ -74,8 +74,9 @@ class EdgeMiddleware:
                 chunks.append(chunk)
             more = message.get("more_body", False)
         if size > self.max_body:
-            await _reject(send, 413, f"request body has {size} bytes or more; the limit is {self.max_body} "
-                          "(--max-request-bytes): send fewer or shorter inputs", "request_too_large")
+            await error_response(413, f"request body has {size} bytes or more; the limit is {self.max_body} "
+                                 "(--max-request-bytes): send fewer or shorter inputs",
+                                 "request_too_large")(scope, receive, send)
             return None
         body, sent = b"".join(chunks), False
 
@@ -88,9 +89,3 @@ class EdgeMiddleware:
 
         return replay
 
-
-async def _reject(send: Send, status: int, message: str, kind: str) -> None:
-    body = error_body(status, message, kind)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
