@@ -32,10 +32,9 @@ from neobert_embed.sentence import QUERY_PROMPT
 from neobert_embed.serve import schemas
 from neobert_embed.serve.batcher import DynamicBatcher
 from neobert_embed.serve.engine import Embedder
-from neobert_embed.serve.errors import APIError, install_error_handlers
+from neobert_embed.serve.errors import APIError, EdgeMiddleware, install_error_handlers
 from neobert_embed.serve.indexes import IndexRegistry, OpenIndex
 from neobert_embed.serve.metrics import CONTENT_TYPE, ServeMetrics
-from neobert_embed.serve.middleware import EdgeMiddleware
 from neobert_embed.serve.settings import ServeSettings
 
 if TYPE_CHECKING:

@@ -23,26 +23,20 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from neobert_embed.inference.pipeline import plan_batches
 from neobert_embed.serve.errors import APIError
 
+if TYPE_CHECKING:
+    from neobert_embed.serve.metrics import ServeMetrics
+
 #: The model thread's forward: the inputs of a batch (what ``embed`` was given: a request's tokenized
 #: rows in the server) and each one's prompt, to float32 vectors in that order.
 ForwardFn = Callable[[Sequence[object], Sequence[str | None]], np.ndarray]
 PADDED_MIN_FILL = 0.5  # by default a padded model's batch never pads an input to more than twice its length
-
-
-@runtime_checkable
-class BatchObserver(Protocol):
-    """What the batcher reports (the Prometheus metrics implement it)."""
-
-    def batch_done(self, inputs: int, padded_tokens: int, seconds: float) -> None: ...
-
-    def queue_depth(self, inputs: int) -> None: ...
 
 
 class QueueFull(APIError):
@@ -66,7 +60,7 @@ class DynamicBatcher:
 
     def __init__(self, forward: ForwardFn, *, max_batch_tokens: int = 16384, max_wait_ms: float = 2.0,
                  max_queue: int = 4096, padded: bool = True, min_fill: float | None = None,
-                 observer: BatchObserver | None = None) -> None:
+                 observer: ServeMetrics | None = None) -> None:
         self.forward, self.observer = forward, observer
         self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1000.0, max_queue
         self.padded = padded  # False: the model un-pads, so a batch's budget counts its real tokens
@@ -121,14 +115,6 @@ class DynamicBatcher:
         if self.observer is not None:
             self.observer.queue_depth(len(self._waiting))
 
-    def _take_window(self) -> list[list[_Item]]:
-        """Everything waiting now, cut into batches by the one batching rule; later arrivals wait for the
-        next window, so a short input is never starved by a stream of long ones."""
-        window, self._waiting = self._waiting, []
-        cuts = plan_batches([item.tokens for item in window], max_tokens=self.max_batch_tokens,
-                            min_fill=self.min_fill, padded=self.padded)
-        return [[window[row] for row in rows] for rows in cuts]
-
     def _cost(self, items: list[_Item]) -> int:
         """The tokens a batch of ``items`` computes: inputs x longest, or their real tokens when un-padded."""
         lengths = [item.tokens for item in items]
@@ -149,11 +135,12 @@ class DynamicBatcher:
                 except asyncio.TimeoutError:
                     break
                 self._wake.clear()
-            while self._waiting:
-                batches = self._take_window()
+            while self._waiting:  # what waits now; later arrivals wait for the next window (no starving)
+                window, self._waiting = self._waiting, []
                 self._report_depth()
-                for batch in batches:
-                    await self._run(batch, loop)
+                for rows in plan_batches([item.tokens for item in window], max_tokens=self.max_batch_tokens,
+                                         min_fill=self.min_fill, padded=self.padded):
+                    await self._run([window[row] for row in rows], loop)
 
     async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
         start = time.perf_counter()

@@ -1,18 +1,14 @@
-"""The one model of a server process, whatever runs it: prompts, one tokenization per request, batched forwards.
+"""The server's one engine, whatever runtime runs the model: the prompt rule, one tokenization per
+request, and the batcher's merged rows in one forward per prompt present.
 
-Why: every request must be encoded exactly as ``SentenceTransformer.encode`` would encode it (the
-model's own prompts, max_seq_length, pooling and Normalize module), yet requests from many clients
-share one forward pass. Both runtimes stand behind one :class:`~neobert_embed.inference.pipeline.Engine`
-(the torch pipeline, or an export's light runtime), so the server has one engine: a request is
-tokenized once when it comes (its token counts and the ids the forward reads), and the batcher's
-merged rows go to the engine's ``forward`` in one pass per prompt present. An engine that un-pads
-(NeoBERT, the BERT family) is filled by real tokens, as text-embeddings-inference does.
+Why: requests must be encoded as ``SentenceTransformer.encode`` would (the model's prompts,
+max_seq_length, pooling, Normalize), yet share forward passes. Both runtimes (torch, an export's light
+runtime) stand behind one :class:`~neobert_embed.inference.pipeline.Engine`, so the server holds one engine:
+a request is tokenized once when it comes (its token counts and the ids the forward reads).
 
 Example:
     >>> engine = Embedder(load_inference_model("sentence-transformers/all-MiniLM-L6-v2", "fp32"))
     >>> rows = engine.tokenize(["a cat", "a dog"], engine.prompt_for(None))
-    >>> rows.lengths.tolist()
-    [4, 4]
     >>> engine.forward([(rows, 0), (rows, 1)], [None, None]).shape
     (2, 384)
 """

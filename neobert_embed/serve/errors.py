@@ -1,25 +1,34 @@
-"""Error responses: every refusal is a 4xx JSON body with a one-line message, never a crash.
+"""Refusals: every one a 4xx JSON body with a one-line message, never a crash, from the edge in.
 
-Why: clients (the ``openai`` package included) read ``{"error": {"message", "type", "code"}}``;
-a malformed body, an unknown index or a full queue must tell the caller what to change while the
-server keeps serving. Unexpected exceptions become a 500 with the exception's class, logged once.
+Why: clients (the ``openai`` package included) read ``{"error": {"message", "type", "code"}}``; a
+malformed body, an unknown index or a full queue must tell the caller what to change while the server
+keeps serving; an unexpected exception becomes a 500 naming its class, logged once. A 5 MB body is
+refused (413) before it is parsed, declared or not, by :class:`EdgeMiddleware`, a pure ASGI middleware
+(no per-request cost of Starlette's ``BaseHTTPMiddleware``) that also counts and times every response.
 
 Example:
+    >>> app = EdgeMiddleware(fastapi_app, metrics=ServeMetrics(), max_body=2_000_000)
     >>> raise APIError("3000 inputs; the limit is 2048 (--max-inputs)", 413, "request_too_large")
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 from neobert_embed.errors import UserInputError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
+    from starlette.types import ASGIApp, Receive, Send
+
+    from neobert_embed.serve.metrics import ServeMetrics
 
 logger = logging.getLogger("neobert_embed.serve")
+Scope = dict[str, Any]
+DRAIN_LIMIT = 64 * 1024 * 1024  # a too-large body is read (and dropped) up to this, so the client reads the 413
 
 
 class APIError(Exception):
@@ -81,3 +90,66 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s", request.url.path)
         return error_response(500, f"internal error ({exc.__class__.__name__}); see the server log", "server_error")
+
+
+class EdgeMiddleware:
+    """Buffers request bodies up to ``max_body`` bytes (413 beyond) and records request metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics, max_body: int) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.in_progress.inc()
+        try:
+            replay = await self._bounded_body(scope, receive, send_and_record)
+            if replay is not None:
+                await self.app(scope, replay, send_and_record)
+        finally:
+            self.metrics.in_progress.dec()
+            self.metrics.observe_request(scope.get("path", ""), status, time.perf_counter() - start)
+
+    async def _bounded_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """A ``receive`` replaying the whole body, or None when a 413 was already sent (h11 refuses a
+        Content-Length that is not a number before the app is called)."""
+        if scope.get("method") not in {"POST", "PUT", "PATCH"}:
+            return receive
+        chunks, size, more = [], 0, True
+        while more and size <= DRAIN_LIMIT:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_body:
+                chunks.append(chunk)
+            more = message.get("more_body", False)
+        if size > self.max_body:
+            await error_response(413, f"request body has {size} bytes or more; the limit is {self.max_body} "
+                                 "(--max-request-bytes): send fewer or shorter inputs",
+                                 "request_too_large")(scope, receive, send)
+            return None
+        body, sent = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay
+
