@@ -1,12 +1,10 @@
 """Dynamic batching: the inputs of concurrent requests merged into token-budgeted, length-ordered batches.
 
-Why: a forward pass over one short text costs almost as much as over thirty, and a naive merge wastes
-the gain on padding. Waiting inputs are cut by :func:`~neobert_embed.inference.pipeline.plan_batches`,
-the rule every command's encoding follows (padded tokens, or real ones for an engine that un-pads,
-``padded=False``); a padded model's batch never pads an input to more than 1/``min_fill`` its length.
-While a batch runs, new requests queue up for the next, so under load batches fill by themselves and
-``max_wait_ms`` only matters when the model is idle. The forward runs in ONE worker thread, never on
-the event loop; the queue is bounded (:class:`QueueFull`: 503 + Retry-After, not unbounded growth).
+Why: a forward pass over one short text costs almost as much as over thirty. Waiting inputs are cut by
+:func:`~neobert_embed.inference.pipeline.plan_batches`, every command's batching rule (padded tokens, or
+real ones for an engine that un-pads); while a batch runs, new requests queue for the next, so under
+load batches fill by themselves. The forward runs in ONE worker thread, never on the event loop; the
+queue is bounded (:class:`QueueFull`: 503 + Retry-After).
 
 Example:
     >>> batcher = DynamicBatcher(engine.forward, max_batch_tokens=16384, max_wait_ms=2, max_queue=4096)

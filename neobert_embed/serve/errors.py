@@ -96,9 +96,7 @@ class EdgeMiddleware:
     """Buffers request bodies up to ``max_body`` bytes (413 beyond) and records request metrics."""
 
     def __init__(self, app: ASGIApp, metrics: ServeMetrics, max_body: int) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.max_body = max_body
+        self.app, self.metrics, self.max_body = app, metrics, max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -142,14 +140,10 @@ class EdgeMiddleware:
                                  "(--max-request-bytes): send fewer or shorter inputs",
                                  "request_too_large")(scope, receive, send)
             return None
-        body, sent = b"".join(chunks), False
+        whole = iter([{"type": "http.request", "body": b"".join(chunks), "more_body": False}])
 
         async def replay() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            return next(whole, None) or await receive()
 
         return replay
 

@@ -1,11 +1,10 @@
 """The indexes a server searches, reopened when ``index add`` changes them.
 
 Why: ``index add`` replaces an index directory atomically, and a server must serve the new documents
-without a restart: each request compares the manifest's file identity (inode, size, mtime) with the one
-opened and reopens it once when it changed (searches in flight keep the old version). A directory that
-disappears for good is refused with 503 and reported by ``/health`` until it is back. Queries are
-encoded the index's way: through the server's batcher when the index was built by the served model
-(same weights, max_seq_length and compute precision), else by the index's own model, loaded beside it.
+without a restart: each request compares the manifest's identity (inode, size, mtime) with the one
+opened and reopens it when it changed. A directory gone for good is refused (503) and reported by
+``/health`` until it is back. Queries go through the server's batcher when the index was built by the
+served model (same weights, max_seq_length and compute precision), else through the index's own model.
 
 Example:
     >>> registry = IndexRegistry(["runs/news-index"], served=served)
@@ -85,9 +84,7 @@ class IndexRegistry:
 
     def __init__(self, directories: Sequence[str | Path], served: InferenceModel | None = None,
                  model_name: str = "", device: str | None = None) -> None:
-        self.served = served
-        self.model_name = model_name
-        self.device = device
+        self.served, self.model_name, self.device = served, model_name, device
         self.directories: dict[str, Path] = {}
         for directory in map(Path, directories):
             name = directory.resolve().name
@@ -117,14 +114,10 @@ class IndexRegistry:
         if stamp is None and self._vanished(name, directory):
             raise IndexGone(f"index {name!r} is unavailable: {self.gone[name]}")
         self._back(name)
-        current = self._open.get(name)
-        if current is not None and (stamp is None or stamp == current.stamp):
-            return current
         with self._lock:
             current = self._open.get(name)
-            if current is None or (stamp is not None and stamp != current.stamp):
-                current = self._load(name, directory, stamp)
-                self._open[name] = current  # the old version is released when its searches end
+            if current is None or (stamp is not None and stamp != current.stamp):  # the old version is
+                current = self._open[name] = self._load(name, directory, stamp)  # released when its searches end
         return current
 
     def _vanished(self, name: str, directory: Path) -> bool:

@@ -1,8 +1,7 @@
 """Request and response bodies of the server (they also make the OpenAPI docs at ``/docs``).
 
-Why: validation belongs at the edge. Wrong types, empty lists, unknown fields, ``k`` out of range
-or a ``dimensions`` below 1 are refused with 422 and a message naming the field before any work is
-queued. Types are strict (``123`` is not silently turned into ``"123"``, nor ``"8"`` into 8).
+Why: wrong types (strict: ``123`` is not turned into ``"123"``), empty lists, unknown fields or ``k``
+out of range are refused with 422 and a message naming the field before any work is queued.
 
 Example:
     >>> EmbeddingsRequest.model_validate({"input": ["a cat"], "model": "minilm"}).texts
