@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from neobert_embed.errors import UserInputError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
-    from starlette.types import ASGIApp, Receive, Send
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
     from neobert_embed.serve.metrics import ServeMetrics
 
 logger = logging.getLogger("neobert_embed.serve")
-Scope = dict[str, Any]
 DRAIN_LIMIT = 64 * 1024 * 1024  # a too-large body is read (and dropped) up to this, so the client reads the 413
 
 

@@ -114,10 +114,10 @@ class IndexRegistry:
         if stamp is None and self._vanished(name, directory):
             raise IndexGone(f"index {name!r} is unavailable: {self.gone[name]}")
         self._back(name)
-        with self._lock:
+        with self._lock:  # a changed index is reopened once; searches in flight finish on the old version
             current = self._open.get(name)
-            if current is None or (stamp is not None and stamp != current.stamp):  # the old version is
-                current = self._open[name] = self._load(name, directory, stamp)  # released when its searches end
+            if current is None or (stamp is not None and stamp != current.stamp):
+                current = self._open[name] = self._load(name, directory, stamp)
         return current
 
     def _vanished(self, name: str, directory: Path) -> bool:
