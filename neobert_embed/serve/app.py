@@ -76,7 +76,6 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
     batcher = DynamicBatcher(engine.forward, max_batch_tokens=settings.max_batch_tokens, padded=not engine.unpads,
                              max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue, observer=metrics)
     registry = IndexRegistry(settings.indexes, served=served, model_name=settings.name, device=settings.device)
-    registry.open_all()
     return ServerState(settings, engine, batcher, registry, metrics, settings.resolved_api_key(), time.time())
 
 

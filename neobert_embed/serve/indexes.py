@@ -96,6 +96,8 @@ class IndexRegistry:
         self._open: dict[str, OpenIndex] = {}
         self.gone: dict[str, str] = {}  # indexes whose directory disappeared: why each is refused
         self._lock = threading.Lock()
+        for name in self.names:  # opened now, so the first request does not pay for it
+            self.get(name)
 
     @property
     def names(self) -> list[str]:
@@ -148,11 +150,6 @@ class IndexRegistry:
     def _back(self, name: str) -> None:
         if self.gone.pop(name, None) is not None:
             logger.warning("index %r is back; searching it again", name)
-
-    def open_all(self) -> None:
-        """Open every index now (at startup) so the first request does not pay for it."""
-        for name in self.names:
-            self.get(name)
 
     def _load(self, name: str, directory: Path, stamp: tuple[int, int, int] | None) -> OpenIndex:
         manifest, served = read_manifest(directory), self.served

@@ -26,8 +26,7 @@ class ServeMetrics:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        self.registry = CollectorRegistry()
-        r = self.registry
+        self.registry = r = CollectorRegistry()
         self.requests = Counter("neobert_embed_requests", "HTTP requests by endpoint and status code.",
                                 ["endpoint", "code"], registry=r)
         self.errors = Counter("neobert_embed_errors", "Error responses (4xx/5xx) by status code.", ["code"],
