@@ -105,6 +105,48 @@ def test_the_server_budget_counts_real_tokens_for_an_unpadded_bert(served):
     assert state.engine.unpads and not state.batcher.padded and state.batcher.min_fill == 0.0
 
 
+def _count_rust_tokenizer_calls(holder: object, calls: list[str]) -> None:
+    """Wrap every ``tokenizers.Tokenizer`` that ``holder`` keeps, so each ``encode*`` call is recorded."""
+    from tokenizers import Tokenizer
+
+    class Counting:
+        def __init__(self, inner: Tokenizer) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str):
+            value = getattr(self._inner, name)
+            if not name.startswith("encode"):
+                return value
+            return lambda *args, **kwargs: (calls.append(name), value(*args, **kwargs))[1]
+
+    wrapped = {name: Counting(value) for name, value in vars(holder).items() if isinstance(value, Tokenizer)}
+    assert wrapped, f"no Rust tokenizer found in {type(holder).__name__}"
+    vars(holder).update(wrapped)
+
+
+def test_an_export_is_served_by_the_same_engine_tokenizing_a_request_once(tiny_onnx):
+    """``serve --backend onnx`` runs the one server engine: a request is tokenized once by the export's Rust
+    tokenizer (no count-then-embed double work), a too-long text gets the same 413, and the vectors are the
+    light runtime's ``encode``."""
+    from fastapi.testclient import TestClient
+
+    from neobert_embed.inference.light import load_light_model
+    from neobert_embed.serve.app import create_app
+    from neobert_embed.serve.settings import ServeSettings
+
+    app = create_app(ServeSettings(model=str(tiny_onnx), backend="onnx", max_input_tokens=16))
+    calls: list[str] = []
+    with TestClient(app) as client:
+        assert client.post("/embed", json={"inputs": SHORT}).status_code == 200  # warm
+        _count_rust_tokenizer_calls(app.app.state.server.engine.model.tokenizer, calls)
+        response = client.post("/embed", json={"inputs": SHORT[:2], "normalize": False})
+        assert response.status_code == 200 and len(calls) == 1, calls
+        too_long = client.post("/embed", json={"inputs": ["word " * 40]})
+    assert too_long.status_code == 413 and "more than 16 tokens" in too_long.json()["error"]["message"]
+    expected = load_light_model(tiny_onnx, "onnx", threads=1).encode(SHORT[:2])
+    np.testing.assert_allclose(np.array(response.json()), expected, atol=1e-5)
+
+
 def test_plan_batches_counts_real_tokens_when_asked():
     from neobert_embed.inference.pipeline import plan_batches
 

@@ -164,7 +164,7 @@ def test_one_prompt_rule_for_every_command_and_the_server(prompted_minilm, minil
     assert manifest["prompts"] == {"query": "query: ", "document": ""}  # what was applied to each side, recorded
     assert "; no document prompt" in built.stderr
 
-    engine = Embedder(load_inference_model(str(prompted_minilm), "fp32"), "minilm-prompted")
+    engine = Embedder(load_inference_model(str(prompted_minilm), "fp32"))
     assert engine.prompt_for(None) == "passage: " and engine.prompt_for("query") == "query: "
     with pytest.raises(UserInputError, match="prompt_name 'nope': the model has no such prompt"):
         engine.prompt_for("nope")

@@ -2,8 +2,8 @@
 
 Why: applications already speak the OpenAI embeddings API and Hugging Face TEI's ``/embed``; a
 trained model and a FAISS index become a product when those clients can query them unchanged.
-Handlers only validate, count tokens and format: encoding goes through the dynamic batcher (one
-worker thread), searching through the index registry, so the event loop is never blocked.
+Handlers only validate, tokenize (once) and format: encoding goes through the dynamic batcher (one
+model thread), searching through the index registry, so the event loop is never blocked.
 
 Example:
     >>> app = create_app(ServeSettings(model="sentence-transformers/all-MiniLM-L6-v2"))
@@ -26,36 +26,22 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from neobert_embed.errors import UserInputError
 from neobert_embed.index.integrity import check_index_files
 from neobert_embed.inference.runtime import InferenceModel, load_inference_model
 from neobert_embed.sentence import QUERY_PROMPT
+from neobert_embed.serve import schemas
 from neobert_embed.serve.batcher import DynamicBatcher
 from neobert_embed.serve.engine import Embedder
-from neobert_embed.serve.errors import APIError, install_error_handlers
+from neobert_embed.serve.errors import APIError, EdgeMiddleware, install_error_handlers
 from neobert_embed.serve.indexes import IndexRegistry, OpenIndex
 from neobert_embed.serve.metrics import CONTENT_TYPE, ServeMetrics
-from neobert_embed.serve.middleware import EdgeMiddleware
-from neobert_embed.serve.schemas import (
-    EmbeddingsRequest,
-    EmbeddingsResponse,
-    EmbedRequest,
-    ErrorResponse,
-    ModelList,
-    SearchRequest,
-    SearchResponse,
-)
 from neobert_embed.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from neobert_embed.index import Hit
-    from neobert_embed.inference.tokenized import Tokenized
 
-INLINE_COUNT_CHARS = 4096  # requests up to this many characters are tokenized on the event loop
-PADDED_MIN_FILL = 0.5  # a padded model's batch never pads an input to more than twice its length
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (401, 413, 422, 503)}
+INLINE_TOKENIZE_CHARS = 4096  # requests up to this many characters are tokenized on the event loop
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": schemas.ErrorResponse} for code in (401, 413, 422, 503)}
 
 
 @dataclass
@@ -68,12 +54,11 @@ class ServerState:
     indexes: IndexRegistry
     metrics: ServeMetrics
     api_key: str | None
-    max_input_tokens: int
     started: float
 
 
 def build_state(settings: ServeSettings, served: InferenceModel | None = None) -> ServerState:
-    """Load the model (once), open the indexes and set up batching and metrics.
+    """Load the model (once; an export runs without torch), open the indexes, set up batching and metrics.
 
     Example:
         >>> state = build_state(ServeSettings(model="runs/my-embedder", indexes=["runs/my-index"]))
@@ -86,22 +71,12 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
     if served is None:
         served = load_inference_model(settings.model, settings.precision, device=settings.device,
                                       fingerprint=bool(settings.indexes), backend=settings.backend, spread=False)
-    engine = Embedder(served, settings.name)  # either runtime: one engine (an export runs without torch)
-    limit = settings.max_input_tokens or engine.max_seq_length
-    if limit > engine.max_seq_length:
-        raise UserInputError(f"--max-input-tokens {limit} is more than the model's max_seq_length "
-                             f"{engine.max_seq_length}: the model cannot read longer inputs")
-    if limit < engine.max_seq_length:  # the user asked for a shorter limit: truncation cuts there too
-        engine.set_max_seq_length(limit)
+    engine = Embedder(served, settings.max_input_tokens)
     metrics = ServeMetrics()
-    batcher = DynamicBatcher(engine.forward, max_batch_tokens=settings.max_batch_tokens,
-                             max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue,
-                             min_fill=0.0 if engine.unpads else PADDED_MIN_FILL, observer=metrics,
-                             padded=not engine.unpads)
+    batcher = DynamicBatcher(engine.forward, max_batch_tokens=settings.max_batch_tokens, padded=not engine.unpads,
+                             max_wait_ms=settings.max_wait_ms, max_queue=settings.max_queue, observer=metrics)
     registry = IndexRegistry(settings.indexes, served=served, model_name=settings.name, device=settings.device)
-    registry.open_all()
-    return ServerState(settings, engine, batcher, registry, metrics, settings.resolved_api_key(), limit,
-                       time.time())
+    return ServerState(settings, engine, batcher, registry, metrics, settings.resolved_api_key(), time.time())
 
 
 def create_app(settings: ServeSettings, served: InferenceModel | None = None) -> FastAPI:
@@ -125,25 +100,22 @@ def create_app(settings: ServeSettings, served: InferenceModel | None = None) ->
     bearer = HTTPBearer(auto_error=False, description="The server's API key (--api-key).")
 
     async def authorized(credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
-        if state.api_key is None:
-            return
         given = credentials.credentials if credentials is not None else ""
-        if not secrets.compare_digest(given.encode(), state.api_key.encode()):
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+        if state.api_key is not None and not secrets.compare_digest(given.encode(), state.api_key.encode()):
+            raise APIError("missing or wrong API key: send 'Authorization: Bearer <key>'", 401,
                            "authentication_error", {"WWW-Authenticate": "Bearer"})
 
     guarded = [Depends(authorized)]
 
-    @app.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=ERRORS, dependencies=guarded,
-              tags=["OpenAI"])
-    async def openai_embeddings(body: EmbeddingsRequest) -> Response:
+    @app.post("/v1/embeddings", response_model=schemas.EmbeddingsResponse, responses=ERRORS,
+              dependencies=guarded, tags=["OpenAI"])
+    async def openai_embeddings(body: schemas.EmbeddingsRequest) -> Response:
         """Embed ``input`` (OpenAI-compatible); ``dimensions`` truncates and renormalizes. The server
         holds one model, so any ``model`` value is answered by it (as TEI does): clients send whatever
         name their user configured."""
         prompt = state.engine.prompt_for(body.prompt_name)
-        vectors, tokens = await _embed(state, "/v1/embeddings", body.texts, prompt, state.settings.truncate)
-        if body.dimensions is not None:
-            vectors = _normalized(_truncated(vectors, body.dimensions, state.engine.dimension))
+        vectors, tokens = await _embed(state, "/v1/embeddings", body.texts, prompt, state.settings.truncate,
+                                       body.dimensions, normalize=body.dimensions is not None)
         data = ([base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in vectors]
                 if body.encoding_format == "base64" else vectors.tolist())
         return JSONResponse({
@@ -152,7 +124,7 @@ def create_app(settings: ServeSettings, served: InferenceModel | None = None) ->
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         })
 
-    @app.get("/v1/models", response_model=ModelList, dependencies=guarded, tags=["OpenAI"])
+    @app.get("/v1/models", response_model=schemas.ModelList, dependencies=guarded, tags=["OpenAI"])
     async def models() -> dict:
         """The served model."""
         return {"object": "list", "data": [{"id": state.settings.name, "object": "model",
@@ -160,20 +132,16 @@ def create_app(settings: ServeSettings, served: InferenceModel | None = None) ->
                                             "precision": state.engine.served.choice.to_json()}]}
 
     @app.post("/embed", response_model=list[list[float]], responses=ERRORS, dependencies=guarded, tags=["TEI"])
-    async def tei_embed(body: EmbedRequest) -> Response:
+    async def tei_embed(body: schemas.EmbedRequest) -> Response:
         """Embed ``inputs`` (TEI-compatible): a list of vectors."""
         truncate = state.settings.truncate if body.truncate is None else body.truncate
         prompt = state.engine.prompt_for(body.prompt_name)
-        vectors, _ = await _embed(state, "/embed", body.texts, prompt, truncate)
-        if body.dimensions is not None:
-            vectors = _truncated(vectors, body.dimensions, state.engine.dimension)
-        if body.normalize:
-            vectors = _normalized(vectors)
+        vectors, _ = await _embed(state, "/embed", body.texts, prompt, truncate, body.dimensions, body.normalize)
         return JSONResponse(vectors.tolist())
 
-    @app.post("/search", response_model=SearchResponse, responses={**ERRORS, 404: {"model": ErrorResponse}},
+    @app.post("/search", response_model=schemas.SearchResponse, responses={**ERRORS, 404: ERRORS[422]},
               dependencies=guarded, tags=["Search"])
-    async def search(body: SearchRequest) -> Response:
+    async def search(body: schemas.SearchRequest) -> Response:
         """Top-``k`` documents of a served index for ``query`` or each of ``queries``."""
         entry = await run_in_threadpool(state.indexes.get, body.index)
         hits = await _search(state, entry, body.texts, body.k)
@@ -203,39 +171,40 @@ def create_app(settings: ServeSettings, served: InferenceModel | None = None) ->
 
 def _check_texts(state: ServerState, texts: list[str]) -> None:
     if len(texts) > state.settings.max_inputs:
-        raise APIError(413, f"{len(texts)} inputs; the limit is {state.settings.max_inputs} per request "
-                       "(--max-inputs): split the request", "request_too_large")
+        raise APIError(f"{len(texts)} inputs; the limit is {state.settings.max_inputs} per request "
+                       "(--max-inputs): split the request", 413, "request_too_large")
     for i, text in enumerate(texts):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise APIError(422, f"input[{i}] is not valid Unicode ({exc.reason} at character {exc.start}): "
+            raise APIError(f"input[{i}] is not valid Unicode ({exc.reason} at character {exc.start}): "
                            "send UTF-8 text") from None
 
 
-async def _tokenized(state: ServerState, path: str, texts: list[str], prompt: str | None,
-                     truncate: bool) -> Tokenized:
-    """The request's texts tokenized once, as encoded (truncated); 413 for too-long ones unless truncating."""
+async def _embed(state: ServerState, path: str, texts: list[str], prompt: str | None, truncate: bool,
+                 dimensions: int | None = None, normalize: bool = False) -> tuple[np.ndarray, int]:
+    """The vectors (cut at ``dimensions``) and tokens of a request, tokenized once: 413 for a too-long text
+    unless truncating, 422 for more dimensions than the model's, before any work is queued."""
     _check_texts(state, texts)
-    if sum(map(len, texts)) <= INLINE_COUNT_CHARS:  # ~0.1 ms of tokenizing: no thread hop
+    if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # ~0.1 ms of tokenizing: no thread hop
         tokenized = state.engine.tokenize(texts, prompt)
     else:
         tokenized = await run_in_threadpool(state.engine.tokenize, texts, prompt)
-    limit = state.max_input_tokens
     if not truncate and tokenized.cut is not None and tokenized.cut.any():
-        i = int(np.argmax(tokenized.cut))
-        raise APIError(413, f"input[{i}] has more than {limit} tokens; the limit is {limit} (--max-input-tokens): "
-                       "shorten it, or ask for truncation (truncate: true / --truncate)", "request_too_large")
-    state.metrics.observe_inputs(path, len(texts), int(tokenized.lengths.sum()))
-    return tokenized
-
-
-async def _embed(state: ServerState, path: str, texts: list[str], prompt: str | None,
-                 truncate: bool) -> tuple[np.ndarray, int]:
-    tokenized = await _tokenized(state, path, texts, prompt, truncate)
-    rows = [(tokenized, row) for row in range(len(texts))]
-    vectors = await state.batcher.embed(rows, prompt, tokenized.lengths.tolist())
-    return vectors, int(tokenized.lengths.sum())
+        limit = state.engine.max_seq_length
+        raise APIError(f"input[{int(np.argmax(tokenized.cut))}] has more than {limit} tokens; the limit is "
+                       f"{limit} (--max-input-tokens): shorten it, or ask for truncation (truncate: true / "
+                       "--truncate)", 413, "request_too_large")
+    if dimensions is not None and dimensions > state.engine.dimension:
+        raise APIError(f"dimensions={dimensions} is larger than the model's {state.engine.dimension}")
+    tokens = int(tokenized.lengths.sum())
+    state.metrics.observe_inputs(path, len(texts), tokens)
+    vectors = await state.batcher.embed([(tokenized, row) for row in range(len(texts))], prompt,
+                                        tokenized.lengths.tolist())
+    vectors = vectors[:, :dimensions]
+    if normalize:
+        vectors = (vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+    return vectors, tokens
 
 
 async def _search(state: ServerState, entry: OpenIndex, texts: list[str], k: int) -> list[list[Hit]]:
@@ -244,18 +213,6 @@ async def _search(state: ServerState, entry: OpenIndex, texts: list[str], k: int
         state.metrics.observe_inputs("/search", len(texts), 0)
         return await state.batcher.run_exclusive(lambda: entry.search(texts, k))  # type: ignore[return-value]
     manifest = entry.index.manifest  # queries get the index's prompt and normalization
-    vectors, _ = await _embed(state, "/search", texts, manifest.prompts.get(QUERY_PROMPT) or None, truncate=True)
-    if manifest.normalized:
-        vectors = _normalized(vectors)
+    vectors, _ = await _embed(state, "/search", texts, manifest.prompts.get(QUERY_PROMPT) or None, truncate=True,
+                              normalize=manifest.normalized)
     return await run_in_threadpool(entry.hits, vectors, k)
-
-
-def _truncated(vectors: np.ndarray, dimensions: int, width: int) -> np.ndarray:
-    if dimensions > width:
-        raise APIError(422, f"dimensions={dimensions} is larger than the model's {width}")
-    return vectors[:, :dimensions]
-
-
-def _normalized(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)

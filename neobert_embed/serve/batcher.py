@@ -1,19 +1,10 @@
-"""Dynamic batching: inputs of concurrent requests merged into token-budgeted, length-ordered batches.
+"""Dynamic batching: the inputs of concurrent requests merged into token-budgeted, length-ordered batches.
 
-Why: one request at a time wastes the hardware (a forward pass over one short text costs almost
-as much as over thirty), and a naive merge wastes it on padding. Waiting inputs are sorted by
-token count and cut into batches whose padded size (inputs × longest) stays within
-``max_batch_tokens`` (:func:`~neobert_embed.inference.pipeline.plan_batches`, the rule every
-command's encoding follows; real tokens for a model that un-pads, ``padded=False``); while a batch runs, new requests queue up and form the next one, so under
-load batches fill by themselves and ``max_wait_ms`` only matters when the model is idle. For a
-model that computes over padding (BERT, MiniLM…), ``min_fill`` keeps a paragraph from padding a batch
-of short sentences to its length (4x the compute in a measured 8-text batch); NeoBERT drops
-padding inside the model, so its batches need no such cut.
-
-The forward pass runs in ONE worker thread (one model instance per process, no oversubscribed
-cores), never on the event loop. The queue is bounded: when it holds ``max_queue`` inputs a new
-request is refused with :class:`QueueFull` (the server answers 503 + Retry-After) instead of
-growing without bound.
+Why: a forward pass over one short text costs almost as much as over thirty. Waiting inputs are cut by
+:func:`~neobert_embed.inference.pipeline.plan_batches`, every command's batching rule (padded tokens, or
+real ones for an engine that un-pads); while a batch runs, new requests queue for the next, so under
+load batches fill by themselves. The forward runs in ONE worker thread, never on the event loop; the
+queue is bounded (:class:`QueueFull`: 503 + Retry-After).
 
 Example:
     >>> batcher = DynamicBatcher(engine.forward, max_batch_tokens=16384, max_wait_ms=2, max_queue=4096)
@@ -29,56 +20,49 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from neobert_embed.inference.pipeline import plan_batches
+from neobert_embed.serve.errors import APIError
+
+if TYPE_CHECKING:
+    from neobert_embed.serve.metrics import ServeMetrics
 
 #: The model thread's forward: the inputs of a batch (what ``embed`` was given: a request's tokenized
 #: rows in the server) and each one's prompt, to float32 vectors in that order.
 ForwardFn = Callable[[Sequence[object], Sequence[str | None]], np.ndarray]
+PADDED_MIN_FILL = 0.5  # by default a padded model's batch never pads an input to more than twice its length
 
 
-@runtime_checkable
-class BatchObserver(Protocol):
-    """What the batcher reports (the Prometheus metrics implement it)."""
-
-    def batch_done(self, inputs: int, padded_tokens: int, seconds: float) -> None: ...
-
-    def queue_depth(self, inputs: int) -> None: ...
-
-
-class QueueFull(Exception):
+class QueueFull(APIError):
     """The bounded queue cannot take a request's inputs now; retry after ``retry_after`` seconds."""
 
     def __init__(self, waiting: int, limit: int, retry_after: int = 1) -> None:
-        super().__init__(f"server busy: {waiting} inputs queued (limit {limit}); retry in {retry_after} s")
-        self.retry_after = retry_after
+        super().__init__(f"server busy: {waiting} inputs queued (limit {limit}); retry in {retry_after} s",
+                         503, "server_busy", {"Retry-After": str(retry_after)})
 
 
-@dataclass(order=True)
+@dataclass
 class _Item:
     tokens: int
-    text: object = field(compare=False)
-    prompt: str | None = field(compare=False)
-    future: asyncio.Future = field(compare=False)
+    text: object
+    prompt: str | None
+    future: asyncio.Future
 
 
 class DynamicBatcher:
     """Merges concurrent ``embed`` calls into token-budgeted batches run by one worker thread."""
 
     def __init__(self, forward: ForwardFn, *, max_batch_tokens: int = 16384, max_wait_ms: float = 2.0,
-                 max_queue: int = 4096, min_fill: float = 0.0, observer: BatchObserver | None = None,
-                 padded: bool = True) -> None:
-        self.forward = forward
-        self.max_batch_tokens = max_batch_tokens
+                 max_queue: int = 4096, padded: bool = True, min_fill: float | None = None,
+                 observer: ServeMetrics | None = None) -> None:
+        self.forward, self.observer = forward, observer
+        self.max_batch_tokens, self.max_wait_s, self.max_queue = max_batch_tokens, max_wait_ms / 1000.0, max_queue
         self.padded = padded  # False: the model un-pads, so a batch's budget counts its real tokens
-        self.min_fill = min_fill
-        self.max_wait_s = max_wait_ms / 1000.0
-        self.max_queue = max_queue
-        self.observer = observer
+        self.min_fill = (PADDED_MIN_FILL if padded else 0.0) if min_fill is None else min_fill
         self.pending = 0  # inputs accepted and not yet answered (queued or being encoded)
         self._waiting: list[_Item] = []
         self._wake: asyncio.Event | None = None
@@ -106,11 +90,8 @@ class DynamicBatcher:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
 
     async def embed(self, texts: Sequence[object], prompt: str | None, tokens: Sequence[int]) -> np.ndarray:
-        """Embed ``texts`` (with ``prompt``; ``tokens[i]`` = input i's token count) as float32 (n, dim).
-
-        Raises:
-            QueueFull: the queue cannot take ``len(texts)`` more inputs right now.
-        """
+        """Embed ``texts`` (with ``prompt``; ``tokens[i]`` = input i's token count) as float32 (n, dim);
+        :class:`QueueFull` when the queue cannot take them now."""
         if self._wake is None:
             raise RuntimeError("DynamicBatcher.start() was not called")
         if self.pending + len(texts) > self.max_queue:
@@ -132,24 +113,10 @@ class DynamicBatcher:
         if self.observer is not None:
             self.observer.queue_depth(len(self._waiting))
 
-    def _take_window(self) -> list[list[_Item]]:
-        """Everything waiting now, longest first, cut into batches of at most ``max_batch_tokens``
-        padded tokens (at least one input each); with ``min_fill`` an input shorter than
-        ``min_fill`` x its batch's longest starts a new batch (padding then wastes at most
-        1/min_fill of the compute). Later arrivals wait for the next window, so a short input is
-        never starved by a stream of long ones."""
-        window, self._waiting = self._waiting, []
-        cuts = plan_batches([item.tokens for item in window], max_tokens=self.max_batch_tokens,
-                            min_fill=self.min_fill, padded=self.padded)
-        return [[window[row] for row in rows] for rows in cuts]
-
-    def _budget_filled(self) -> bool:
-        waiting = self._waiting
-        if not waiting:
-            return False
-        if not self.padded:
-            return sum(item.tokens for item in waiting) >= self.max_batch_tokens
-        return len(waiting) * max(item.tokens for item in waiting) >= self.max_batch_tokens
+    def _cost(self, items: list[_Item]) -> int:
+        """The tokens a batch of ``items`` computes: inputs x longest, or their real tokens when un-padded."""
+        lengths = [item.tokens for item in items]
+        return len(lengths) * max(lengths, default=0) if self.padded else sum(lengths)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -160,32 +127,31 @@ class DynamicBatcher:
             if not self._waiting:
                 continue
             deadline = loop.time() + self.max_wait_s
-            while not self._budget_filled() and (remaining := deadline - loop.time()) > 0:
+            while self._cost(self._waiting) < self.max_batch_tokens and (remaining := deadline - loop.time()) > 0:
                 try:
                     await asyncio.wait_for(self._wake.wait(), remaining)
                 except asyncio.TimeoutError:
                     break
                 self._wake.clear()
-            while self._waiting:
-                batches = self._take_window()
+            while self._waiting:  # what waits now; later arrivals wait for the next window (no starving)
+                window, self._waiting = self._waiting, []
                 self._report_depth()
-                for batch in batches:
-                    await self._run(batch, loop)
+                for rows in plan_batches([item.tokens for item in window], max_tokens=self.max_batch_tokens,
+                                         min_fill=self.min_fill, padded=self.padded):
+                    await self._run([window[row] for row in rows], loop)
 
     async def _run(self, batch: list[_Item], loop: asyncio.AbstractEventLoop) -> None:
-        texts = [item.text for item in batch]
-        prompts = [item.prompt for item in batch]
         start = time.perf_counter()
         try:
-            vectors = await loop.run_in_executor(self.executor, self.forward, texts, prompts)
+            vectors = await loop.run_in_executor(self.executor, self.forward, [item.text for item in batch],
+                                                 [item.prompt for item in batch])
         except Exception as exc:  # the requests in this batch fail; the server goes on
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
         if self.observer is not None:
-            tokens = len(batch) * batch[0].tokens if self.padded else sum(item.tokens for item in batch)
-            self.observer.batch_done(len(batch), tokens, time.perf_counter() - start)
+            self.observer.batch_done(len(batch), self._cost(batch), time.perf_counter() - start)
         for item, vector in zip(batch, vectors, strict=True):
             if not item.future.done():
                 item.future.set_result(vector)

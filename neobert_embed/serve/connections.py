@@ -1,12 +1,11 @@
 """What the server allows a TCP connection: how long it may idle or dribble, and who may reach it.
 
-Why: 50 slow clients, each holding a socket open by sending a request one byte at a time (or
-nothing at all), were never disconnected: uvicorn closes a keep-alive connection idle for
-``timeout_keep_alive`` seconds, but any byte cancels that timer and a connection that never
-completes a request has no deadline. Here every connection must deliver a complete request (head
-and body) within :data:`REQUEST_READ_SECONDS` of opening or of its previous response, else it is
-closed; idle keep-alive connections close after :data:`KEEP_ALIVE_SECONDS`; a request head larger
-than :data:`MAX_HEAD_BYTES` is refused by h11. docs/serving.md states these limits.
+Why: uvicorn closes a keep-alive connection idle for ``timeout_keep_alive`` seconds, but any byte
+cancels that timer, so clients sending a request one byte at a time (or nothing) held sockets for
+ever. Here a connection must deliver a whole request (head and body) within
+:data:`REQUEST_READ_SECONDS` of opening or of its previous response, else it is closed; an idle one
+closes after :data:`KEEP_ALIVE_SECONDS`; a head larger than :data:`MAX_HEAD_BYTES` is refused by h11.
+docs/serving.md states these limits.
 
 Example:
     >>> uvicorn.run(app, host="127.0.0.1", port=8080, **connection_limits())
@@ -31,9 +30,8 @@ MAX_HEAD_BYTES = 64 * 1024  # request line and headers (h11_max_incomplete_event
 
 
 class DeadlineH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for receiving each request (:data:`REQUEST_READ_SECONDS`,
-    or the class's ``read_seconds``): started when the connection opens and after each response,
-    cleared once a request has fully arrived."""
+    """uvicorn's h11 protocol with a deadline (``read_seconds``) for receiving each request: started when
+    the connection opens and after each response, cleared once a request has fully arrived."""
 
     read_seconds: float = REQUEST_READ_SECONDS
     _deadline: asyncio.TimerHandle | None = None
@@ -76,24 +74,14 @@ class DeadlineH11Protocol(H11Protocol):
 
 
 def connection_limits(read_seconds: float = REQUEST_READ_SECONDS) -> dict[str, Any]:
-    """The keyword arguments of ``uvicorn.run``/``uvicorn.Config`` that bound every connection.
-
-    Example:
-        >>> connection_limits()["timeout_keep_alive"]
-        5.0
-    """
+    """The keyword arguments of ``uvicorn.run``/``uvicorn.Config`` that bound every connection."""
     protocol = type("DeadlineH11Protocol", (DeadlineH11Protocol,), {"read_seconds": read_seconds})
     return {"http": protocol, "timeout_keep_alive": KEEP_ALIVE_SECONDS,
             "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable only from this machine (``127.0.0.1``, ``::1``, ``localhost``).
-
-    Example:
-        >>> is_loopback("127.0.0.1"), is_loopback("0.0.0.0"), is_loopback("localhost")
-        (True, False, True)
-    """
+    """Whether ``host`` is reachable only from this machine (``127.0.0.1``, ``::1``, ``localhost``)."""
     if host.strip().lower() in ("localhost", "localhost.localdomain"):
         return True
     try:
@@ -103,12 +91,7 @@ def is_loopback(host: str) -> bool:
 
 
 def exposure_warning(host: str, api_key: str | None) -> str | None:
-    """The warning for a server reachable beyond this machine without an API key, or None.
-
-    Example:
-        >>> exposure_warning("127.0.0.1", None) is None
-        True
-    """
+    """The warning for a server reachable beyond this machine without an API key, or None."""
     if api_key or is_loopback(host):
         return None
     return (f"listening on {host} (beyond this machine) without an API key: anyone who can reach this port can "

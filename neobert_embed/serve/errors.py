@@ -1,48 +1,50 @@
-"""Error responses: every refusal is a 4xx JSON body with a one-line message, never a crash.
+"""Refusals: every one a 4xx JSON body with a one-line message, never a crash, from the edge in.
 
-Why: clients (the ``openai`` package included) read ``{"error": {"message", "type", "code"}}``;
-a malformed body, an unknown index or a full queue must tell the caller what to change while the
-server keeps serving. Unexpected exceptions become a 500 with the exception's class, logged once.
+Why: clients (the ``openai`` package included) read ``{"error": {"message", "type", "code"}}``; a
+malformed body, an unknown index or a full queue must tell the caller what to change while the server
+keeps serving; an unexpected exception becomes a 500 naming its class, logged once. A 5 MB body is
+refused (413) before it is parsed, declared or not, by :class:`EdgeMiddleware`, a pure ASGI middleware
+(no per-request cost of Starlette's ``BaseHTTPMiddleware``) that also counts and times every response.
 
 Example:
-    >>> raise APIError(413, "3000 inputs; the limit is 2048 (--max-inputs)", "request_too_large")
+    >>> app = EdgeMiddleware(fastapi_app, metrics=ServeMetrics(), max_body=2_000_000)
+    >>> raise APIError("3000 inputs; the limit is 2048 (--max-inputs)", 413, "request_too_large")
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from neobert_embed.errors import UserInputError
-from neobert_embed.serve.batcher import QueueFull
-from neobert_embed.serve.indexes import IndexGone, UnknownIndex
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from neobert_embed.serve.metrics import ServeMetrics
 
 logger = logging.getLogger("neobert_embed.serve")
+DRAIN_LIMIT = 64 * 1024 * 1024  # a too-large body is read (and dropped) up to this, so the client reads the 413
 
 
 class APIError(Exception):
-    """An HTTP error with a message for the client."""
+    """An HTTP error with a message for the client; a subclass fixes its status and type."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+    status = 422
+    kind = "invalid_request_error"
+
+    def __init__(self, message: str, status: int | None = None, kind: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.headers = headers or {}
+        self.status, self.kind, self.headers = status or self.status, kind or self.kind, headers
 
 
-def error_body(status: int, message: str, kind: str) -> bytes:
-    """The JSON error body (also used by the ASGI middleware, before FastAPI is involved)."""
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-
-
-def _response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(status: int, message: str, kind: str = "invalid_request_error",
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    """The JSON error response (also sent by the ASGI middleware, before FastAPI is involved)."""
     from fastapi.responses import JSONResponse
 
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
@@ -62,39 +64,85 @@ def _validation_message(errors: list[dict]) -> str:
     return "invalid request body: " + "; ".join(parts) + more
 
 
-def _refusal(exc: Exception) -> tuple[int, str, str, dict[str, str] | None]:
-    """Status, message, type and headers of a refused request."""
-    if isinstance(exc, APIError):
-        return exc.status, exc.message, exc.kind, exc.headers
-    if isinstance(exc, IndexGone):
-        return 503, str(exc), "index_unavailable", None
-    if isinstance(exc, UnknownIndex):
-        return 404, str(exc), "not_found", None
-    if isinstance(exc, QueueFull):
-        return 503, str(exc), "server_busy", {"Retry-After": str(exc.retry_after)}
-    if isinstance(exc, UserInputError):
-        return 422, str(exc), "invalid_request_error", None
-    return exc.status_code, str(exc.detail), "invalid_request_error", getattr(exc, "headers", None)
-
-
 def install_error_handlers(app: FastAPI) -> None:
-    """Route every exception type the server raises to a JSON error response."""
+    """Route every exception the server raises to a JSON error response."""
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _response(422, _validation_message(list(exc.errors())), "invalid_request_error")
+        return error_response(422, _validation_message(list(exc.errors())))
 
     @app.exception_handler(APIError)
-    @app.exception_handler(UnknownIndex)
-    @app.exception_handler(UserInputError)
-    @app.exception_handler(QueueFull)
-    @app.exception_handler(HTTPException)
-    async def _refused(request: Request, exc: Exception) -> JSONResponse:
-        return _response(*_refusal(exc))
+    async def _refused(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, str(exc), exc.kind, exc.headers)
+
+    @app.exception_handler(UserInputError)  # a prompt name the model lacks, ...
+    async def _unusable(request: Request, exc: UserInputError) -> JSONResponse:
+        return error_response(422, str(exc))
+
+    @app.exception_handler(HTTPException)  # FastAPI's own: 404 for an unknown path, 405, ...
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s", request.url.path)
-        return _response(500, f"internal error ({exc.__class__.__name__}); see the server log", "server_error")
+        return error_response(500, f"internal error ({exc.__class__.__name__}); see the server log", "server_error")
+
+
+class EdgeMiddleware:
+    """Buffers request bodies up to ``max_body`` bytes (413 beyond) and records request metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: ServeMetrics, max_body: int) -> None:
+        self.app, self.metrics, self.max_body = app, metrics, max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.in_progress.inc()
+        try:
+            replay = await self._bounded_body(scope, receive, send_and_record)
+            if replay is not None:
+                await self.app(scope, replay, send_and_record)
+        finally:
+            self.metrics.in_progress.dec()
+            self.metrics.observe_request(scope.get("path", ""), status, time.perf_counter() - start)
+
+    async def _bounded_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """A ``receive`` replaying the whole body, or None when a 413 was already sent (h11 refuses a
+        Content-Length that is not a number before the app is called)."""
+        if scope.get("method") not in {"POST", "PUT", "PATCH"}:
+            return receive
+        chunks, size, more = [], 0, True
+        while more and size <= DRAIN_LIMIT:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_body:
+                chunks.append(chunk)
+            more = message.get("more_body", False)
+        if size > self.max_body:
+            await error_response(413, f"request body has {size} bytes or more; the limit is {self.max_body} "
+                                 "(--max-request-bytes): send fewer or shorter inputs",
+                                 "request_too_large")(scope, receive, send)
+            return None
+        whole = iter([{"type": "http.request", "body": b"".join(chunks), "more_body": False}])
+
+        async def replay() -> dict:
+            return next(whole, None) or await receive()
+
+        return replay
+

@@ -1,19 +1,14 @@
 """The indexes a server searches, reopened when ``index add`` changes them.
 
-Why: ``index add`` replaces an index directory atomically (new FAISS file, store and manifest),
-and a server must serve the new documents without a restart. Each request compares the
-manifest's file identity (inode, size, mtime) with the one opened; when it changed the index is
-reopened once, and requests already searching keep the old one until they finish.
-
-Queries are encoded the index's way (its "query" prompt and normalization). When the index was
-built by the served model itself (same weight fingerprint, max_seq_length and compute precision),
-its queries go through the server's dynamic batcher; otherwise the index's own model is loaded
-beside it, at the precision the index was built at.
+Why: ``index add`` replaces an index directory atomically, and a server must serve the new documents
+without a restart: each request compares the manifest's identity (inode, size, mtime) with the one
+opened and reopens it when it changed. A directory gone for good is refused (503) and reported by
+``/health`` until it is back. Queries go through the server's batcher when the index was built by the
+served model (same weights, max_seq_length and compute precision), else through the index's own model.
 
 Example:
-    >>> registry = IndexRegistry(["runs/news-index"], served_model=served)
-    >>> entry = registry.get("news-index")
-    >>> entry.index.manifest.documents
+    >>> registry = IndexRegistry(["runs/news-index"], served=served)
+    >>> registry.get("news-index").index.manifest.documents
     7600
 """
 
@@ -34,6 +29,7 @@ from neobert_embed.index.encoder import IndexEncoder
 from neobert_embed.inference.runtime import InferenceModel
 from neobert_embed.locks import read_holder
 from neobert_embed.records import INDEX_MANIFEST
+from neobert_embed.serve.errors import APIError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,12 +38,16 @@ logger = logging.getLogger(__name__)
 VANISH_RECHECK_SECONDS = 0.05  # a missing manifest is looked for again once before the index counts as gone
 
 
-class UnknownIndex(UserInputError):
+class UnknownIndex(APIError):
     """A request named an index this server does not serve."""
 
+    status, kind = 404, "not_found"
 
-class IndexGone(UserInputError):
+
+class IndexGone(APIError):
     """A served index whose directory disappeared under the server (answered 503, and /health says so)."""
+
+    status, kind = 503, "index_unavailable"
 
 
 def _stamp(directory: Path) -> tuple[int, int, int] | None:
@@ -84,9 +84,7 @@ class IndexRegistry:
 
     def __init__(self, directories: Sequence[str | Path], served: InferenceModel | None = None,
                  model_name: str = "", device: str | None = None) -> None:
-        self.served = served
-        self.model_name = model_name
-        self.device = device
+        self.served, self.model_name, self.device = served, model_name, device
         self.directories: dict[str, Path] = {}
         for directory in map(Path, directories):
             name = directory.resolve().name
@@ -98,6 +96,8 @@ class IndexRegistry:
         self._open: dict[str, OpenIndex] = {}
         self.gone: dict[str, str] = {}  # indexes whose directory disappeared: why each is refused
         self._lock = threading.Lock()
+        for name in self.names:  # opened now, so the first request does not pay for it
+            self.get(name)
 
     @property
     def names(self) -> list[str]:
@@ -105,11 +105,7 @@ class IndexRegistry:
         return list(self.directories)
 
     def get(self, name: str | None) -> OpenIndex:
-        """The current version of index ``name`` (default: the first), reopening it if it changed.
-
-        Raises:
-            UnknownIndex: no index of that name is served.
-        """
+        """The current version of index ``name`` (default: the first), reopened if it changed."""
         if not self.directories:
             raise UnknownIndex("this server has no index; start it with --index DIR to enable /search")
         name = name if name is not None else self.names[0]
@@ -120,14 +116,10 @@ class IndexRegistry:
         if stamp is None and self._vanished(name, directory):
             raise IndexGone(f"index {name!r} is unavailable: {self.gone[name]}")
         self._back(name)
-        current = self._open.get(name)
-        if current is not None and (stamp is None or stamp == current.stamp):
-            return current
-        with self._lock:
+        with self._lock:  # a changed index is reopened once; searches in flight finish on the old version
             current = self._open.get(name)
             if current is None or (stamp is not None and stamp != current.stamp):
-                current = self._load(name, directory, stamp)
-                self._open[name] = current  # the old version is released when its searches end
+                current = self._open[name] = self._load(name, directory, stamp)
         return current
 
     def _vanished(self, name: str, directory: Path) -> bool:
@@ -147,12 +139,7 @@ class IndexRegistry:
         return True
 
     def unavailable(self) -> dict[str, str]:
-        """Served indexes whose directory has disappeared, with why (looked at now, nothing opened).
-
-        Example:
-            >>> registry.unavailable()
-            {'news-index': 'its directory runs/news-index (or its manifest.json) disappeared; ...'}
-        """
+        """Served indexes whose directory has disappeared, with why (looked at now, nothing opened)."""
         for name, directory in self.directories.items():
             if _stamp(directory) is None:
                 self._vanished(name, directory)
@@ -164,26 +151,14 @@ class IndexRegistry:
         if self.gone.pop(name, None) is not None:
             logger.warning("index %r is back; searching it again", name)
 
-    def open_all(self) -> None:
-        """Open every index now (at startup) so the first request does not pay for it."""
-        for name in self.names:
-            self.get(name)
-
     def _load(self, name: str, directory: Path, stamp: tuple[int, int, int] | None) -> OpenIndex:
-        manifest = read_manifest(directory)
-        encoder = self._served_encoder()
-        # an export computes as saved whatever precision the index was built at (as `index search` with it)
-        if (encoder is not None and encoder.matches(manifest)
-                and int(self.served.model.max_seq_length) == manifest.max_seq_length
-                and (self.served.backend != "torch" or encoder.compute_precision == manifest.compute_precision)):
-            return OpenIndex(name, open_index(directory, encoder=encoder), stamp, shared=True)
+        manifest, served = read_manifest(directory), self.served
+        if served is not None and served.fingerprint is not None:
+            encoder = IndexEncoder(model=served.model, name=self.model_name, path=None, revision=None,
+                                   fingerprint=served.fingerprint, choice=served.choice,
+                                   similarity=getattr(served.model, "similarity_fn_name", None) or "cosine")
+            # an export computes as saved whatever precision the index was built at (as `index search` with it)
+            if (encoder.matches(manifest) and int(served.model.max_seq_length) == manifest.max_seq_length
+                    and (served.backend != "torch" or encoder.compute_precision == manifest.compute_precision)):
+                return OpenIndex(name, open_index(directory, encoder=encoder), stamp, shared=True)
         return OpenIndex(name, open_index(directory, device=self.device), stamp, shared=False)
-
-    def _served_encoder(self) -> IndexEncoder | None:
-        served = self.served
-        if served is None or served.fingerprint is None:
-            return None
-        return IndexEncoder(model=served.model, name=self.model_name, path=None, revision=None,
-                            fingerprint=served.fingerprint,
-                            similarity=getattr(served.model, "similarity_fn_name", None) or "cosine",
-                            choice=served.choice)

@@ -1,9 +1,8 @@
 """Prometheus metrics of one server: requests, inputs, tokens, batches, queue depth, latency, errors.
 
-Why: an embedding server is tuned by its batch sizes and queue depth and watched by its latency
-and error codes; these are the numbers ``GET /metrics`` exposes (Prometheus text format, from
-``prometheus_client``). Each app gets its own registry, so several servers in one process (tests)
-never share counters.
+Why: an embedding server is tuned by its batch sizes and queue depth and watched by its latency and
+error codes: ``GET /metrics`` exposes them (``prometheus_client``'s text format). Each app has its own
+registry, so several servers in one process (tests) never share counters.
 
 Example:
     >>> metrics = ServeMetrics()
@@ -22,13 +21,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ServeMetrics:
-    """The server's counters, gauges and histograms (implements the batcher's ``BatchObserver``)."""
+    """The server's counters, gauges and histograms (the batcher reports batches and queue depth here)."""
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        self.registry = CollectorRegistry()
-        r = self.registry
+        self.registry = r = CollectorRegistry()
         self.requests = Counter("neobert_embed_requests", "HTTP requests by endpoint and status code.",
                                 ["endpoint", "code"], registry=r)
         self.errors = Counter("neobert_embed_errors", "Error responses (4xx/5xx) by status code.", ["code"],
@@ -50,14 +48,9 @@ class ServeMetrics:
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.queue = Gauge("neobert_embed_queue_depth", "Inputs waiting for a forward pass.", registry=r)
 
-    @staticmethod
-    def endpoint(path: str) -> str:
-        """The endpoint label of a path (unknown paths share one label, so labels stay bounded)."""
-        return path if path in ENDPOINTS else "other"
-
     def observe_request(self, path: str, code: int, seconds: float) -> None:
         """Count one finished request."""
-        endpoint = self.endpoint(path)
+        endpoint = _endpoint(path)
         self.requests.labels(endpoint, str(code)).inc()
         self.latency.labels(endpoint).observe(seconds)
         if code >= 400:
@@ -65,8 +58,8 @@ class ServeMetrics:
 
     def observe_inputs(self, path: str, inputs: int, tokens: int) -> None:
         """Count the texts and tokens of one accepted request."""
-        self.inputs.labels(self.endpoint(path)).inc(inputs)
-        self.tokens.labels(self.endpoint(path)).inc(tokens)
+        self.inputs.labels(_endpoint(path)).inc(inputs)
+        self.tokens.labels(_endpoint(path)).inc(tokens)
 
     def batch_done(self, inputs: int, padded_tokens: int, seconds: float) -> None:
         """Record one forward pass (called by the batcher)."""
@@ -83,3 +76,7 @@ class ServeMetrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+def _endpoint(path: str) -> str:
+    return path if path in ENDPOINTS else "other"  # unknown paths share one label: labels stay bounded

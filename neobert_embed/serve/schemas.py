@@ -1,8 +1,7 @@
 """Request and response bodies of the server (they also make the OpenAPI docs at ``/docs``).
 
-Why: validation belongs at the edge. Wrong types, empty lists, unknown fields, ``k`` out of range
-or a ``dimensions`` below 1 are refused with 422 and a message naming the field before any work is
-queued. Types are strict (``123`` is not silently turned into ``"123"``, nor ``"8"`` into 8).
+Why: wrong types (strict: ``123`` is not turned into ``"123"``), empty lists, unknown fields or ``k``
+out of range are refused with 422 and a message naming the field before any work is queued.
 
 Example:
     >>> EmbeddingsRequest.model_validate({"input": ["a cat"], "model": "minilm"}).texts
@@ -14,8 +13,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic.functional_validators import AfterValidator
 
 NonEmptyTexts = Annotated[list[StrictStr], Field(min_length=1)]
+Texts = Annotated[StrictStr | NonEmptyTexts,  # one text or a non-empty list of them: a list once validated
+                  AfterValidator(lambda texts: [texts] if isinstance(texts, str) else texts)]
 MAX_K = 1000
 
 
@@ -26,18 +28,13 @@ class _Strict(BaseModel):
 class EmbeddingsRequest(_Strict):
     """OpenAI ``POST /v1/embeddings``; ``prompt_name`` is an extension (default: the model's own)."""
 
-    input: StrictStr | NonEmptyTexts = Field(description="A text or a non-empty list of texts.")
+    texts: Texts = Field(alias="input", description="A text or a non-empty list of texts.")
     model: StrictStr = Field(description="The served model's name (see GET /v1/models).")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: JSON numbers; base64: little-endian float32 bytes, base64-encoded.")
     dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka truncation (renormalized).")
     user: StrictStr | None = Field(None, description="Accepted for compatibility; unused.")
     prompt_name: StrictStr | None = Field(None, description="One of the model's prompts (extension).")
-
-    @property
-    def texts(self) -> list[str]:
-        """``input`` as a list."""
-        return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
 class EmbeddingItem(BaseModel):
@@ -74,18 +71,13 @@ class ModelList(BaseModel):
 class EmbedRequest(_Strict):
     """TEI ``POST /embed``."""
 
-    inputs: StrictStr | NonEmptyTexts
+    texts: Texts = Field(alias="inputs")
     normalize: StrictBool = Field(True, description="L2-normalize the vectors (TEI's default).")
     truncate: StrictBool | None = Field(None, description="Truncate too-long inputs instead of answering 413 "
                                   "(default: the server's --truncate).")
     truncation_direction: Literal["right", "Right"] = "right"
     prompt_name: StrictStr | None = None
     dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka truncation.")
-
-    @property
-    def texts(self) -> list[str]:
-        """``inputs`` as a list."""
-        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
 
 
 class SearchRequest(_Strict):

@@ -1,11 +1,10 @@
 """Everything ``neobert-embed serve`` is configured with, checked once at startup.
 
-Why: a limit that makes no sense (a batch budget smaller than one input, a queue smaller than one
-request) must fail when the server starts, with the flag named, not at the first request.
+Why: a limit that makes no sense (a queue smaller than one request, an empty API key) or a busy port
+must fail when the server starts, with the flag named, not at the first request.
 
 Example:
-    >>> settings = ServeSettings(model="runs/my-embedder", indexes=["runs/my-index"], precision="bf16")
-    >>> settings.check()
+    >>> ServeSettings(model="runs/my-embedder", indexes=["runs/my-index"], precision="bf16").check()
 """
 
 from __future__ import annotations
@@ -44,58 +43,38 @@ class ServeSettings:
     @property
     def name(self) -> str:
         """The model id of ``/v1/models``: ``--served-model-name``, else the model directory's name
-        (``runs/my-embedder`` → ``my-embedder``), else the registry key or hub id as given.
-
-        Example:
-            >>> ServeSettings(model="runs/my-embedder").name
-            'my-embedder'
-        """
-        if self.served_name:
-            return self.served_name
-        return Path(self.model).name if Path(self.model).is_dir() else self.model
+        (``runs/my-embedder`` → ``my-embedder``), else the registry key or hub id as given."""
+        return self.served_name or (Path(self.model).name if Path(self.model).is_dir() else self.model)
 
     def resolved_api_key(self) -> str | None:
         """``--api-key``, else the ``NEOBERT_EMBED_API_KEY`` environment variable, else no key."""
         return self.api_key or os.environ.get(API_KEY_ENV) or None
 
     def check(self) -> None:
-        """Refuse inconsistent limits, naming the flag (``--precision`` and ``--backend`` are checked by ``load_inference_model``).
-
-        Example:
-            >>> ServeSettings(model="m", max_inputs=10, max_queue=5).check()
-            Traceback (most recent call last):
-            neobert_embed.errors.UserInputError: --max-queue (5) must be at least --max-inputs (10) ...
-        """
+        """Refuse inconsistent limits, naming the flag (``load_inference_model`` checks ``--precision`` and
+        ``--backend``): ``ServeSettings(model="m", max_inputs=10, max_queue=5).check()`` raises
+        ``UserInputError: --max-queue (5) must be at least --max-inputs (10) ...``."""
         for flag, value in (("--max-batch-tokens", self.max_batch_tokens), ("--max-inputs", self.max_inputs),
-                            ("--max-queue", self.max_queue), ("--max-request-bytes", self.max_request_bytes)):
-            if value < 1:
+                            ("--max-queue", self.max_queue), ("--max-request-bytes", self.max_request_bytes),
+                            ("--max-input-tokens", self.max_input_tokens)):
+            if value is not None and value < 1:
                 raise UserInputError(f"{flag} must be positive, got {value}")
         if self.max_wait_ms < 0:
             raise UserInputError(f"--max-wait-ms must be 0 or more, got {self.max_wait_ms}")
-        if self.max_input_tokens is not None and self.max_input_tokens < 1:
-            raise UserInputError(f"--max-input-tokens must be positive, got {self.max_input_tokens}")
         if self.max_queue < self.max_inputs:
             raise UserInputError(f"--max-queue ({self.max_queue}) must be at least --max-inputs "
                                  f"({self.max_inputs}), or a full request could never be queued")
         if not 0 <= self.port <= 65535:
             raise UserInputError(f"--port must be 0-65535, got {self.port}")
-        for given, where in ((self.api_key, "--api-key"), (os.environ.get(API_KEY_ENV), API_KEY_ENV)):
-            if given is not None and not given.strip():
-                raise UserInputError(f"{where} is empty, which would let anyone in; give a key, or leave out "
-                                     f"--api-key and {API_KEY_ENV} to serve without one")
-            if given is not None:
-                break
-
+        key, where = ((self.api_key, "--api-key") if self.api_key is not None
+                      else (os.environ.get(API_KEY_ENV), API_KEY_ENV))
+        if key is not None and not key.strip():
+            raise UserInputError(f"{where} is empty, which would let anyone in; give a key, or leave out "
+                                 f"--api-key and {API_KEY_ENV} to serve without one")
 
 def check_port_free(host: str, port: int) -> None:
     """Refuse ``--port`` when another program listens on it, before the model loads (a minute on a
-    big model, only for the bind to fail). Port 0 (any free port) passes.
-
-    Example:
-        >>> check_port_free("127.0.0.1", 8080)
-        Traceback (most recent call last):
-        UserInputError: --port 8080: 127.0.0.1:8080 is already in use; choose another --port or stop ...
-    """
+    big model, only for the bind to fail). Port 0 (any free port) passes."""
     import socket
 
     if port == 0:
