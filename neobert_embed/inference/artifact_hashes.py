@@ -1,16 +1,11 @@
 """Hash pins of an export: every file that decides its vectors, recorded at export and checked at load.
 
-Why: a same-size corruption of a graph, a pooling edited from mean to CLS, a tokenizer that lost its
-lower-casing or another model's graph under the same ``export.json`` would otherwise encode other
-vectors with exit 0 (and append them to an index built with the original model). ``export`` records the
-size and content hash (:class:`ExportPin`) of every file it wrote but its prose (``*.md``) under ``pins``
-in ``export.json``; loading checks the files the chosen runtime reads and refuses, in one line naming the
-file, one that is missing, changed, or present without a pin; an export without pins is refused too.
-
-The hash is xxHash's XXH3-128 over a memory map, not SHA-256, because it runs at the start of every
-``encode --backend onnx`` (docs/data-safety.md has the measured cost, ``benchmarks/verification_cost.py``).
-It detects damage and edits, which is what pins are for; it is not a signature (whoever can rewrite a
-graph can rewrite ``export.json`` too).
+Why: a same-size corruption of a graph, a pooling edited from mean to CLS or another model's graph
+under the same ``export.json`` would otherwise encode other vectors with exit 0 (and append them to an
+index built with the original model). Loading refuses, in one line naming the file, one that is missing,
+changed, or present without a pin; an export without pins is refused too. The hash is XXH3-128 over a
+memory map, not SHA-256, because it runs at every ``encode --backend onnx`` (docs/data-safety.md has
+the cost); it detects damage and edits, it is not a signature.
 
 Example:
     >>> record["pins"] = pin_export(Path("runs/x-onnx"))   # at export, after every file is written
@@ -49,11 +44,8 @@ def content_digest(path: Path) -> str:
 
 @dataclass(frozen=True)
 class ExportPin:
-    """A file's size and :func:`content_digest` as the export wrote it.
-
-    Example:
-        >>> ExportPin.of(Path("runs/x-onnx/modules.json")).difference(Path("runs/x-onnx/modules.json"))  # None
-    """
+    """A file's size and :func:`content_digest` as the export wrote it: ``ExportPin.of(path).difference(path)``
+    is None."""
 
     size: int
     xxh3_128: str
@@ -97,8 +89,8 @@ def pin_export(directory: str | Path) -> dict[str, dict[str, object]]:
 
 
 def _read_by(name: str, names: set[str], graph: str | None) -> bool:
-    """Whether a runtime that loads ``graph`` (None: torch) reads the file ``name``: a graph file (or the
-    ``.bin`` beside an OpenVINO ``.xml``) only when it is that graph, the torch weights only under torch."""
+    """Whether a runtime that loads ``graph`` (None: torch) reads the file ``name``: a graph (with its ``.bin``)
+    only when it is that graph, the torch weights only under torch."""
     path = Path(name)
     if path.suffix in GRAPH_SUFFIXES or (path.suffix == ".bin" and path.with_suffix(".xml").as_posix() in names):
         return graph is not None and path.with_suffix("") == Path(graph).with_suffix("")
@@ -108,10 +100,8 @@ def _read_by(name: str, names: set[str], graph: str | None) -> bool:
 def verify_export(directory: str | Path, graph: str | Path | None) -> None:
     """Refuse an export whose files differ from the pins in its ``export.json``, in one line naming the file.
 
-    ``graph`` is the graph file the light runtime loads; None checks what the torch backend reads (every
-    pinned file but the graphs). A directory whose ``export.json`` is not a graph export's (``pretrain export``
-    writes one too), or that has none (a SentenceTransformer directory made by hand), has nothing to check
-    against and passes.
+    ``graph`` is the graph file the light runtime loads; None checks what the torch backend reads. A
+    directory without a graph export's ``export.json`` (made by hand, or by ``pretrain export``) passes.
 
     Example:
         >>> verify_export("runs/x-onnx", "runs/x-onnx/onnx/model.onnx")
@@ -120,7 +110,7 @@ def verify_export(directory: str | Path, graph: str | Path | None) -> None:
     """
     directory = Path(directory)
     record = EXPORT.read(directory) if EXPORT.exists(directory) else {}
-    if PINS_KEY not in record and "format" not in record:  # not a graph export (``pretrain export`` writes one)
+    if PINS_KEY not in record and "format" not in record:
         return
     pins = record.get(PINS_KEY)
     if not isinstance(pins, dict) or not pins:

@@ -1,15 +1,11 @@
 """``neobert-embed export``: a model as ONNX or OpenVINO files in sentence-transformers' own layout.
 
-Why: serving stacks that do not run PyTorch (ONNX Runtime, OpenVINO, Triton) need the encoder as a
-graph, and a graph that silently computes something else is worse than none. The export writes a
-complete SentenceTransformer directory (``model.save``) plus the graph where sentence-transformers'
-``backend=`` loaders look for it (:data:`~neobert_embed.inference.runners.GRAPH_FILES`), then encodes
-a set of texts with every file it wrote through the runtime users run it with (the light runtime,
-:func:`~neobert_embed.inference.light.load_light_model`) and compares the sentence embeddings with the
-torch fp32 model's: an fp32 file below a mean cosine of 0.9999 is refused; the figures go into the
-report and ``export.json``, with the hashes of every file written
-(:mod:`~neobert_embed.inference.artifact_hashes`). How each file is made and what it measured:
-docs/performance.md ("Export").
+Why: serving stacks without PyTorch need the encoder as a graph, and a graph that silently computes
+something else is worse than none. The export writes ``model.save``'s directory plus the graph where
+sentence-transformers' ``backend=`` loaders look for it, then encodes texts with every file written
+through the light runtime (what users run) and compares them with the torch fp32 model: an fp32 file
+below a mean cosine of 0.9999 is refused. Figures and file hashes go into ``export.json``; how each
+file is made and what it measured: docs/performance.md ("Export").
 
 Example:
     >>> report = export_model("runs/my-embedder", "runs/my-embedder-onnx", "onnx", quantize="int8")
@@ -89,17 +85,9 @@ class Agreement:
 
 @dataclass
 class ExportReport:
-    """What :func:`export_model` wrote and how closely it agrees with the torch model.
-
-    Attributes:
-        file: the file a runtime loads for this export (the int8 one with ``quantize``).
-        size_bytes: its size on disk (with OpenVINO's ``.bin``).
-        fp32: the fp32 graph's agreement with torch fp32; ``int8``: the int8 file's, or None.
-        files: every graph file written (relative path → bytes).
-        method: how the int8 file was made, or None.
-        source_fingerprint: :func:`~neobert_embed.inference.runtime.model_fingerprint` of the weights exported:
-            an index built with that model accepts this export (:mod:`neobert_embed.inference.light`).
-    """
+    """What :func:`export_model` wrote and how closely it agrees with the torch model: ``file`` is the one a
+    runtime loads (the int8 one with ``quantize``; its size with OpenVINO's ``.bin``), ``files`` every graph
+    written, ``source_fingerprint`` the weights' (an index built with them accepts this export)."""
 
     source: str
     output: Path
@@ -161,23 +149,20 @@ def export_model(
     *,
     calibration: Sequence[str] | None = None,
     texts: Sequence[str] = CHECK_TEXTS,
-    opset: int = OPSET,
     wait: bool = True,
 ) -> ExportReport:
     """Export ``source`` to ``output_dir`` as a SentenceTransformer directory with an ONNX or OpenVINO graph.
 
     Args:
         source: registry key, hub id, Hugging Face or SentenceTransformer directory (loaded fp32 on CPU).
-        output_dir: the directory to write; absent, empty, or an earlier export (``overwrite``).
-        quantize: ``int8`` to also write the int8 file (:func:`_quantize_onnx`, :func:`_quantize_openvino`).
+        output_dir: absent, empty, or an earlier export (replaced with ``overwrite``).
+        quantize: ``int8`` to also write the int8 file.
         calibration: OpenVINO int8 only: real texts for static quantization (a few hundred are plenty);
             without them the weights alone are compressed to int8.
         texts: the texts each written file is checked on against the torch fp32 model.
         wait: when another command writes ``output_dir``, wait for it (default); False fails at once.
 
-    Returns:
-        An :class:`ExportReport`; its figures are also in ``output_dir/export.json``. Nothing is written
-        when it raises (a bad format or output, or an fp32 graph below a mean cosine of 0.9999).
+    Nothing is written when it raises (a bad format or output, or an fp32 graph below a mean cosine of 0.9999).
 
     Example:
         >>> export_model("sentence-transformers/all-MiniLM-L6-v2", "models/minilm-openvino", "openvino").fp32
@@ -218,9 +203,13 @@ def export_model(
         with atomic_directory(output, record=EXPORT.name) as tmp:
             model.save(str(tmp))
             onnx_file = tmp / GRAPH_FILES["onnx"][0]
-            _export_onnx(graph, model, inputs, onnx_file, opset, OUTPUT_NAME)
+            _export_onnx(graph, model, inputs, onnx_file, OUTPUT_NAME)
             if format == "openvino":
-                ov_model = _convert_openvino(onnx_file, tmp / fp32_name)
+                import openvino as ov
+
+                ov_model = ov.convert_model(str(onnx_file))
+                (tmp / fp32_name).parent.mkdir(exist_ok=True)
+                ov.save_model(ov_model, str(tmp / fp32_name), compress_to_fp16=False)
                 onnx_file.unlink()
                 onnx_file.parent.rmdir()
             fp32 = _agreement(reference, _encode_file(model, tmp, format, False, texts))
@@ -241,9 +230,8 @@ def export_model(
                                   file=output / (int8_name if quantize else fp32_name),
                                   size_bytes=files[int8_name if quantize else fp32_name], fp32=fp32, int8=int8,
                                   files=files, inputs=inputs, method=method, versions=_versions(format),
-                                  source_fingerprint=fingerprint)
-            report.seconds = time.perf_counter() - started
-            record = {**report.to_json(), "writer": WRITER, "opset": opset,
+                                  source_fingerprint=fingerprint, seconds=time.perf_counter() - started)
+            record = {**report.to_json(), "writer": WRITER, "opset": OPSET,
                       "file": str(report.file.relative_to(output))}  # relative: the directory may move
             del record["output"]
             record[PINS_KEY] = pin_export(tmp)  # every file written above; checked at each load
@@ -280,9 +268,8 @@ def _agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
 
 def _encode_file(model: SentenceTransformer, directory: Path, backend: str, quantized: bool,
                  texts: Sequence[str]) -> np.ndarray:
-    """Sentence embeddings of ``texts`` from a written file in fp32 (the file, not the runtime's choice), by
-    what ``--backend onnx|openvino`` runs: the light runtime, through the one encoding loop. A pipeline it
-    refuses (a Dense module) is checked as sentence-transformers' loaders run it (:func:`_encode_around_graph`)."""
+    """Sentence embeddings of ``texts`` from a written file in fp32, by the light runtime (what ``--backend
+    onnx|openvino`` runs); a pipeline it refuses (a Dense module) as sentence-transformers' loaders run it."""
     from neobert_embed.inference.light import TORCH_HINT, load_light_model
     from neobert_embed.inference.runners import locate_graph
 
@@ -298,8 +285,7 @@ def _encode_file(model: SentenceTransformer, directory: Path, backend: str, quan
 
 def _encode_around_graph(model: SentenceTransformer, file: Path, backend: str, texts: Sequence[str]) -> np.ndarray:
     """``model.encode(texts)`` with the graph's hidden states in place of its encoder's (a forward hook on
-    the Transformer module, removed after): sentence-transformers' tokenization, prompts and modules around
-    the file, as its ``backend=`` loaders run it."""
+    the Transformer module, removed after)."""
     import numpy as np
     import torch
     from sentence_transformers import SentenceTransformer
@@ -322,15 +308,13 @@ def _encode_around_graph(model: SentenceTransformer, file: Path, backend: str, t
 
 
 def _traceable_encoder(model: SentenceTransformer) -> tuple[nn.Module, tuple[str, ...]]:
-    """A module mapping the graph's inputs to ``last_hidden_state``, and the names of those inputs.
-
-    ``token_type_ids`` is an input when the tokenizer produces it and the model's forward names it
-    (BERT; not RoBERTa, whose tokenizer makes none, nor NeoBERT, which ignores them).
-    """
+    """A module mapping the graph's inputs to ``last_hidden_state``, and their names: ``token_type_ids`` is
+    one when the tokenizer makes them and the model's forward takes them (BERT; not RoBERTa nor NeoBERT)."""
     import copy
     import inspect
 
     from sentence_transformers.base.modules.transformer import Transformer
+    from torch import nn
 
     from neobert_embed.modeling import NeoBERTModel
 
@@ -346,14 +330,8 @@ def _traceable_encoder(model: SentenceTransformer) -> tuple[nn.Module, tuple[str
     accepted = inspect.signature(encoder.forward).parameters
     names = tuple(name for name in ("input_ids", "attention_mask", "token_type_ids")
                   if name in produced and (name in accepted or name == "input_ids"))
-    return _last_hidden_state(encoder, names), names
 
-
-def _last_hidden_state(encoder: nn.Module, names: tuple[str, ...]) -> nn.Module:
-    """Wrap a Hugging Face encoder as positional inputs → ``last_hidden_state`` (what the exporter traces)."""
-    from torch import nn
-
-    class LastHiddenState(nn.Module):
+    class LastHiddenState(nn.Module):  # positional inputs → last_hidden_state: what the exporter traces
         def __init__(self) -> None:
             super().__init__()
             self.encoder = encoder
@@ -361,7 +339,7 @@ def _last_hidden_state(encoder: nn.Module, names: tuple[str, ...]) -> nn.Module:
         def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
             return self.encoder(**dict(zip(names, inputs, strict=True)), return_dict=True).last_hidden_state
 
-    return LastHiddenState().eval()
+    return LastHiddenState().eval(), names
 
 
 def _padded_neobert(encoder: NeoBERTModel) -> nn.Module:
@@ -415,7 +393,8 @@ def _padded_neobert(encoder: NeoBERTModel) -> nn.Module:
     return PaddedNeoBERT().eval()
 
 
-def _export_onnx(graph: nn.Module, model: SentenceTransformer, inputs: tuple[str, ...], file: Path, opset: int, output_name: str) -> None:
+def _export_onnx(graph: nn.Module, model: SentenceTransformer, inputs: tuple[str, ...], file: Path,
+                 output_name: str) -> None:
     """Trace ``graph`` on a padded batch and write it with dynamic batch and sequence axes."""
     import torch
 
@@ -427,42 +406,26 @@ def _export_onnx(graph: nn.Module, model: SentenceTransformer, inputs: tuple[str
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter: onnxscript is not needed
         warnings.filterwarnings("ignore", message="Exporting aten::index operator")  # arange indices (masks)
-        torch.onnx.export(graph, args, str(file), dynamo=False, opset_version=opset, input_names=list(inputs),
+        torch.onnx.export(graph, args, str(file), dynamo=False, opset_version=OPSET, input_names=list(inputs),
                           output_names=[output_name], dynamic_axes=axes, do_constant_folding=True)
-
-
-def _down_projections(file: Path) -> list[str]:
-    """Names of the weight MatMuls that narrow their input (``in > out``: the FFN's second matrix)."""
-    import onnx
-
-    graph = onnx.load(str(file), load_external_data=False).graph
-    shapes = {tensor.name: tuple(tensor.dims) for tensor in graph.initializer}
-    return [node.name for node in graph.node if node.op_type == "MatMul"
-            and len(shape := shapes.get(node.input[1], ())) == 2 and shape[0] > shape[1]]
 
 
 def _quantize_onnx(fp32: Path, int8: Path) -> str:
     """Dynamic int8: per-channel int8 weights of the weight MatMuls and embedding tables, uint8 activations
-    per batch. The FFN's down-projections, whose input is the heavy-tailed GELU/SwiGLU output, stay fp32
-    (docs/performance.md has the agreement with and without). Returns the method's description."""
+    per batch. The FFN's down-projections (MatMuls that narrow: ``in > out``), whose input is the
+    heavy-tailed GELU/SwiGLU output, stay fp32 (docs/performance.md has the agreement with and without)."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    kept = _down_projections(fp32)
+    graph = onnx.load(str(fp32), load_external_data=False).graph
+    shapes = {tensor.name: tuple(tensor.dims) for tensor in graph.initializer}
+    kept = [node.name for node in graph.node if node.op_type == "MatMul"
+            and len(shape := shapes.get(node.input[1], ())) == 2 and shape[0] > shape[1]]
     quantize_dynamic(str(fp32), str(int8), per_channel=True, weight_type=QuantType.QInt8,
                      op_types_to_quantize=["MatMul", "Gather"], nodes_to_exclude=kept,
                      extra_options={"MatMulConstBOnly": True})
     return (f"onnxruntime dynamic int8: per-channel int8 weights, uint8 activations; {len(kept)} FFN "
             "down-projections kept fp32")
-
-
-def _convert_openvino(onnx_file: Path, xml: Path) -> openvino.Model:
-    """The ONNX graph as OpenVINO IR (fp32 weights); returns the in-memory model."""
-    import openvino as ov
-
-    ov_model = ov.convert_model(str(onnx_file))
-    xml.parent.mkdir(parents=True, exist_ok=True)
-    ov.save_model(ov_model, str(xml), compress_to_fp16=False)
-    return ov_model
 
 
 def _quantize_openvino(ov_model: openvino.Model, xml: Path, model: SentenceTransformer, inputs: tuple[str, ...],
@@ -472,13 +435,11 @@ def _quantize_openvino(ov_model: openvino.Model, xml: Path, model: SentenceTrans
     import nncf
     import openvino as ov
 
-    if calibration:
-        items = []  # one text per item: padding would enter the activation statistics
-        for text in calibration:
-            features = model.preprocess([text])
-            items.append({name: features[name].numpy() for name in inputs})
-        quantized = nncf.quantize(ov_model, nncf.Dataset(items), model_type=nncf.ModelType.TRANSFORMER,
-                                  subset_size=len(items))
+    if calibration:  # one text per item: padding would enter the activation statistics
+        items = nncf.Dataset(calibration, lambda text: {name: value.numpy() for name, value
+                                                        in model.preprocess([text]).items() if name in inputs})
+        quantized = nncf.quantize(ov_model, items, model_type=nncf.ModelType.TRANSFORMER,
+                                  subset_size=len(calibration))
         method = f"nncf static int8 (weights and activations), calibrated on {len(calibration)} texts"
     else:
         quantized = nncf.compress_weights(ov_model, mode=nncf.CompressWeightsMode.INT8_ASYM)

@@ -1,12 +1,9 @@
 """The light runtime: an exported model encodes with tokenizers + ONNX Runtime or OpenVINO + numpy, no torch.
 
 Why: importing torch, transformers and sentence-transformers takes seconds, longer than encoding a few
-texts; the graph holds the encoder, and what sentence-transformers does around it is small. This module
-reads the files its loaders read and does the same: ``modules.json`` (Transformer → Pooling → optionally
-Normalize; any other module is one error naming it), the Transformer folder's ``tokenizer.json`` and
-settings, ``1_Pooling/config.json``, ``config_sentence_transformers.json`` (prompts, similarity,
-``truncate_dim``) and ``export.json`` (the pins every file is checked against, :func:`source_fingerprint`).
-:class:`LightModel` is an :class:`~neobert_embed.inference.pipeline.Engine`: it runs the one encoding loop.
+texts; the graph holds the encoder, and what sentence-transformers does around it (Transformer → Pooling
+→ optionally Normalize, read from the files its loaders read) is small. :class:`LightModel` is an
+:class:`~neobert_embed.inference.pipeline.Engine`: it runs the one encoding loop.
 
 Example:
     >>> model = load_light_model("runs/minilm-onnx", "onnx")
@@ -20,7 +17,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -33,9 +30,6 @@ from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locat
 from neobert_embed.inference.tokenized import Padding, Tokenized
 from neobert_embed.model_files import MODULES_FILE, SavedModule
 from neobert_embed.records import EXPORT
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
 
 #: sentence-transformers' pooling modes, in the order it concatenates them.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -66,14 +60,14 @@ def _token_text(value: object) -> str | None:
 
 
 def read_tokenizer(folder: Path, max_seq_length: int | None, do_lower_case: bool) -> FastTokenizer:
-    """``folder``'s ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls its fast
-    tokenizer; ``max_seq_length`` None: the tokenizer's limit, capped by the encoder's positions.
+    """``folder``'s ``tokenizer.json`` set up as sentence-transformers' ``Transformer`` calls it;
+    ``max_seq_length`` None: the tokenizer's limit, capped by the encoder's positions.
 
     Example:
         >>> read_tokenizer(Path("runs/minilm-onnx"), None, do_lower_case=False).max_seq_length
         256
     """
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer, normalizers
 
     file = folder / "tokenizer.json"
     if not file.is_file():
@@ -85,26 +79,17 @@ def read_tokenizer(folder: Path, max_seq_length: int | None, do_lower_case: bool
         usable = [int(limit) for limit in limits if isinstance(limit, (int, float)) and 0 < limit < NO_LIMIT]
         max_seq_length = min(usable) if usable else 512
     rust = Tokenizer.from_file(str(file))
-    if do_lower_case:
-        _lowercase_first(rust)
+    if do_lower_case:  # a Lowercase first, unless it lowercases already (a BERT normalizer with lowercase)
+        current = rust.normalizer
+        parts = list(current) if isinstance(current, normalizers.Sequence) else [current] if current else []
+        if not any(isinstance(part, normalizers.Lowercase) or getattr(part, "lowercase", False) for part in parts):
+            rust.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
     pad = (_token_text(settings.get("pad_token"))
            or _token_text(_json(folder / "special_tokens_map.json").get("pad_token")))
     pad_id = rust.token_to_id(pad) if pad is not None else None
     padding = Padding(pad_id if pad_id is not None else 0, int(settings.get("pad_token_type_id", 0)),
                       str(settings.get("padding_side", "right")) == "left")
     return FastTokenizer(rust, max_seq_length, str(settings.get("truncation_side", "right")), padding)
-
-
-def _lowercase_first(tokenizer: Tokenizer) -> None:
-    """Put a Lowercase normalizer first unless the tokenizer lowercases already (sentence-transformers'
-    ``do_lower_case``; a BERT normalizer with ``lowercase`` counts, as for transformers)."""
-    from tokenizers import normalizers
-
-    current = tokenizer.normalizer
-    parts = list(current) if isinstance(current, normalizers.Sequence) else [current] if current else []
-    if any(isinstance(part, normalizers.Lowercase) or getattr(part, "lowercase", False) for part in parts):
-        return
-    tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
 
 
 @dataclass(frozen=True)
@@ -174,23 +159,15 @@ def _unit_rows(vectors: np.ndarray) -> np.ndarray:
 
 
 class LightModel:
-    """An exported model run without torch: the light runtime's engine, and what commands and the server
+    """An exported model run without torch: the light runtime's engine, with what commands and the server
     need of a SentenceTransformer (``prompts``, ``default_prompt_name``, ``similarity_fn_name``,
-    ``truncate_dim``, ``max_seq_length``, ``get_embedding_dimension()`` and ``encode()`` behave as its).
-
-    Attributes:
-        runner: the runtime (:mod:`neobert_embed.inference.runners`); ``file``: the graph it runs.
-        normalizes: the pipeline ends in a Normalize module.
-        source_fingerprint: the weights the export came from (``export.json``), or None.
-    """
+    ``truncate_dim``, ``max_seq_length``, ``get_embedding_dimension()`` and ``encode()`` behave as its);
+    ``runner`` runs the graph ``file``, ``source_fingerprint`` names the weights exported (or None)."""
 
     def __init__(self, tokenizer: FastTokenizer, runner: Runner, file: Path, pooling: Pooling, *,
                  normalizes: bool, settings: dict[str, Any], source_fingerprint: str | None) -> None:
-        self.tokenizer = tokenizer
-        self.runner = runner
-        self.file = file
-        self.pooling = pooling
-        self.normalizes = normalizes
+        self.tokenizer, self.runner, self.file, self.pooling, self.normalizes = (tokenizer, runner, file, pooling,
+                                                                                 normalizes)
         self.prompts: dict[str, str] = dict(settings.get("prompts") or {})
         self.default_prompt_name: str | None = settings.get("default_prompt_name")
         self.similarity_fn_name: str = settings.get("similarity_fn_name") or "cosine"
@@ -210,9 +187,13 @@ class LightModel:
     def max_seq_length(self, value: int) -> None:
         self.tokenizer.set_max_seq_length(value)
 
-    def get_embedding_dimension(self) -> int:
-        """Width of the sentence embeddings (``truncate_dim`` when the model saved one)."""
+    @property
+    def dimension(self) -> int:
+        """Width of the sentence vectors (``truncate_dim`` when the model saved one)."""
         return min(self.truncate_dim or self.pooling.output_dimension, self.pooling.output_dimension)
+
+    def get_embedding_dimension(self) -> int:
+        return self.dimension
 
     def _prompt_length(self, prompt: str) -> int:
         """Tokens of the prompt alone, less a trailing special token (sentence-transformers' rule)."""
@@ -220,11 +201,6 @@ class LightModel:
             ids = self.tokenizer.batch([prompt])["input_ids"][0]
             self._prompt_lengths[prompt] = len(ids) - int(int(ids[-1]) in self.tokenizer.special_ids)
         return self._prompt_lengths[prompt]
-
-    @property
-    def dimension(self) -> int:
-        """Width of the sentence vectors (the :class:`~neobert_embed.inference.pipeline.Engine`'s name)."""
-        return self.get_embedding_dimension()
 
     def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
         """``texts`` with ``prompt`` prepended, tokenized once (truncated, counted); the prompt's length
@@ -246,8 +222,7 @@ class LightModel:
         return _unit_rows(vectors).astype(np.float32, copy=False) if normalize else vectors
 
     def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
-        """One tokenized chunk in batches of ``batch_size`` texts cut by token count, within the CPU token
-        budget (:func:`~neobert_embed.inference.pipeline.plan_cpu_batches`: the pipeline's rule)."""
+        """One tokenized chunk, in batches cut by the pipeline's rule (within the CPU token budget)."""
         out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
         for rows in plan_cpu_batches(tokenized.lengths, batch_size):
             out[rows] = self.forward(tokenized.batch(rows), normalize=normalize)
@@ -259,10 +234,8 @@ class LightModel:
     def encode(self, texts: Sequence[str], *, batch_size: int = 32, prompt: str | None = None,
                prompt_name: str | None = None, normalize_embeddings: bool = False, show_progress_bar: bool = False,
                convert_to_numpy: bool = True) -> np.ndarray:
-        """``SentenceTransformer.encode`` for texts, through the one encoding loop
-        (:func:`~neobert_embed.inference.pipeline.encode_chunks`): ``prompt``, else the saved ``prompt_name``,
-        else the default prompt; float32 rows in input order. ``show_progress_bar`` and ``convert_to_numpy``
-        are accepted for the callers that pass them (no bar; always numpy).
+        """``SentenceTransformer.encode`` for texts, through the one encoding loop: ``prompt``, else the saved
+        ``prompt_name``, else the default prompt; float32 rows. No progress bar; always numpy.
 
         Example:
             >>> model.encode(["a cat"], prompt_name="query", normalize_embeddings=True).shape
@@ -290,7 +263,7 @@ def default_threads() -> int:
 
 
 def source_fingerprint(directory: str | Path) -> str | None:
-    """The fingerprint of the weights an export came from (``export.json``'s ``source_fingerprint``), or None.
+    """The fingerprint of the weights an export came from (in ``export.json``), or None.
 
     Example:
         >>> source_fingerprint("runs/minilm-onnx")
@@ -337,14 +310,10 @@ def _pipeline(directory: Path, modules: list[SavedModule]) -> tuple[Pooling, boo
 
 def load_light_model(path: str | Path, backend: str, *, threads: int | None = None, device: str | None = None,
                      quantized: bool = False, inference_precision: str | None = None) -> LightModel:
-    """Load an exported directory to run on ``backend`` (``onnx`` or ``openvino``) without torch.
-
-    ``path`` is a directory written by ``neobert-embed export`` (or any SentenceTransformer directory with
-    the graph beside its Transformer module and a ``tokenizer.json``); ``threads`` default to the CPUs this
-    process may run on; ``device``, ``quantized`` and ``inference_precision`` choose the runner
-    (:func:`~neobert_embed.inference.runners.make_runner`, :func:`~neobert_embed.inference.runners.locate_graph`).
-    A missing graph or tokenizer, a module the light runtime cannot run, or a file that differs from the
-    export's pins (:mod:`~neobert_embed.inference.artifact_hashes`) is one UserInputError naming it.
+    """Load a directory written by ``neobert-embed export`` (or any SentenceTransformer directory with the
+    graph beside its Transformer module and a ``tokenizer.json``) to run on ``backend`` without torch;
+    ``threads`` default to the CPUs this process may run on. A missing graph or tokenizer, a module the
+    light runtime cannot run, or a file that differs from the export's pins is one UserInputError naming it.
 
     Example:
         >>> load_light_model("runs/minilm-openvino", "openvino", inference_precision="fp32").description

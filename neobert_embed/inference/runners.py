@@ -1,9 +1,8 @@
 """The runtimes an exported graph runs on: ONNX Runtime and OpenVINO, token ids in, hidden states out.
 
-Why a module of its own: the light runtime (:mod:`neobert_embed.inference.light`) and ``export``'s
-check run the same files the same way, and neither may import torch for it: only numpy and, when a
-runner is made, its runtime. Both runtimes get ``threads`` (ONNX Runtime would otherwise start one per
-core), ONNX Runtime one inter-op thread and OpenVINO the latency hint (all threads on one request).
+Why a module of its own: the light runtime and ``export``'s check run the same files the same way,
+without torch. Both runtimes get ``threads`` (ONNX Runtime would otherwise start one per core), ONNX
+Runtime one inter-op thread and OpenVINO the latency hint (all threads on one request).
 
 Example:
     >>> runner = OnnxRunner(graph_file("runs/x-onnx", "onnx"), threads=2, device=None)
@@ -49,15 +48,14 @@ def graph_file(directory: str | Path, backend: str, quantized: bool = False) -> 
 
 def unreadable_graph(file: Path, runtime: str, exc: Exception) -> UserInputError:
     """One line for a graph its runtime cannot read (truncated, another runtime's), with the runtime's
-    own reason cut to its last line: ``runs/x-onnx/onnx/model.onnx: not a readable ONNX model (...)``."""
+    own reason's last line."""
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
     return UserInputError(f"{file}: not a readable {runtime} model ({reason}); export it again with "
                           f"`neobert-embed export MODEL --format {runtime.lower()} --output DIR --overwrite`")
 
 
 class Runner(Protocol):
-    """What a runtime gives the light runtime: its input names, one line naming it, and the call
-    (named int64 arrays in, ``(batch, length, hidden)`` fp32 out)."""
+    """A runtime, for the light runtime: named int64 arrays in, ``(batch, length, hidden)`` fp32 out."""
 
     name: str  # the runtime, as users know it: "ONNX Runtime", "OpenVINO"
     input_names: tuple[str, ...]
@@ -155,8 +153,7 @@ class OpenVINORunner:
 
 @dataclass(frozen=True)
 class ExportedGraph:
-    """Where an exported directory's graph is: its modules (``modules.json``), the Transformer module's
-    folder and the graph file a runtime loads."""
+    """An exported directory's modules (``modules.json``), Transformer folder and graph file."""
 
     modules: list[SavedModule]
     transformer_dir: Path

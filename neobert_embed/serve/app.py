@@ -1,13 +1,11 @@
 """The FastAPI application: OpenAI and TEI embedding endpoints, index search, health and metrics.
 
-Why: applications already speak the OpenAI embeddings API and Hugging Face TEI's ``/embed``; a
-trained model and a FAISS index become a product when those clients can query them unchanged.
-Handlers only validate, tokenize (once) and format: encoding goes through the dynamic batcher (one
-model thread), searching through the index registry, so the event loop is never blocked.
+Why: clients already speak the OpenAI embeddings API and TEI's ``/embed``. Handlers only validate,
+tokenize (once) and format; encoding goes through the dynamic batcher (one model thread), searching
+through the index registry, so the event loop is never blocked.
 
 Example:
-    >>> app = create_app(ServeSettings(model="sentence-transformers/all-MiniLM-L6-v2"))
-    >>> uvicorn.run(app, host="127.0.0.1", port=8080)
+    >>> uvicorn.run(create_app(ServeSettings(model="sentence-transformers/all-MiniLM-L6-v2")), port=8080)
 """
 
 from __future__ import annotations
@@ -61,9 +59,8 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
     """Load the model (once; an export runs without torch), open the indexes, set up batching and metrics.
 
     Example:
-        >>> state = build_state(ServeSettings(model="runs/my-embedder", indexes=["runs/my-index"]))
-        >>> state.engine.max_seq_length, state.indexes.names
-        (512, ['my-index'])
+        >>> build_state(ServeSettings(model="runs/my-embedder", indexes=["runs/my-index"])).indexes.names
+        ['my-index']
     """
     settings.check()
     for directory in settings.indexes:  # a damaged index fails now, before the model loads
@@ -80,11 +77,8 @@ def build_state(settings: ServeSettings, served: InferenceModel | None = None) -
 
 
 def create_app(settings: ServeSettings, served: InferenceModel | None = None) -> FastAPI:
-    """The ASGI application for ``settings`` (the model is loaded now, batching starts with the app).
-
-    Example:
-        >>> app = create_app(ServeSettings(model="runs/my-embedder", api_key="s3cret"))
-    """
+    """The ASGI application for ``settings`` (the model is loaded now, batching starts with the app);
+    example in the module docstring."""
     state = build_state(settings, served)
 
     @contextlib.asynccontextmanager
@@ -183,8 +177,8 @@ def _check_texts(state: ServerState, texts: list[str]) -> None:
 
 async def _embed(state: ServerState, path: str, texts: list[str], prompt: str | None, truncate: bool,
                  dimensions: int | None = None, normalize: bool = False) -> tuple[np.ndarray, int]:
-    """The vectors (cut at ``dimensions``) and tokens of a request, tokenized once: 413 for a too-long text
-    unless truncating, 422 for more dimensions than the model's, before any work is queued."""
+    """The vectors (cut at ``dimensions``) and tokens of a request, tokenized once, refused before any
+    work is queued."""
     _check_texts(state, texts)
     if sum(map(len, texts)) <= INLINE_TOKENIZE_CHARS:  # ~0.1 ms of tokenizing: no thread hop
         tokenized = state.engine.tokenize(texts, prompt)

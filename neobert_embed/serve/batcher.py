@@ -1,10 +1,8 @@
 """Dynamic batching: the inputs of concurrent requests merged into token-budgeted, length-ordered batches.
 
 Why: a forward pass over one short text costs almost as much as over thirty. Waiting inputs are cut by
-:func:`~neobert_embed.inference.pipeline.plan_batches`, every command's batching rule (padded tokens, or
-real ones for an engine that un-pads); while a batch runs, new requests queue for the next, so under
-load batches fill by themselves. The forward runs in ONE worker thread, never on the event loop; the
-queue is bounded (:class:`QueueFull`: 503 + Retry-After).
+every command's batching rule (:func:`~neobert_embed.inference.pipeline.plan_batches`); while a batch
+runs in the ONE model thread, new requests queue for the next, so under load batches fill by themselves.
 
 Example:
     >>> batcher = DynamicBatcher(engine.forward, max_batch_tokens=16384, max_wait_ms=2, max_queue=4096)
@@ -31,8 +29,7 @@ from neobert_embed.serve.errors import APIError
 if TYPE_CHECKING:
     from neobert_embed.serve.metrics import ServeMetrics
 
-#: The model thread's forward: the inputs of a batch (what ``embed`` was given: a request's tokenized
-#: rows in the server) and each one's prompt, to float32 vectors in that order.
+#: The model thread's forward: a batch's inputs (as ``embed`` got them) and prompts → float32 vectors.
 ForwardFn = Callable[[Sequence[object], Sequence[str | None]], np.ndarray]
 PADDED_MIN_FILL = 0.5  # by default a padded model's batch never pads an input to more than twice its length
 

@@ -1,11 +1,8 @@
 """What the server allows a TCP connection: how long it may idle or dribble, and who may reach it.
 
-Why: uvicorn closes a keep-alive connection idle for ``timeout_keep_alive`` seconds, but any byte
-cancels that timer, so clients sending a request one byte at a time (or nothing) held sockets for
-ever. Here a connection must deliver a whole request (head and body) within
-:data:`REQUEST_READ_SECONDS` of opening or of its previous response, else it is closed; an idle one
-closes after :data:`KEEP_ALIVE_SECONDS`; a head larger than :data:`MAX_HEAD_BYTES` is refused by h11.
-docs/serving.md states these limits.
+Why: any byte cancels uvicorn's keep-alive timer, so clients sending a request one byte at a time held
+sockets for ever. Here a connection must deliver a whole request within :data:`REQUEST_READ_SECONDS` of
+opening or of its previous response, else it is closed (docs/serving.md states these limits).
 
 Example:
     >>> uvicorn.run(app, host="127.0.0.1", port=8080, **connection_limits())
@@ -80,19 +77,14 @@ def connection_limits(read_seconds: float = REQUEST_READ_SECONDS) -> dict[str, A
             "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable only from this machine (``127.0.0.1``, ``::1``, ``localhost``)."""
-    if host.strip().lower() in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve to any interface
-        return False
-
-
 def exposure_warning(host: str, api_key: str | None) -> str | None:
-    """The warning for a server reachable beyond this machine without an API key, or None."""
-    if api_key or is_loopback(host):
+    """The warning for a server reachable beyond this machine (not ``127.0.0.1``, ``::1``, ``localhost``)
+    without an API key, or None."""
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        loopback = host.strip().lower() in ("localhost", "localhost.localdomain")
+    if api_key or loopback:
         return None
     return (f"listening on {host} (beyond this machine) without an API key: anyone who can reach this port can "
             "use the model and read the indexes' documents; pass --api-key KEY (or set NEOBERT_EMBED_API_KEY), "

@@ -1,10 +1,8 @@
-"""The server's one engine, whatever runtime runs the model: the prompt rule, one tokenization per
-request, and the batcher's merged rows in one forward per prompt present.
+"""The server's one engine, whatever runtime runs the model (torch, or an export's light runtime).
 
-Why: requests must be encoded as ``SentenceTransformer.encode`` would (the model's prompts,
-max_seq_length, pooling, Normalize), yet share forward passes. Both runtimes (torch, an export's light
-runtime) stand behind one :class:`~neobert_embed.inference.pipeline.Engine`, so the server holds one engine:
-a request is tokenized once when it comes (its token counts and the ids the forward reads).
+Why: requests must be encoded as ``SentenceTransformer.encode`` would (prompts, max_seq_length,
+pooling, Normalize), yet share forward passes: a request is tokenized once when it comes, and the
+batcher's merged rows run in one forward per prompt present.
 
 Example:
     >>> engine = Embedder(load_inference_model("sentence-transformers/all-MiniLM-L6-v2", "fp32"))
@@ -46,24 +44,17 @@ class Embedder:
             self.engine.max_seq_length = self.max_seq_length
 
     def prompt_for(self, prompt_name: str | None) -> str | None:
-        """The prompt ``encode(prompt_name=...)`` would use; None means the model's default prompt.
-
-        Example:
-            >>> engine.prompt_for("query")
-            'query: '
-        """
+        """The prompt ``encode(prompt_name=...)`` would use (None: the model's default): ``'query: '``."""
         from neobert_embed.sentence import resolve_prompt
 
         return resolve_prompt(self.model, prompt_name, required="prompt_name") or None
 
     def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
-        """A request's texts with ``prompt``, tokenized once as ``encode`` would (truncated at
-        ``max_seq_length``; ``cut`` says which were longer)."""
+        """A request's texts with ``prompt``, tokenized once (``cut`` says which were truncated)."""
         return self.engine.tokenize(list(texts), prompt)
 
     def forward(self, rows: Sequence[Row], prompts: Sequence[str | None]) -> np.ndarray:
-        """Embed tokenized ``rows`` (``prompts[i]`` is row i's prompt) in one pass per distinct prompt:
-        float32 (n, dimension), in input order."""
+        """Embed ``rows`` (``prompts[i]`` is row i's) in one pass per distinct prompt, in input order."""
         out = np.empty((len(rows), self.dimension), dtype=np.float32)
         groups: dict[str | None, list[int]] = {}
         for index, prompt in enumerate(prompts):

@@ -1,10 +1,9 @@
 """Refusals: every one a 4xx JSON body with a one-line message, never a crash, from the edge in.
 
-Why: clients (the ``openai`` package included) read ``{"error": {"message", "type", "code"}}``; a
-malformed body, an unknown index or a full queue must tell the caller what to change while the server
-keeps serving; an unexpected exception becomes a 500 naming its class, logged once. A 5 MB body is
-refused (413) before it is parsed, declared or not, by :class:`EdgeMiddleware`, a pure ASGI middleware
-(no per-request cost of Starlette's ``BaseHTTPMiddleware``) that also counts and times every response.
+Why: clients (the ``openai`` package included) read ``{"error": {"message", "type", "code"}}`` and must
+learn what to change while the server keeps serving; an unexpected exception is a 500 naming its class.
+A too-large body is refused (413) before it is parsed by :class:`EdgeMiddleware`, a pure ASGI middleware
+(no per-request cost of ``BaseHTTPMiddleware``) that also counts and times every response.
 
 Example:
     >>> app = EdgeMiddleware(fastapi_app, metrics=ServeMetrics(), max_body=2_000_000)
@@ -120,8 +119,7 @@ class EdgeMiddleware:
             self.metrics.observe_request(scope.get("path", ""), status, time.perf_counter() - start)
 
     async def _bounded_body(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
-        """A ``receive`` replaying the whole body, or None when a 413 was already sent (h11 refuses a
-        Content-Length that is not a number before the app is called)."""
+        """A ``receive`` replaying the whole body, or None when a 413 was already sent."""
         if scope.get("method") not in {"POST", "PUT", "PATCH"}:
             return receive
         chunks, size, more = [], 0, True

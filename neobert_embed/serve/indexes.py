@@ -1,10 +1,9 @@
 """The indexes a server searches, reopened when ``index add`` changes them.
 
 Why: ``index add`` replaces an index directory atomically, and a server must serve the new documents
-without a restart: each request compares the manifest's identity (inode, size, mtime) with the one
-opened and reopens it when it changed. A directory gone for good is refused (503) and reported by
-``/health`` until it is back. Queries go through the server's batcher when the index was built by the
-served model (same weights, max_seq_length and compute precision), else through the index's own model.
+without a restart: each request compares the manifest's (inode, size, mtime) with the one opened. A
+directory gone for good is refused (503) and reported by ``/health`` until it is back. Queries go through
+the server's batcher when the served model built the index, else through the index's own model.
 
 Example:
     >>> registry = IndexRegistry(["runs/news-index"], served=served)
@@ -123,8 +122,8 @@ class IndexRegistry:
         return current
 
     def _vanished(self, name: str, directory: Path) -> bool:
-        """Whether ``directory`` is gone for good (not being replaced by ``index add``, which holds its
-        writer lock and renames the new version in within microseconds); logged once."""
+        """Whether ``directory`` is gone for good, not being replaced by ``index add`` (which holds its writer
+        lock); logged once."""
         if read_holder(directory) is not None:
             return False  # mid-replacement: keep serving the open version
         time.sleep(VANISH_RECHECK_SECONDS)

@@ -1,8 +1,7 @@
 """Prometheus metrics of one server: requests, inputs, tokens, batches, queue depth, latency, errors.
 
 Why: an embedding server is tuned by its batch sizes and queue depth and watched by its latency and
-error codes: ``GET /metrics`` exposes them (``prometheus_client``'s text format). Each app has its own
-registry, so several servers in one process (tests) never share counters.
+errors. Each app has its own registry, so several servers in one process (tests) never share counters.
 
 Example:
     >>> metrics = ServeMetrics()

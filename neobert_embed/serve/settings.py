@@ -52,8 +52,7 @@ class ServeSettings:
 
     def check(self) -> None:
         """Refuse inconsistent limits, naming the flag (``load_inference_model`` checks ``--precision`` and
-        ``--backend``): ``ServeSettings(model="m", max_inputs=10, max_queue=5).check()`` raises
-        ``UserInputError: --max-queue (5) must be at least --max-inputs (10) ...``."""
+        ``--backend``)."""
         for flag, value in (("--max-batch-tokens", self.max_batch_tokens), ("--max-inputs", self.max_inputs),
                             ("--max-queue", self.max_queue), ("--max-request-bytes", self.max_request_bytes),
                             ("--max-input-tokens", self.max_input_tokens)):
