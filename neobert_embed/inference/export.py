@@ -183,7 +183,7 @@ def export_model(
 
     from neobert_embed.files import atomic_directory, check_free_space, remove_debris
     from neobert_embed.inference.artifact_hashes import PINS_KEY, pin_export
-    from neobert_embed.inference.runners import GRAPH_FILES, OUTPUT_NAME
+    from neobert_embed.inference.runners import GRAPH_FILES
     from neobert_embed.inference.runtime import model_fingerprint
     from neobert_embed.model_files import model_bytes
     from neobert_embed.runs import claimed_directory
@@ -203,7 +203,7 @@ def export_model(
         with atomic_directory(output, record=EXPORT.name) as tmp:
             model.save(str(tmp))
             onnx_file = tmp / GRAPH_FILES["onnx"][0]
-            _export_onnx(graph, model, inputs, onnx_file, OUTPUT_NAME)
+            _export_onnx(graph, model, inputs, onnx_file)
             if format == "openvino":
                 import openvino as ov
 
@@ -393,21 +393,22 @@ def _padded_neobert(encoder: NeoBERTModel) -> nn.Module:
     return PaddedNeoBERT().eval()
 
 
-def _export_onnx(graph: nn.Module, model: SentenceTransformer, inputs: tuple[str, ...], file: Path,
-                 output_name: str) -> None:
+def _export_onnx(graph: nn.Module, model: SentenceTransformer, inputs: tuple[str, ...], file: Path) -> None:
     """Trace ``graph`` on a padded batch and write it with dynamic batch and sequence axes."""
     import torch
 
+    from neobert_embed.inference.runners import OUTPUT_NAME
+
     sample = model.preprocess(list(TRACE_TEXTS))
     args = tuple(sample[name] for name in inputs)
-    axes = {name: {0: "batch_size", 1: "sequence_length"} for name in (*inputs, output_name)}
+    axes = {name: {0: "batch_size", 1: "sequence_length"} for name in (*inputs, OUTPUT_NAME)}
     file.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter: onnxscript is not needed
         warnings.filterwarnings("ignore", message="Exporting aten::index operator")  # arange indices (masks)
         torch.onnx.export(graph, args, str(file), dynamo=False, opset_version=OPSET, input_names=list(inputs),
-                          output_names=[output_name], dynamic_axes=axes, do_constant_folding=True)
+                          output_names=[OUTPUT_NAME], dynamic_axes=axes, do_constant_folding=True)
 
 
 def _quantize_onnx(fp32: Path, int8: Path) -> str:
