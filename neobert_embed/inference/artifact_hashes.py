@@ -5,11 +5,8 @@ under the same ``export.json`` would otherwise encode other vectors with exit 0 
 index built with the original model). Loading refuses, in one line naming the file, one that is missing,
 changed, or present without a pin; an export without pins is refused too. The hash is XXH3-128 over a
 memory map, not SHA-256, because it runs at every ``encode --backend onnx`` (docs/data-safety.md has
-the cost); it detects damage and edits, it is not a signature.
-
-Example:
-    >>> record["pins"] = pin_export(Path("runs/x-onnx"))   # at export, after every file is written
-    >>> verify_export(Path("runs/x-onnx"), Path("runs/x-onnx/onnx/model.onnx"))   # at load
+the cost); it detects damage and edits, it is not a signature. Examples: :func:`pin_export` (at
+export), :func:`verify_export` (at load).
 """
 
 from __future__ import annotations

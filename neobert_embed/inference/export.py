@@ -5,12 +5,7 @@ something else is worse than none. The export writes ``model.save``'s directory 
 sentence-transformers' ``backend=`` loaders look for it, then encodes texts with every file written
 through the light runtime (what users run) and compares them with the torch fp32 model: an fp32 file
 below a mean cosine of 0.9999 is refused. Figures and file hashes go into ``export.json``; how each
-file is made and what it measured: docs/performance.md ("Export").
-
-Example:
-    >>> report = export_model("runs/my-embedder", "runs/my-embedder-onnx", "onnx", quantize="int8")
-    >>> report.summary()
-    'exported runs/my-embedder → runs/my-embedder-onnx/onnx/model_qint8_avx512_vnni.onnx (33.6 MB) ...'
+file is made and what it measured: docs/performance.md ("Export"). Example: :func:`export_model`.
 """
 
 from __future__ import annotations
@@ -105,7 +100,8 @@ class ExportReport:
     source_fingerprint: str | None = None
 
     def summary(self) -> str:
-        """One line: the file, its size and its cosine to the torch fp32 model."""
+        """One line: the file, its size and its cosine to the torch fp32 model: ``exported runs/my-embedder →
+        runs/my-embedder-onnx/onnx/model_qint8_avx512_vnni.onnx (33.6 MB); cosine to torch fp32: ...``."""
         checked = self.int8 or self.fp32
         line = (f"exported {self.source} → {self.file} ({self.size_bytes / 1e6:.1f} MB); cosine to torch fp32: "
                 f"mean {checked.mean:.6f}, min {checked.minimum:.6f} on {checked.texts} texts")

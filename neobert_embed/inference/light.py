@@ -3,12 +3,8 @@
 Why: importing torch, transformers and sentence-transformers takes seconds, longer than encoding a few
 texts; the graph holds the encoder, and what sentence-transformers does around it (Transformer → Pooling
 → optionally Normalize, read from the files its loaders read) is small. :class:`LightModel` is an
-:class:`~neobert_embed.inference.pipeline.Engine`: it runs the one encoding loop.
-
-Example:
-    >>> model = load_light_model("runs/minilm-onnx", "onnx")
-    >>> model.encode(["how do I reset my password?"], prompt_name="query").shape
-    (1, 384)
+:class:`~neobert_embed.inference.pipeline.Engine`: it runs the one encoding loop (example:
+:func:`load_light_model`).
 """
 
 from __future__ import annotations

@@ -2,12 +2,8 @@
 
 Why a module of its own: the light runtime and ``export``'s check run the same files the same way,
 without torch. Both runtimes get ``threads`` (ONNX Runtime would otherwise start one per core), ONNX
-Runtime one inter-op thread and OpenVINO the latency hint (all threads on one request).
-
-Example:
-    >>> runner = OnnxRunner(graph_file("runs/x-onnx", "onnx"), threads=2, device=None)
-    >>> runner({"input_ids": ids, "attention_mask": mask}).shape
-    (2, 7, 384)
+Runtime one inter-op thread and OpenVINO the latency hint (all threads on one request). Example:
+:func:`make_runner`.
 """
 
 from __future__ import annotations
