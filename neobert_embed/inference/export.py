@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
     from torch import nn
 
-    from neobert_embed.modeling import NeoBERTModel
 
 logger = logging.getLogger(__name__)
 
@@ -313,6 +312,7 @@ def _traceable_encoder(model: SentenceTransformer) -> tuple[nn.Module, tuple[str
     from torch import nn
 
     from neobert_embed.modeling import NeoBERTModel
+    from neobert_embed.modeling.padded_export import PaddedNeoBERT
 
     first = model[0]
     if not isinstance(first, Transformer) or first.auto_model is None:
@@ -321,7 +321,7 @@ def _traceable_encoder(model: SentenceTransformer) -> tuple[nn.Module, tuple[str
     encoder = copy.deepcopy(first.auto_model).float().eval()
     if isinstance(encoder, NeoBERTModel):
         encoder.config.attention_backend = "padded"  # the copy only: the saved model keeps its setting
-        return _padded_neobert(encoder), ("input_ids", "attention_mask")
+        return PaddedNeoBERT(encoder).eval(), ("input_ids", "attention_mask")
     produced = model.preprocess(list(TRACE_TEXTS))
     accepted = inspect.signature(encoder.forward).parameters
     names = tuple(name for name in ("input_ids", "attention_mask", "token_type_ids")
@@ -336,57 +336,6 @@ def _traceable_encoder(model: SentenceTransformer) -> tuple[nn.Module, tuple[str
             return self.encoder(**dict(zip(names, inputs, strict=True)), return_dict=True).last_hidden_state
 
     return LastHiddenState().eval(), names
-
-
-def _padded_neobert(encoder: NeoBERTModel) -> nn.Module:
-    """NeoBERT's padded reference forward (``attention_backend="padded"``: masked SDPA over the padded
-    batch) over ``encoder``'s own layers, in operations a graph holds: un-padding has data-dependent shapes,
-    and opset 17 has neither complex numbers (RoPE rotates adjacent pairs with real cos/sin here, at the
-    model's frequencies; ``dynamic`` scaling keeps its base ones) nor RMSNorm (written out). Pad positions
-    come out zero, as from the un-padded model. Made here so that importing this module imports no torch.
-    """
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    def rms_norm(x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
-        eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm.weight
-
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        pairs = x.float().unflatten(-1, (-1, 2))
-        even, odd = pairs[..., 0], pairs[..., 1]
-        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).type_as(x)
-
-    class PaddedNeoBERT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = encoder
-            rotary = encoder.rotary
-            self.register_buffer("inv_freq", rotary.float32_inv_freq(torch.device("cpu")), persistent=False)
-            self.scaling = float(rotary.attention_scaling)
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            model = self.encoder
-            hidden = model.encoder(input_ids)
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device, dtype=torch.float32)
-            angles = positions[:, None] * self.inv_freq[None, :]  # (length, head_dim / 2)
-            # broadcast over (batch, length, heads, [q, k], head_dim / 2)
-            cos = (torch.cos(angles) * self.scaling)[None, :, None, None, :]
-            sin = (torch.sin(angles) * self.scaling)[None, :, None, None, :]
-            mask = attention_mask.bool()[:, None, None, :]
-            for layer in model.transformer_encoder:
-                qkv = layer.qkv(rms_norm(hidden, layer.attention_norm)).unflatten(
-                    -1, (layer.num_heads, 3, layer.head_dim))
-                qk = rotate(qkv[..., :2, :], cos, sin)
-                attended = F.scaled_dot_product_attention(
-                    qk[..., 0, :].transpose(1, 2), qk[..., 1, :].transpose(1, 2), qkv[..., 2, :].transpose(1, 2),
-                    attn_mask=mask).transpose(1, 2)
-                hidden = hidden + layer.wo(attended.flatten(-2))
-                hidden = hidden + layer.ffn(rms_norm(hidden, layer.ffn_norm))
-            return rms_norm(hidden, model.layer_norm) * attention_mask[..., None].to(hidden.dtype)
-
-    return PaddedNeoBERT().eval()
 
 
 def _export_onnx(graph: nn.Module, model: SentenceTransformer, inputs: tuple[str, ...], file: Path) -> None:
