@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
 
-from neobert_embed.inference.pipeline import SIDE_BY_SIDE, pipeline_of
+from neobert_embed.inference.pipeline import SIDE_BY_SIDE, engine_of
 from neobert_embed.inference.runtime import cosine_to, load_inference_model
 from neobert_embed.inference.unpadded import restore_padded, supports_unpadded, unpad_encoders
 from neobert_embed.machine import describe_machine
@@ -146,7 +146,7 @@ def mixed_texts(shared_data) -> list[str]:
 def test_the_commands_loader_runs_minilm_unpadded_with_the_padded_vectors(minilm_path, mixed_texts, precision):
     padded = load_inference_model(str(minilm_path), precision, unpadded=False)
     loaded = load_inference_model(str(minilm_path), precision)
-    spread = f"; {SIDE_BY_SIDE}" if pipeline_of(loaded.model).side_by_side else ""  # more than one thread here
+    spread = f"; {SIDE_BY_SIDE}" if engine_of(loaded.model).side_by_side else ""  # more than one thread here
     assert padded.choice.description == f"{precision} (asked for){spread}"
     assert loaded.choice.description == f"{precision} (asked for); un-padded BertModel layers{spread}"
     assert loaded.choice.to_json()["layout"] == f"un-padded BertModel layers{spread}"

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import gc
 import hashlib
 import json
 import logging
@@ -261,29 +260,31 @@ def fingerprints_match(recorded: str | None, current: str | None) -> bool:
 
 
 def apply_precision(model: SentenceTransformer, precision: str, machine: Machine) -> None:
-    """Set ``model`` (fp32, as loaded) to compute at ``precision`` on ``machine``, in place.
+    """Set ``model`` (fp32, as loaded) to compute at ``precision`` on ``machine``, in place: its Linear layers
+    replaced where the precision does (:func:`replaces_layers`), and its ``autocast``, which
+    :class:`~neobert_embed.inference.embedding_model.EmbeddingModel`'s forward enters.
 
     Example:
         >>> apply_precision(model, "int8", describe_machine())
     """
     from neobert_embed.inference.kernels import (
+        AUTOCAST_DTYPES,
         hold_linears_in,
         pack_linears_bf16,
         quantize_linears_int8,
-        run_forward_in,
     )
 
-    device_type = "cpu" if machine.is_cpu else machine.device.split(":")[0]
+    autocast = precision
     if precision == "int8":
         quantize_linears_int8(model)
-        run_forward_in(model, device_type, "bf16" if machine.bf16_units else "fp32")
-        return
-    if replaces_layers(precision, machine):
+        autocast = "bf16" if machine.bf16_units else "fp32"
+    elif replaces_layers(precision, machine):
         if machine.is_cpu:
             pack_linears_bf16(model)
         else:  # a GPU: the weights in the compute dtype, no cast inside each forward
             hold_linears_in(model, precision)
-    run_forward_in(model, device_type, precision)
+    device_type = "cpu" if machine.is_cpu else machine.device.split(":")[0]
+    model.autocast = (device_type, autocast) if autocast in AUTOCAST_DTYPES else None
 
 
 def replaces_layers(precision: str, machine: Machine) -> bool:
@@ -523,33 +524,30 @@ def load_inference_model(
     machine = describe_machine(device)
     check_precision_fits(precision, machine)
     from neobert_embed.inference.embedding_model import EmbeddingModel
+    from neobert_embed.inference.pipeline import SIDE_BY_SIDE, DirectTokenizer, EngineOptions
+    from neobert_embed.inference.unpadded import unpad_encoders
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(source if isinstance(source, CheckedModel) else str(source), max_seq_length,
                                 device=device or machine.device, revision=revision, model_class=EmbeddingModel)
     model.eval()
     digest = model_fingerprint(model) if fingerprint else None
-    from neobert_embed.inference.unpadded import unpad_encoders
-
     encoders = unpad_encoders(model) if unpadded else []
     layout = f"un-padded {', '.join(sorted(set(encoders)))} layers" if encoders else None
-    from neobert_embed.inference.pipeline import SIDE_BY_SIDE, install
-
     unpads = bool(encoders) or _model_type(model) == "neobert"  # NeoBERT drops padding in its own forward
-    pipeline = install(model, side_by_side=spread and spreads_on(machine, "fp32"), unpads=unpads)  # auto measures through it
-    if precision == "auto":
+    model.direct_tokenizer = DirectTokenizer(model)
+    model.engine_options = EngineOptions(side_by_side=spread and spreads_on(machine, "fp32"), unpads=unpads)
+    if precision == "auto":  # measured through the engine (model.encode), each trial on a copy of its own
         measure = functools.partial(_remembered_choice, model, sample_texts or BUILTIN_SAMPLE, machine, batch_size,
                                     digest or model_fingerprint(model))
         choice = agree(measure) if agree is not None else measure()
     else:
         choice = PrecisionChoice(precision, precision, "asked for", machine.summary())
     apply_precision(model, choice.precision, machine)
-    pipeline.side_by_side = spread and spreads_on(machine, choice.precision)
-    if pipeline.side_by_side:
+    model.engine_options = replace(model.engine_options, side_by_side=spread and spreads_on(machine, choice.precision))
+    if model.engine_options.side_by_side:
         layout = "; ".join(filter(None, (layout, SIDE_BY_SIDE)))
     choice = replace(choice, layout=layout)
-    if precision == "auto":  # the trial copies are reference cycles (their pipeline is bound to them)
-        gc.collect()
     release_freed_memory()  # what the measurement's copies and trial batches held
     logger.debug("compute precision: %s on %s", choice.description, machine.summary())
     return InferenceModel(model, choice, "torch", digest)
