@@ -569,21 +569,22 @@ def _run_side_by_side(run: Callable[[np.ndarray], np.ndarray], batches: list[np.
 
     threads = torch.get_num_threads()
     workers = min(threads, len(batches))
-
-    def one(rows: np.ndarray) -> np.ndarray:
-        torch.set_num_threads(max(1, threads // workers))  # this worker's own operators
-        return run(rows)
-
     try:
-        return list(_pool(workers).map(one, batches))
+        return list(_pool(workers, max(1, threads // workers)).map(run, batches))
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # the count threads started later take: the caller's (see _pool)
 
 
 @functools.cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """One pool per worker count, kept for the process (its threads idle between calls)."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neobert-embed-batch")
+def _pool(workers: int, threads_each: int) -> ThreadPoolExecutor:
+    """One pool per shape, kept for the process (its threads idle between calls). Each worker sets its own
+    intra-op thread count once, when it starts: under OpenMP that count belongs to the calling thread (the
+    caller's is unchanged), but torch also keeps the last count set as the one later threads start with,
+    which :func:`_run_side_by_side` gives back to the caller's."""
+    import torch
+
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neobert-embed-batch",
+                              initializer=torch.set_num_threads, initargs=(threads_each,))
 
 
 def engine_of(model: SentenceTransformer | Engine) -> Engine:
