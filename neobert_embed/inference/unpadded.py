@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-import types
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,29 +71,42 @@ def _is_bert_layer(layer: nn.Module) -> bool:
 
 
 def unpad_encoders(model: nn.Module) -> list[str]:
-    """Make every supported encoder inside ``model`` run un-padded (in place); returns their class names
-    (none for NeoBERT, un-padded already, or MPNet). :func:`restore_padded` undoes it."""
+    """Make every supported encoder inside ``model`` an instance of its :func:`unpadded_class` (in place, as
+    ``torch.nn.utils.parametrize`` does); returns their class names (none for NeoBERT, un-padded already, or
+    MPNet). :func:`restore_padded` undoes it."""
     changed = []
     for module in model.modules():
-        if supports_unpadded(module):
-            module.forward = types.MethodType(_unpadded_forward, module)  # type: ignore[method-assign]
+        if supports_unpadded(module) and type(module).forward is not _unpadded_forward:
+            module.__class__ = unpadded_class(type(module))
             changed.append(type(module).__name__)
     return changed
 
 
 def restore_padded(model: nn.Module) -> None:
-    """Undo :func:`unpad_encoders`: every encoder inside ``model`` runs the library's forward again."""
+    """Undo :func:`unpad_encoders`: every encoder inside ``model`` is of the library's class again."""
     for module in model.modules():
-        bound = vars(module).get("forward")
-        if isinstance(bound, types.MethodType) and bound.__func__ is _unpadded_forward:
-            del module.forward
+        if type(module).forward is _unpadded_forward:
+            module.__class__ = type(module).__bases__[0]
+
+
+@functools.cache
+def unpadded_class(encoder_class: type[nn.Module]) -> type[nn.Module]:
+    """``encoder_class`` with the un-padded forward, under the same module and name: a saved config names the
+    library's class, and transformers finds what its class records (its output registry is keyed by name).
+
+    Example:
+        >>> unpadded_class(BertModel).__bases__, unpadded_class(BertModel).__name__
+        ((<class 'transformers.models.bert.modeling_bert.BertModel'>,), 'BertModel')
+    """
+    names = {"__module__": encoder_class.__module__, "__qualname__": encoder_class.__qualname__}
+    return type(encoder_class.__name__, (encoder_class,), {"forward": _unpadded_forward, **names})
 
 
 def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
                       attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
                       **kwargs: object) -> BaseModelOutput:
     """The encoder's forward on the real tokens only (see the module docstring)."""
-    padded_forward = type(self).forward
+    padded_forward = type(self).__bases__[0].forward
     asks_more = any(kwargs.get(name) not in (None, False) for name in _PADDED_ONLY)
     packed = _runs_packed_bf16(self)
     # a batch without padding gains nothing here, except where the layers are packed: it then runs the
