@@ -48,6 +48,8 @@ class EmbeddingModel(SentenceTransformer):
     def encode(self, inputs=None, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201  (sentence-transformers' signature)
         if args or not pipelined(self, inputs, kwargs):
             return super().encode(inputs, *args, **kwargs)
+        if self.direct_tokenizer is None:  # built without the loader: decided on the first call, kept
+            self.direct_tokenizer = DirectTokenizer(self)
         vectors = encode(engine_of(self), inputs, prompt=self._prompt(kwargs), batch_size=kwargs.get("batch_size", 32),
                          normalize=bool(kwargs.get("normalize_embeddings", False)))
         if kwargs.get("convert_to_tensor"):

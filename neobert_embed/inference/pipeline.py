@@ -134,7 +134,10 @@ class DirectTokenizer:
 
     def _check(self, model: SentenceTransformer, prompt: str | None) -> _Agreement | None:
         texts = [*PROBE_TEXTS, "a " * (2 * self.fast.max_seq_length)]
-        reference = tokenize_with_preprocess(model, texts, prompt)
+        try:
+            reference = tokenize_with_preprocess(model, texts, prompt)
+        except (UserInputError, TypeError, ValueError):  # no plain-text preprocess: every call then says why
+            return None
         mine = self.fast.tokenize([(prompt or "") + text for text in texts])
         if (mine.padding == reference.padding and np.array_equal(mine.lengths, reference.lengths)
                 and np.array_equal(mine.cut, reference.cut)
@@ -446,30 +449,19 @@ class EncodePipeline:
         self.options = dataclasses.replace(getattr(model, "engine_options", None) or EngineOptions(), **options)
         self.direct = getattr(model, "direct_tokenizer", None) or DirectTokenizer(model)
 
-    @property
-    def side_by_side(self) -> bool:
-        return self.options.side_by_side
-
-    @property
-    def unpads(self) -> bool:
-        return self.options.unpads
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.model.device.type != "cpu"
+    side_by_side = property(lambda self: self.options.side_by_side)
+    unpads = property(lambda self: self.options.unpads)
+    on_gpu = property(lambda self: self.model.device.type != "cpu")
+    dimension = property(lambda self: int(self.model.get_embedding_dimension()))
 
     @property
     def max_seq_length(self) -> int:
-        """Inputs are truncated to this many tokens."""
+        """Inputs are truncated to this many tokens (the model's; set it on the model or here)."""
         return int(self.model.max_seq_length)
 
     @max_seq_length.setter
     def max_seq_length(self, value: int) -> None:
         self.model.max_seq_length = int(value)
-
-    @property
-    def dimension(self) -> int:
-        return int(self.model.get_embedding_dimension())
 
     @property
     def normalizes(self) -> bool:
@@ -513,12 +505,14 @@ class EncodePipeline:
 
     def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
         """The vectors of one tokenized chunk (rows in its order)."""
+        import torch
+
         batches = self.plan(tokenized, batch_size)
         if self.on_gpu:
             return self._run_on_gpu(tokenized, batches, normalize)
         out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
         run = functools.partial(self._host_vectors, tokenized, normalize=normalize)
-        if self.side_by_side and len(batches) > 1 and _threads() > 1:
+        if self.side_by_side and len(batches) > 1 and torch.get_num_threads() > 1:
             results = _run_side_by_side(run, batches)
         else:
             results = map(run, batches)
@@ -555,12 +549,6 @@ def _to_device(value: object, device: torch.device) -> object:
     if isinstance(value, torch.Tensor):
         return value.to(device, non_blocking=True)
     return value
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def _run_side_by_side(run: Callable[[np.ndarray], np.ndarray], batches: list[np.ndarray]) -> list[np.ndarray]:
