@@ -347,12 +347,7 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
 
     from neobert_embed.encoding import encode_texts
     from neobert_embed.inference import pipeline as pipeline_module
-    from neobert_embed.inference.pipeline import (
-        EncodePipeline,
-        pipeline_for,
-        tokenize,
-        tokenize_with_preprocess,
-    )
+    from neobert_embed.inference.pipeline import EncodePipeline, engine_of, tokenize_with_preprocess
     from neobert_embed.inference.runtime import cosine_to, load_inference_model
 
     batch = ctx.scale.batch_size
@@ -368,7 +363,7 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
     tokenizer_s, encoded = best_seconds(lambda: plain.tokenizer(texts, padding=True, truncation=True,
                                                                 max_length=SEQUENCE, return_tensors="pt"), 2)
     tokens = int(encoded["attention_mask"].sum())
-    pipeline_tokenize_s, tokenized = best_seconds(lambda: tokenize(auto.model, texts), 2)
+    pipeline_tokenize_s, tokenized = best_seconds(lambda: engine_of(auto.model).tokenize(texts, None), 2)
     preprocess_s, _ = best_seconds(lambda: tokenize_with_preprocess(auto.model, texts), 2)
 
     def run_plain(count: int | None) -> np.ndarray:
@@ -387,7 +382,7 @@ def encode_row(ctx: Context, directory: Path, texts: list[str]) -> dict:
     reference = load_inference_model(directory, "fp32", device=ctx.device)
     fp32 = encode_texts(reference.model, texts, batch_size=batch)
     del reference
-    forward = {"toolkit_auto": forward_only_seconds(ctx, pipeline_for(auto.model), tokenized, batch),
+    forward = {"toolkit_auto": forward_only_seconds(ctx, engine_of(auto.model), tokenized, batch),
                "plain": forward_only_seconds(ctx, EncodePipeline(plain), tokenized, batch)}
     rates = {name: round(tokens / s, 1) for name, s in seconds.items()}
     ceiling = min(tokens / pipeline_tokenize_s, tokens / forward["toolkit_auto"])

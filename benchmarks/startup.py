@@ -86,8 +86,9 @@ mark("import_third_party")
 from neobert_embed.machine import describe_machine
 machine = describe_machine()
 mark("describe_machine")
+from neobert_embed.inference.embedding_model import EmbeddingModel
 from neobert_embed.sentence import load_sentence_model
-model = load_sentence_model(sys.argv[1])
+model = load_sentence_model(sys.argv[1], model_class=EmbeddingModel)
 model.eval()
 mark("load_model")
 texts = read_texts(sys.argv[2])

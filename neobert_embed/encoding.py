@@ -101,10 +101,12 @@ def encode_texts(
         (2, 768)
     """
     checked = check_texts(texts)
-    from neobert_embed.inference.pipeline import collect
-
-    dimension = int(model.get_embedding_dimension())
-    return collect(_checked_chunks(model, checked, batch_size, prompt_name, show_progress), len(checked), dimension)
+    out = np.empty((len(checked), int(model.get_embedding_dimension())), dtype=np.float32)
+    start = 0
+    for vectors in _checked_chunks(model, checked, batch_size, prompt_name, show_progress):
+        out[start:start + len(vectors)] = vectors
+        start += len(vectors)
+    return out
 
 
 def encode_text_chunks(
@@ -131,13 +133,13 @@ def _checked_chunks(model: SentenceTransformer, checked: list[str], batch_size: 
     if not checked:
         return
     from neobert_embed.console import document_progress
-    from neobert_embed.inference.pipeline import chunks_with
+    from neobert_embed.inference.pipeline import encode_chunks, engine_of
     from neobert_embed.sentence import resolve_prompt
 
     prompt = resolve_prompt(model, prompt_name)
     with document_progress(show_progress) as bar:
         task = bar.add_task("encoding", total=len(checked))
-        for vectors in chunks_with(model, checked, prompt=prompt or None, batch_size=batch_size,
+        for vectors in encode_chunks(engine_of(model), checked, prompt=prompt or None, batch_size=batch_size,
                                    on_truncated=functools.partial(_warn_truncated, model, len(checked))):
             bar.advance(task, len(vectors))
             yield vectors

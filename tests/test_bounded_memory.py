@@ -52,7 +52,7 @@ def test_encode_writes_the_matrix_as_it_goes_with_np_save_bytes(minilm_path, fp3
     def never(*args, **kwargs):
         raise AssertionError("encode collected the whole matrix")
 
-    monkeypatch.setattr(pipeline_module, "collect", never)
+    monkeypatch.setattr(pipeline_module, "encode", never)
     output = tmp_path / "vectors.npy"
     result = encode(minilm_path, texts_file, output, "--store-precision", stored)
     assert result.exit_code == 0, result.output

@@ -259,8 +259,7 @@ def test_already_tokenized_texts_run_the_one_loop(runtime, tiny_bert, tiny_onnx,
     monkeypatch.setattr(engine, "forward", recording)
     vectors = pipeline.encode_tokenized(engine, tokenized, batch_size=32)
     assert all(rows * width <= pipeline.CPU_BATCH_TOKENS for rows, width in seen) and len(seen) > 1
-    np.testing.assert_allclose(vectors, pipeline.collect(pipeline.encode_chunks(engine, texts), len(texts),
-                                                         engine.dimension), atol=1e-5)
+    np.testing.assert_allclose(vectors, pipeline.encode(engine, texts), atol=1e-5)
 
     def overflowing(features, *, normalize=False):
         out = forward(features, normalize=normalize)
@@ -270,3 +269,76 @@ def test_already_tokenized_texts_run_the_one_loop(runtime, tiny_bert, tiny_onnx,
     monkeypatch.setattr(engine, "forward", overflowing)
     with pytest.raises(UserInputError, match=r"passage \d+ of document 7: the model produced NaN"):
         pipeline.encode_tokenized(engine, tokenized, name_row=lambda row: f"passage {row + 1} of document 7")
+
+
+def test_a_loaded_model_carries_no_patched_method_and_no_engine_inside(tiny_bert):
+    """The loader builds classes, not patched instances: the model's ``encode``/``forward`` and its encoder's
+    ``forward`` are their classes' own (the un-padded encoder is of ``unpadded_class``), and the engine is built
+    from plain declared attributes (no pipeline object stored inside the model)."""
+    from neobert_embed.inference.embedding_model import EmbeddingModel
+    from neobert_embed.inference.pipeline import EncodePipeline, engine_of
+    from neobert_embed.inference.runtime import load_inference_model
+    from neobert_embed.inference.unpadded import unpadded_class
+
+    model = load_inference_model(str(tiny_bert), "bf16").model
+    encoder = model[0].auto_model
+    assert type(model) is EmbeddingModel and not {"encode", "forward"} & set(vars(model))
+    assert "forward" not in vars(encoder) and type(encoder) is unpadded_class(type(encoder).__bases__[0])
+    assert model.autocast == ("cpu", "bf16") and model.engine_options.unpads
+    assert not any(isinstance(value, EncodePipeline) for value in vars(model).values())
+    assert engine_of(model).model is model and engine_of(model).direct is model.direct_tokenizer
+
+
+def test_the_tokenizer_is_decided_at_load_on_the_probe_set(tiny_bert, monkeypatch):
+    """The Rust tokenizer is checked against ``preprocess`` when the model is loaded, for each of its prompts, on
+    a fixed probe set; encoding then never runs ``preprocess`` for those prompts, whatever the call's size, and a
+    prompt not known at load is checked once, on its first use."""
+    from neobert_embed.inference import pipeline
+    from neobert_embed.inference.runtime import load_inference_model
+
+    checked: list[str | None] = []
+    real_check = pipeline.DirectTokenizer._check
+    monkeypatch.setattr(pipeline.DirectTokenizer, "_check",
+                        lambda self, model, prompt: (checked.append(prompt), real_check(self, model, prompt))[1])
+    model = load_inference_model(str(tiny_bert), "fp32").model
+    known = {None, *model.prompts.values()}
+    assert sorted(checked, key=str) == sorted(known, key=str) and None not in model.direct_tokenizer.agreements.values()
+    preprocessed: list[int] = []
+    real_preprocess = pipeline.tokenize_with_preprocess
+    monkeypatch.setattr(pipeline, "tokenize_with_preprocess",
+                        lambda *a, **k: (preprocessed.append(1), real_preprocess(*a, **k))[1])
+    model.encode(SHORT[:1])
+    model.encode(SHORT * 20, batch_size=4)
+    assert preprocessed == [] and len(checked) == len(known)
+    model.encode(SHORT, prompt="query: ")
+    model.encode(SHORT, prompt="query: ")
+    assert checked[len(known):] == ["query: "] and preprocessed == [1]  # the probe of the new prompt only
+
+
+def test_side_by_side_workers_set_their_thread_count_once_not_per_batch(tiny_bert, monkeypatch):
+    """The workers' intra-op thread count is set when each worker starts (the pool's initializer); a later call
+    only gives the caller's count back as the default of threads started later."""
+    import threading
+
+    import torch
+
+    from neobert_embed.inference import pipeline
+    from neobert_embed.inference.runtime import load_inference_model
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = load_inference_model(str(tiny_bert), "fp32").model
+        assert pipeline.engine_of(model).side_by_side
+        model.encode(SHORT * 8, batch_size=2)  # the pool's workers start here (or in an earlier test)
+        calls: list[int] = []
+        real = torch.set_num_threads
+        monkeypatch.setattr(torch, "set_num_threads", lambda count: (calls.append(count), real(count))[1])
+        model.encode(SHORT * 8, batch_size=2)  # 12 batches over 2 workers
+        later: list[int] = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert calls == [2] and later == [2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)

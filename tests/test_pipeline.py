@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import weakref
 
 import numpy as np
 import pytest
@@ -17,14 +16,14 @@ from neobert_embed.encoding import encode_texts
 from neobert_embed.inference import pipeline as pipeline_module
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
 from neobert_embed.inference.pipeline import (
+    PROBE_TEXTS,
     SIDE_BY_SIDE,
+    DirectTokenizer,
     EncodePipeline,
-    install,
-    pipeline_of,
+    encode,
+    engine_of,
     plan_batches,
-    tokenize,
     tokenize_with_preprocess,
-    uninstall,
 )
 from neobert_embed.inference.runtime import (
     AUTO_SAMPLE,
@@ -56,7 +55,7 @@ def minilm(minilm_path):
         loaded = load_inference_model(str(minilm_path), "fp32")
     finally:
         torch.set_num_threads(previous)
-    assert pipeline_of(loaded.model).side_by_side and loaded.choice.layout.endswith(SIDE_BY_SIDE)
+    assert engine_of(loaded.model).side_by_side and loaded.choice.layout.endswith(SIDE_BY_SIDE)
     return loaded.model
 
 
@@ -90,17 +89,12 @@ def test_the_pipeline_gives_sentence_transformers_vectors_in_input_order(minilm,
     assert len(as_list) == len(TEXTS) and torch.allclose(torch.stack(as_list), plain_tensor, atol=1e-5)
 
 
-@pytest.fixture
-def fresh_verdicts(monkeypatch):
-    """No direct tokenizer made or trusted yet in this test."""
-    monkeypatch.setattr(pipeline_module, "_DIRECT", weakref.WeakKeyDictionary())
-
-
-def test_every_text_is_tokenized_once(minilm, monkeypatch, fresh_verdicts):
+def test_every_text_is_tokenized_once(minilm, monkeypatch):
     """One tokenizer call per chunk of texts, each text in exactly one call; the truncation count comes
     from the same call (the toolkit used to tokenize every text twice). Through ``preprocess`` here (no
     direct tokenizer); the direct one's single pass is the next test's."""
     monkeypatch.setattr(FastTokenizer, "of", classmethod(lambda cls, tokenizer, limit: None))
+    monkeypatch.setattr(minilm, "direct_tokenizer", DirectTokenizer(minilm))  # decided without a Rust tokenizer
     calls: list[list[str]] = []
     tokenizer_class = type(minilm.tokenizer)
     real_call = tokenizer_class.__call__
@@ -122,9 +116,10 @@ def test_every_text_is_tokenized_once(minilm, monkeypatch, fresh_verdicts):
     np.testing.assert_allclose(vectors, plain_encode(minilm, texts, batch_size=8), atol=1e-5)
 
 
-def test_long_calls_are_tokenized_by_the_rust_tokenizer_once_after_a_probe(minilm, monkeypatch, fresh_verdicts):
-    """Past a probe of the first call (its first and longest texts through ``preprocess``), the model's
-    Rust tokenizer tokenizes every text, once; the vectors are sentence-transformers'."""
+def test_the_rust_tokenizer_is_checked_once_on_the_probe_set_then_tokenizes_every_text(minilm, monkeypatch):
+    """The direct tokenizer is checked against ``preprocess`` on a fixed probe set when the engine is made (the
+    model's prompts), and a prompt not known then on its first use only; past that, the model's Rust
+    tokenizer tokenizes every text, once, whatever the call's size; the vectors are sentence-transformers'."""
     through_preprocess: list[str] = []
     real_call = type(minilm.tokenizer).__call__
     monkeypatch.setattr(type(minilm.tokenizer), "__call__", lambda self, text=None, *a, **k: (
@@ -133,24 +128,34 @@ def test_long_calls_are_tokenized_by_the_rust_tokenizer_once_after_a_probe(minil
     real_tokenize = FastTokenizer.tokenize
     monkeypatch.setattr(FastTokenizer, "tokenize", lambda self, texts: (direct.extend(texts),
                                                                         real_tokenize(self, texts))[1])
+    fresh = DirectTokenizer(minilm)
+    monkeypatch.setattr(minilm, "direct_tokenizer", fresh)
+    engine = engine_of(minilm)
+    probes = len(PROBE_TEXTS) + 1  # and an overlong text
+    assert set(fresh.agreements) == {None, *minilm.prompts.values()} and None not in fresh.agreements.values()
+    assert len(through_preprocess) == probes * len(fresh.agreements)
+    through_preprocess.clear()
+    direct.clear()
     monkeypatch.setattr(pipeline_module, "CHUNK_TEXTS", 48)
     texts = [*TEXTS, *(text + " again" for text in TEXTS), "word " * 600]  # 141 texts, 3 chunks, 1 cut
-    vectors = EncodePipeline(minilm).encode(texts, batch_size=8, prompt="query: ")
-    overlong = "query: " + "a " * 2 * minilm.max_seq_length  # the probe's check of truncation
-    assert sorted(text for text in direct if text != overlong) == sorted("query: " + text for text in texts)
-    assert len(through_preprocess) <= 2 * pipeline_module.PROBE_TEXTS + 1
+    vectors = encode(engine, texts, batch_size=8, prompt="query: ")
+    assert len(through_preprocess) == probes and "query: " in engine.direct.agreements  # checked on first use
+    assert sorted(direct[probes:]) == sorted("query: " + text for text in texts)
+    encode(engine, TEXTS[:1], prompt="query: ")
+    assert len(through_preprocess) == probes and direct[-1:] == ["query: " + TEXTS[0]]  # a one-text call: direct
     np.testing.assert_allclose(vectors, plain_encode(minilm, texts, batch_size=8, prompt="query: "), atol=1e-5)
 
 
 @pytest.mark.parametrize("limit", [16, 300])
-def test_a_direct_tokenizer_that_disagrees_with_preprocess_is_not_used(minilm, monkeypatch, fresh_verdicts, limit):
-    """Cut at 16 tokens it differs on the call's own texts; at 300 (the model reads 256) only on texts
-    longer than any in the call, which the probe's overlong text shows."""
+def test_a_direct_tokenizer_that_disagrees_with_preprocess_is_not_used(minilm, monkeypatch, limit):
+    """Cut at 16 tokens it differs on the probe's texts; at 300 (the model reads 256) only on texts longer than
+    any in a call, which the probe's overlong text shows."""
     real_of = FastTokenizer.of
     monkeypatch.setattr(FastTokenizer, "of", classmethod(lambda cls, tokenizer, _: real_of(tokenizer, limit)))
     texts = TEXTS * 2  # 4 to 42 tokens
-    tokenized, reference = tokenize(minilm, texts), tokenize_with_preprocess(minilm, texts)
-    assert pipeline_module._DIRECT[minilm.tokenizer].verdicts == {None: False}
+    direct = DirectTokenizer(minilm)
+    tokenized, reference = direct.tokenize(minilm, texts, None), tokenize_with_preprocess(minilm, texts)
+    assert set(direct.agreements.values()) == {None}
     assert tokenized.lengths.max() > 16 and np.array_equal(tokenized.lengths, reference.lengths)
     assert all(np.array_equal(tokenized.values[key], values) for key, values in reference.values.items())
 
@@ -158,29 +163,29 @@ def test_a_direct_tokenizer_that_disagrees_with_preprocess_is_not_used(minilm, m
 def test_chunks_tokenized_ahead_keep_input_order_and_bound_the_queue(minilm, monkeypatch):
     monkeypatch.setattr(pipeline_module, "CHUNK_TEXTS", 7)
     tokenizing_threads: set[int] = set()
-    real_tokenize = pipeline_module.tokenize
+    real_tokenize = DirectTokenizer.tokenize
 
     def spy(*args, **kwargs):
         tokenizing_threads.add(threading.get_ident())
         return real_tokenize(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline_module, "tokenize", spy)
+    monkeypatch.setattr(DirectTokenizer, "tokenize", spy)
     done: list[int] = []
-    vectors = EncodePipeline(minilm).encode(TEXTS, batch_size=4, advance=done.append)
+    vectors = encode(engine_of(minilm), TEXTS, batch_size=4, advance=done.append)
     assert done == [7] * 10 and tokenizing_threads and threading.get_ident() not in tokenizing_threads
     np.testing.assert_allclose(vectors, plain_encode(minilm, TEXTS, batch_size=4), atol=1e-5)
 
 
 def test_a_tokenizer_failure_reaches_the_caller(minilm, monkeypatch):
     monkeypatch.setattr(pipeline_module, "CHUNK_TEXTS", 7)
-    monkeypatch.setattr(pipeline_module, "tokenize", lambda *a, **k: (_ for _ in ()).throw(ValueError("boom")))
+    monkeypatch.setattr(DirectTokenizer, "tokenize", lambda *a, **k: (_ for _ in ()).throw(ValueError("boom")))
     with pytest.raises(ValueError, match="boom"):
-        EncodePipeline(minilm).encode(TEXTS, batch_size=4)
+        encode(engine_of(minilm), TEXTS, batch_size=4)
 
 
 def test_tokenize_marks_truncated_texts_and_keeps_what_encode_reads(minilm):
     texts = ["a cat", "word " * 600, ""]
-    tokenized = tokenize(minilm, texts, "query: ")
+    tokenized = engine_of(minilm).tokenize(texts, "query: ")
     reference = minilm.preprocess(texts, prompt="query: ")
     assert tokenized.truncated == 1 and tokenized.lengths.tolist() == reference["attention_mask"].sum(1).tolist()
     assert tokenized.shared == {"modality": "text", "prompt_length": reference["prompt_length"]}
@@ -201,7 +206,7 @@ def test_a_batch_is_padded_as_the_tokenizer_pads_it(minilm, side, pad_token):
         tokenizer.pad_token = pad_token
     try:
         texts = ["a cat", "word " * 600, "", "a much longer sentence about a dog on a mat"]
-        tokenized = tokenize(minilm, texts, "query: ")
+        tokenized = engine_of(minilm).tokenize(texts, "query: ")
         assert len(tokenized.values["input_ids"]) == tokenized.lengths.sum()  # nothing padded ahead
         rows = [3, 0, 2]
         batch = tokenized.batch(rows)
@@ -227,7 +232,7 @@ def test_plan_batches(lengths, options, expected):
 def test_batches_on_a_gpu_are_cut_by_tokens_not_texts(minilm, monkeypatch):
     pipeline = EncodePipeline(minilm, max_batch_tokens=64)
     monkeypatch.setattr(EncodePipeline, "on_gpu", property(lambda self: True))
-    tokenized = tokenize(minilm, TEXTS)
+    tokenized = pipeline.tokenize(TEXTS, None)
     batches = pipeline.plan(tokenized, batch_size=32)
     for rows in batches:
         assert len(rows) == 1 or len(rows) * tokenized.lengths[rows].max() <= 64
@@ -269,18 +274,12 @@ def test_an_unknown_argument_is_sentence_transformers_error(minilm, two_threads)
 
 def test_a_copy_runs_its_own_pipeline(minilm, two_threads):
     clone = copy.deepcopy(minilm)
-    assert pipeline_of(clone) is not None and pipeline_of(clone).model is clone and clone.encode.__self__ is clone
+    assert engine_of(clone).model is clone and engine_of(clone).side_by_side and "encode" not in vars(clone)
+    assert clone.direct_tokenizer is not minilm.direct_tokenizer
     with torch.no_grad():
         for parameter in clone.parameters():
             parameter.mul_(0.5)
     assert cosine_to(minilm.encode(TEXTS), clone.encode(TEXTS)).min() < 0.999  # the copy's own weights ran
-
-
-def test_uninstall_restores_sentence_transformers_encode(minilm_path):
-    model = load_inference_model(str(minilm_path), "fp32").model
-    install(model)
-    uninstall(model)
-    assert pipeline_of(model) is None and "encode" not in vars(model)
 
 
 @pytest.mark.parametrize(("machine", "precision", "spreads"), [
@@ -312,7 +311,7 @@ def test_auto_times_a_gpu_on_a_realistic_batch_and_a_cpu_on_enough_text():
 def test_int8_on_int8_units_loads_without_side_by_side_batches(minilm_path, monkeypatch, two_threads):
     monkeypatch.setenv(FEATURES_VARIABLE, "avx512_vnni")
     loaded = load_inference_model(str(minilm_path), "int8")
-    assert not pipeline_of(loaded.model).side_by_side and SIDE_BY_SIDE not in loaded.choice.description
+    assert not engine_of(loaded.model).side_by_side and SIDE_BY_SIDE not in loaded.choice.description
 
 
 def test_the_record_names_the_threads_the_model_was_loaded_with(minilm_path):
@@ -325,5 +324,5 @@ def test_the_record_names_the_threads_the_model_was_loaded_with(minilm_path):
     finally:
         torch.set_num_threads(previous)
     assert one.choice.machine.endswith(", 1 threads") and two.choice.machine.endswith(", 2 threads")
-    assert not pipeline_of(one.model).side_by_side and SIDE_BY_SIDE not in one.choice.description
-    assert pipeline_of(two.model).side_by_side and one.choice.layout + "; " + SIDE_BY_SIDE == two.choice.layout
+    assert not engine_of(one.model).side_by_side and SIDE_BY_SIDE not in one.choice.description
+    assert engine_of(two.model).side_by_side and one.choice.layout + "; " + SIDE_BY_SIDE == two.choice.layout

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
 
-from neobert_embed.inference.pipeline import SIDE_BY_SIDE, pipeline_of
+from neobert_embed.inference.pipeline import SIDE_BY_SIDE, engine_of
 from neobert_embed.inference.runtime import cosine_to, load_inference_model
-from neobert_embed.inference.unpadded import restore_padded, supports_unpadded, unpad_encoders
+from neobert_embed.inference.unpadded import restore_padded, supports_unpadded, unpad_encoders, unpadded_class
 from neobert_embed.machine import describe_machine
 
 SMALL = {"vocab_size": 120, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -40,14 +40,15 @@ def test_unpadded_layers_give_the_library_s_hidden_states_for_every_real_token(e
     types = (torch.arange(ids.shape[1])[None, :] >= 2).long() * mask  # a second segment, as pairs have
     with torch.inference_mode():
         expected = encoder(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
-        assert unpad_encoders(encoder) == [type(encoder).__name__]
+        library_class = type(encoder)
+        assert unpad_encoders(encoder) == [library_class.__name__] and type(encoder) is unpadded_class(library_class)
         got = encoder(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
     real = mask.bool()
     assert got.shape == expected.shape
     torch.testing.assert_close(got[real], expected[real], atol=2e-5, rtol=1e-4)
     assert not got[~real].any()  # padding positions hold zeros; pooling masks them either way
     restore_padded(encoder)
-    assert "forward" not in vars(encoder)
+    assert type(encoder) is library_class and "forward" not in vars(encoder)
 
 
 def test_a_batch_without_padding_or_asking_for_every_layer_runs_the_library_forward():
@@ -146,7 +147,7 @@ def mixed_texts(shared_data) -> list[str]:
 def test_the_commands_loader_runs_minilm_unpadded_with_the_padded_vectors(minilm_path, mixed_texts, precision):
     padded = load_inference_model(str(minilm_path), precision, unpadded=False)
     loaded = load_inference_model(str(minilm_path), precision)
-    spread = f"; {SIDE_BY_SIDE}" if pipeline_of(loaded.model).side_by_side else ""  # more than one thread here
+    spread = f"; {SIDE_BY_SIDE}" if engine_of(loaded.model).side_by_side else ""  # more than one thread here
     assert padded.choice.description == f"{precision} (asked for){spread}"
     assert loaded.choice.description == f"{precision} (asked for); un-padded BertModel layers{spread}"
     assert loaded.choice.to_json()["layout"] == f"un-padded BertModel layers{spread}"
@@ -167,5 +168,5 @@ def test_the_commands_loader_runs_minilm_unpadded_with_the_padded_vectors(minilm
         bar = 0.99
     assert cosine.min() > bar, cosine.min()
     encoder = next(module for module in loaded.model.modules() if type(module).__name__ == "BertModel")
-    assert "forward" in vars(encoder)  # the un-padded forward really ran, not the library's
+    assert type(encoder) is unpadded_class(BertModel) and "forward" not in vars(encoder)  # a class, not a patch
     assert np.isfinite(cosine).all()

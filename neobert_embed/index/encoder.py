@@ -129,14 +129,14 @@ class IndexEncoder:
             >>> encoder.encode_in_length_order(chunk_texts, "document", advance=bar.advance).shape
             (8192, 384)
         """
-        from neobert_embed.inference.pipeline import encode_with
+        from neobert_embed.inference.pipeline import encode, engine_of
         from neobert_embed.sentence import resolve_prompt
 
         prompt = self.prompts.get(kind)  # None (an old manifest): the model's default, as encode applies it
         prompt = resolve_prompt(self.model, None) if prompt is None else prompt
         cut = self.truncation
         counted = dict(on_truncated=cut.add_documents, on_lost_tokens=cut.add_tokens) if cut is not None else {}
-        return encode_with(self.model, texts, prompt=prompt or None, batch_size=self.batch_size,
+        return encode(engine_of(self.model), texts, prompt=prompt or None, batch_size=self.batch_size,
                            normalize=self.normalized, advance=advance, **counted)
 
     def matches(self, manifest: IndexManifest) -> bool:

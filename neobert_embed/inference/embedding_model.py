@@ -1,15 +1,12 @@
 """The model the toolkit hands users and third-party libraries: a ``SentenceTransformer`` whose ``encode``
-runs the toolkit's engine.
+runs the toolkit's engine and whose forward runs at its compute precision.
 
-Why a subclass: mteb, sentence-transformers' utilities (``mine_hard_negatives``, evaluators) and user
-code call ``model.encode`` / ``encode_query`` / ``encode_document``. The loader builds this class
-(:func:`~neobert_embed.inference.runtime.load_inference_model`, :func:`neobert_embed.load`), so those
-calls get the tokenize-ahead, length-batched loop of :mod:`neobert_embed.inference.pipeline` without
-any method being replaced on an instance. A call the engine does not handle goes to
-sentence-transformers' own ``encode`` by one visible rule (:func:`~neobert_embed.inference.pipeline.pipelined`:
-an argument outside :data:`~neobert_embed.inference.pipeline.PIPELINED_DEFAULTS` and
-:data:`~neobert_embed.inference.pipeline.HANDLED_ARGUMENTS`, or a value under which rows depend on each
-other), which names what it does not know.
+Why a subclass: mteb, sentence-transformers' utilities (``mine_hard_negatives``, evaluators) and user code
+call ``model.encode`` / ``encode_query`` / ``encode_document``. The loader
+(:func:`~neobert_embed.inference.runtime.load_inference_model`, :func:`neobert_embed.load`) builds this
+class, so those calls get the loop of :mod:`neobert_embed.inference.pipeline` with no method replaced on an
+instance. A call the engine does not handle goes to sentence-transformers' own ``encode`` by one visible rule
+(:func:`~neobert_embed.inference.pipeline.pipelined`).
 
 Example:
     >>> model = neobert_embed.load("sentence-transformers/all-MiniLM-L6-v2", precision="fp32")
@@ -19,14 +16,51 @@ Example:
 
 from __future__ import annotations
 
+import torch
 from sentence_transformers import SentenceTransformer
 
-from neobert_embed.inference.pipeline import pipelined_encode
+from neobert_embed.inference.kernels import autocast_context
+from neobert_embed.inference.pipeline import DirectTokenizer, EngineOptions, encode, engine_of, pipelined
 
 
 class EmbeddingModel(SentenceTransformer):
-    """A ``SentenceTransformer`` that encodes lists of texts through the engine its loader attached
-    (:func:`~neobert_embed.inference.pipeline.install`); saved and reloaded as any SentenceTransformer."""
+    """A ``SentenceTransformer`` that encodes lists of texts through its engine
+    (:func:`~neobert_embed.inference.pipeline.engine_of`); saved and reloaded as any SentenceTransformer."""
+
+    #: How the engine runs this model's batches, and its tokenizer decided at load (set by the loader).
+    engine_options: EngineOptions | None = None
+    direct_tokenizer: DirectTokenizer | None = None
+    #: ``(device type, "bf16" | "fp16")``: the forward runs its matrix products under autocast
+    #: (:func:`~neobert_embed.inference.runtime.apply_precision`); None: as the weights are.
+    autocast: tuple[str, str] | None = None
+
+    def forward(self, input, **kwargs):  # noqa: A002, ANN001, ANN003, ANN201  (sentence-transformers' signature)
+        if self.autocast is None:
+            return super().forward(input, **kwargs)
+        with autocast_context(*self.autocast):
+            output = super().forward(input, **kwargs)
+        for key in ("sentence_embedding", "token_embeddings"):  # callers see the dtype they expect
+            value = output.get(key)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                output[key] = value.float()
+        return output
 
     def encode(self, inputs=None, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201  (sentence-transformers' signature)
-        return pipelined_encode(self, inputs, *args, **kwargs)
+        if args or not pipelined(self, inputs, kwargs):
+            return super().encode(inputs, *args, **kwargs)
+        if self.direct_tokenizer is None:  # built without the loader: decided on the first call, kept
+            self.direct_tokenizer = DirectTokenizer(self)
+        vectors = encode(engine_of(self), inputs, prompt=self._prompt(kwargs), batch_size=kwargs.get("batch_size", 32),
+                         normalize=bool(kwargs.get("normalize_embeddings", False)))
+        if kwargs.get("convert_to_tensor"):
+            return torch.from_numpy(vectors)
+        return vectors if kwargs.get("convert_to_numpy", True) else list(torch.from_numpy(vectors))
+
+    def _prompt(self, kwargs: dict[str, object]) -> str | None:
+        """The prompt ``encode`` would prepend: ``prompt``, else ``prompt_name``'s, else the model's default."""
+        from neobert_embed.sentence import resolve_prompt
+
+        if kwargs.get("prompt") is not None:
+            return str(kwargs["prompt"])
+        name = kwargs.get("prompt_name")
+        return resolve_prompt(self, name if isinstance(name, str) else None, required="prompt_name") or None

@@ -1,16 +1,12 @@
 """A model's tokenizer called straight through its Rust ``tokenizers.Tokenizer``, unpadded.
 
-Why: ``SentenceTransformer.preprocess`` spends most of a call in Python after the Rust tokenizer:
-turning its output into per-text lists (transformers) and checking whether each text is an image
-path or URL (sentence-transformers); docs/performance.md has the measured split. That Python runs on one core whatever the machine has, while the Rust
-part spreads over all of them, so on a 16-core GPU host it bounds a whole encode. Like
-text-embeddings-inference, which calls the ``tokenizers`` crate directly, this class asks the Rust
-tokenizer for the ids and keeps them as flat arrays (:class:`~neobert_embed.inference.tokenized.Tokenized`).
-
-It is set up as sentence-transformers' ``Transformer`` calls its fast tokenizer (special tokens
-added, ``longest_first`` truncation at ``max_seq_length`` on the tokenizer's side, no padding); the
-pipeline trusts it for a model and prompt once a probe of the first call agreed with ``preprocess``
-(``pipeline.tokenize``), and the light runtime builds it from the exported files (``light.LightTokenizer``).
+Why: ``SentenceTransformer.preprocess`` spends most of a call in Python after the Rust tokenizer (per-text
+lists, modality checks; docs/performance.md), on one core, while the Rust part spreads over all of them.
+Like text-embeddings-inference, this asks the Rust tokenizer for the ids and keeps them as flat arrays
+(:class:`~neobert_embed.inference.tokenized.Tokenized`), set up as sentence-transformers' ``Transformer``
+calls it (special tokens, ``longest_first`` truncation at ``max_seq_length``, no padding). The torch engine
+uses it where it agrees with ``preprocess`` (:class:`~neobert_embed.inference.pipeline.DirectTokenizer`);
+the light runtime builds it from the exported files.
 
 Example:
     >>> fast = FastTokenizer.of(model.tokenizer, model.max_seq_length)
@@ -34,9 +30,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TokenOffsets:
-    """One text tokenized whole, for splitting it: ids and type ids without special tokens and untruncated,
-    each token's ``(start, end)`` characters in the text, and the special tokens the model adds around a text
-    (``head`` before, ``tail`` after, with their type ids).
+    """One text tokenized whole, for splitting it: ids and type ids (no special tokens, untruncated), each
+    token's ``(start, end)`` characters, and the special tokens around a text (``head``, ``tail``, their types).
 
     Example:
         >>> fast.offsets(["a cat"])[0].offsets.tolist()
@@ -73,8 +68,8 @@ class FastTokenizer:
 
     @classmethod
     def of(cls, tokenizer: object, max_seq_length: int) -> FastTokenizer | None:
-        """A copy of a transformers tokenizer's Rust tokenizer (its normalizer, lower-casing included, its
-        special tokens, pad id and sides); None for a tokenizer without one (a slow, Python tokenizer).
+        """A copy of a transformers tokenizer's Rust tokenizer (normalizer, special tokens, pad id, sides);
+        None for a slow, Python tokenizer.
 
         Example:
             >>> FastTokenizer.of(AutoTokenizer.from_pretrained("bert-base-uncased"), 512).max_seq_length
@@ -95,9 +90,8 @@ class FastTokenizer:
                                          direction=self.truncation_side)
 
     def offsets(self, texts: Sequence[str]) -> list[TokenOffsets]:
-        """``texts`` tokenized once each, whole (no truncation) and without special tokens, with every token's
-        character span: the tokenize-once hook that splits long documents into passages
-        (:mod:`neobert_embed.index.passages`). The special tokens around a text come from the same tokenizer.
+        """``texts`` tokenized once each, whole and without special tokens, with every token's character span:
+        what splits long documents into passages (:mod:`neobert_embed.index.passages`).
 
         Example:
             >>> [len(t.ids) for t in tokenizer.offsets(["word " * 600])]
@@ -128,8 +122,7 @@ class FastTokenizer:
         return self.tokenize(texts).batch(np.arange(len(texts)))  # type: ignore[return-value]
 
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
-        """``texts`` tokenized in one call (the Rust tokenizer's threads), unpadded, with each text's
-        length and how many were cut at ``max_seq_length``.
+        """``texts`` tokenized in one call (the Rust tokenizer's threads), unpadded, counting what was cut.
 
         Example:
             >>> tokenizer.tokenize(["a cat", "word " * 600]).truncated

@@ -1,30 +1,18 @@
-"""Compute-precision kernels: bf16/fp16 autocast around a model, and int8 Linear layers that keep accuracy.
+"""Compute-precision kernels: int8 Linear layers that keep accuracy, oneDNN-packed bf16 Linear layers, autocast.
 
-Why bf16 by autocast and not by casting the weights: a plain ``model.to(torch.bfloat16)`` also
-rounds the residual stream, the norms and the softmax to 8 bits of mantissa, which costs more
-accuracy than the matrix products do. Under ``torch.autocast`` the matrix products (Linear layers
-and attention) run in bf16 on the CPU's matrix units while layer norms, softmax and the residual
-additions stay fp32; on all-MiniLM-L6-v2 that keeps every sentence vector at cosine ≥ 0.99997 to
-fp32 (a plain cast: 0.9999 mean), and it is as fast (see ``benchmarks/cpu_inference.py``). On a
-CPU with bf16 units the Linear layers are instead packed once for oneDNN (:class:`PackedBf16Linear`):
-the products' bf16 inputs and outputs are the same, and the un-padded BERT forward then keeps its
-residual stream in bf16 too, each block's sum formed in fp32 and rounded once (mean cosine
-0.999975 to fp32; see :mod:`~neobert_embed.inference.unpadded`); NeoBERT's SwiGLU runs as
-:class:`PackedSwiGLU` and the norms before its products as :class:`RMSNormToBf16`.
+Why bf16 by autocast, not by casting the weights: a plain ``model.to(torch.bfloat16)`` also rounds the
+residual stream, norms and softmax, which costs more accuracy than the matrix products do. On a CPU with
+bf16 units the Linear layers are packed once for oneDNN (:class:`PackedBf16Linear`), with the activation
+that follows fused in; NeoBERT's SwiGLU runs as :class:`PackedSwiGLU`.
 
-Why this int8: ``torch.ao.quantization.quantize_dynamic`` (deprecated upstream) quantizes each
-activation matrix with ONE scale, so a few outlier features flatten every other token's values,
-and sentence vectors moved to cosine 0.90 of fp32. :class:`Int8Linear` uses one scale per output
-channel of the weight and one scale per token (row) of the activation, computed on the fly, and
-multiplies on the CPU's int8 units (``torch._int_mm``: VNNI / AMX); the result is rescaled to the
-fp32. On all-MiniLM-L6-v2 and 512 STS-B/AG News texts: cosine to fp32 mean 0.9975, min
-0.995.
+Why this int8: ``torch.ao.quantization.quantize_dynamic`` quantizes each activation matrix with ONE scale,
+so a few outlier features flatten every other token (sentence vectors at cosine 0.90 of fp32).
+:class:`Int8Linear` scales per output channel of the weight and per token of the activation, and multiplies
+on the CPU's int8 units. docs/performance.md has the measurements behind each kernel.
 
 Example:
     >>> quantize_linears_int8(model)             # in place; returns how many layers were replaced
     36
-    >>> with autocast_context("cpu", "bf16"):
-    ...     vectors = model.encode(texts)
 """
 
 from __future__ import annotations
@@ -87,13 +75,9 @@ class Int8Linear(nn.Module):
 
 
 def int8_matmul(codes: torch.Tensor, weight_codes: torch.Tensor) -> torch.Tensor:
-    """The int32 product of two int8 code matrices, as fp32.
-
-    On CPUs with int8 dot-product units (VNNI, AMX) ``torch._int_mm`` runs on them; elsewhere (an
-    AVX2-only CPU) it falls back to scalar loops, measured 40x slower than an fp32 matmul, so the
-    codes are multiplied as fp32 numbers instead. That product is exact while every dot product
-    stays below 2**24 (127 * 127 * 1040 terms), and within one fp32 rounding beyond: the same
-    vectors either way.
+    """The int32 product of two int8 code matrices, as fp32: ``torch._int_mm`` on int8 units (VNNI, AMX);
+    elsewhere its scalar fallback is far slower, so the codes are multiplied as fp32 numbers, exact while
+    every dot product stays below 2**24 (127 * 127 * 1040 terms).
 
     Example:
         >>> int8_matmul(torch.ones(2, 3, dtype=torch.int8), torch.ones(3, 4, dtype=torch.int8))[0, 0]
@@ -135,18 +119,12 @@ _ONEDNN_ACTIVATIONS = {"none": ("none", ""), "gelu": ("gelu", "none"), "silu": (
 
 class PackedBf16Linear(nn.Module):
     """A Linear layer computing ``x @ W.T + b`` in bf16 on oneDNN, its weight packed once into oneDNN's
-    blocked layout, optionally with the activation that follows it fused into the product (the exact
-    (erf) GELU of BERT, the SiLU of NeoBERT's SwiGLU gate).
+    blocked layout, optionally with the activation that follows fused in (BERT's exact GELU, the SiLU of
+    NeoBERT's SwiGLU gate); bf16 in and out, as autocast's Linear.
 
-    Why: under autocast every call of an ``nn.Linear`` casts its fp32 weight to bf16 and hands
-    PyTorch's matmul a plain row-major weight, and BERT's GELU then reads and writes the whole
-    intermediate activation once more. Packed once and fused, the products and the GELU of
-    all-MiniLM-L6-v2 took 0.91× the time per layer (1 thread, AMD EPYC with avx512_bf16), and whole
-    encodes ran at 1.10× (1 thread) and 1.09× (2 threads) the texts/s of autocast's Linear (medians of
-    6 interleaved passes over 1,024 texts), with every vector as close to fp32 (cosine mean 0.999987,
-    min 0.999969 against autocast's 0.999986 / 0.999960). These are the kernels ``torch.compile``
-    emits for a frozen bf16 CPU model (``torch.ops.mkldnn._linear_pointwise``), without its
-    compile time. The input is cast to bf16 and the output is bf16, as autocast's Linear gives.
+    Why: under autocast every call casts the fp32 weight to bf16 and hands matmul a row-major weight, and
+    the GELU reads and writes the activation once more. These are the kernels ``torch.compile`` emits for a
+    frozen bf16 CPU model (``torch.ops.mkldnn._linear_pointwise``), without its compile time.
 
     Example:
         >>> layer = PackedBf16Linear.from_linear(nn.Linear(384, 1536), activation="gelu")
@@ -184,9 +162,7 @@ class PackedBf16Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T + b + residual`` in one oneDNN call (its binary post-op), as bf16: BERT's output
-        blocks add the residual stream to their product before the LayerNorm, and doing that inside the
-        product spares a pass over the activation and a cast (see :mod:`~neobert_embed.inference.unpadded`).
+        """``x @ W.T + b + residual`` in one oneDNN call (its binary post-op), as bf16: BERT's output blocks.
 
         Example:
             >>> layer = PackedBf16Linear.from_linear(nn.Linear(1536, 384))
@@ -196,8 +172,7 @@ class PackedBf16Linear(nn.Module):
         return self._forward_binary(x, residual, "add")
 
     def forward_mul(self, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-        """``(x @ W.T + b) * factor`` in one oneDNN call, as bf16: the product of a SwiGLU's value half
-        with its activated gate (:class:`PackedSwiGLU`).
+        """``(x @ W.T + b) * factor`` in one oneDNN call, as bf16: a SwiGLU's value half times its gate.
 
         Example:
             >>> layer = PackedBf16Linear.from_linear(nn.Linear(768, 2048, bias=False))
@@ -218,16 +193,9 @@ class PackedBf16Linear(nn.Module):
 
 
 class PackedSwiGLU(nn.Module):
-    """NeoBERT's feed-forward block ``w3(silu(gate) * value)`` as three packed bf16 products, the SiLU
-    and the product of the two halves computed inside oneDNN's products.
-
-    Why: the SwiGLU's own forward makes one product for both halves, then reads and writes the
-    intermediate activation three more times (the halves' split, the SiLU, their product) in bf16.
-    Here ``w12`` is split into its gate and value halves: the gate's product applies the SiLU on its
-    fp32 sums, and the value's product multiplies by the activated gate before rounding once. On
-    NeoBERT 4 × 768 (32 texts of 16-512 tokens, 1 thread, AMD EPYC with avx512_bf16) the forward
-    took 0.96× the time (1.037× tokens/s, median of 6 interleaved passes); the block's output is
-    closer to the exact one than the unfused bf16 block's (relative error 0.0024 against 0.0036).
+    """NeoBERT's feed-forward block ``w3(silu(gate) * value)`` as three packed bf16 products, the SiLU and
+    the halves' product inside oneDNN's: the SwiGLU's own forward reads and writes the intermediate
+    activation three more times, rounding to bf16 each time.
 
     Example:
         >>> block = PackedSwiGLU.from_swiglu(SwiGLU(768, 2048))
@@ -254,14 +222,9 @@ class PackedSwiGLU(nn.Module):
 
 
 class RMSNormToBf16(nn.Module):
-    """An RMSNorm computed in fp32 whose output is rounded to bf16, for a norm whose only reader is a
-    packed bf16 product (NeoBERT's ``attention_norm`` and ``ffn_norm``).
-
-    Why: the product rounds its input to bf16 anyway, so the vectors are those of ``nn.RMSNorm``
-    followed by that cast; computing the root mean square with one reduction
-    (``torch.linalg.vector_norm``) instead of the square, mean and two products of PyTorch's CPU
-    ``rms_norm`` took 0.6× its time on NeoBERT's (8448, 768) activations at 1 thread, and NeoBERT
-    4 × 768 ran at 1.03× the tokens/s on top of :class:`PackedSwiGLU` (1 thread, AMD EPYC).
+    """An RMSNorm computed in fp32 whose output is rounded to bf16, for a norm read only by a packed bf16
+    product (NeoBERT's ``attention_norm``, ``ffn_norm``): one reduction (``torch.linalg.vector_norm``)
+    instead of the square, mean and two products of PyTorch's CPU ``rms_norm``.
 
     Example:
         >>> RMSNormToBf16.from_norm(nn.RMSNorm(768, eps=1e-5))(torch.randn(3, 768)).dtype
@@ -289,8 +252,7 @@ class RMSNormToBf16(nn.Module):
 
 @functools.cache
 def packed_bf16_available() -> bool:
-    """Whether this PyTorch build and CPU run oneDNN's packed bf16 Linear: x86 builds have the kernels,
-    and oneDNN refuses bf16 on a CPU without AVX-512, so one tiny product is tried once per process.
+    """Whether this PyTorch build and CPU run oneDNN's packed bf16 Linear (a tiny product, tried once).
 
     Example:
         >>> packed_bf16_available()
@@ -318,13 +280,9 @@ def _is_exact_gelu(module: object) -> bool:
 
 
 def pack_linears_bf16(model: nn.Module) -> int:
-    """Replace (in place) every ``nn.Linear`` of ``model`` by a :class:`PackedBf16Linear`; returns how
-    many were replaced. Where a block holds its product as ``dense`` and applies an exact GELU as
-    ``intermediate_act_fn`` (BERT's intermediate block, in the library's forward and the un-padded
-    one alike), the GELU is fused into the product and the block's own activation becomes identity.
-    In NeoBERT's layers the SwiGLU becomes a :class:`PackedSwiGLU` (its two Linear layers count as
-    replaced) and the two norms that feed the layer's products become :class:`RMSNormToBf16`; the
-    final norm, whose output is the hidden state, stays as it is.
+    """Replace (in place) every ``nn.Linear`` of ``model`` by a :class:`PackedBf16Linear`; returns how many.
+    BERT's exact GELU after ``dense`` is fused into it (the block's own activation becomes identity);
+    NeoBERT's SwiGLU becomes a :class:`PackedSwiGLU` and its product-feeding norms :class:`RMSNormToBf16`.
 
     Example:
         >>> pack_linears_bf16(model)
@@ -379,14 +337,9 @@ def autocast_context(device_type: str, precision: str) -> Iterator[None]:
 
 
 def hold_linears_in(model: nn.Module, precision: str) -> int:
-    """Keep every ``nn.Linear``'s weight and bias in ``precision``'s dtype (bf16 / fp16), in place;
-    returns how many were converted.
-
-    Why: under autocast a GPU casts each fp32 weight to the compute dtype inside every forward (a
-    copy of the whole model per batch); held in that dtype, autocast finds nothing to cast. The
-    products see the same rounded weights as autocast's cast, so vectors do not change; norms and
-    embeddings stay fp32 and autocast still runs them in fp32. Not undoable (the fp32 values are
-    gone): ``auto`` tries it on a copy.
+    """Keep every ``nn.Linear``'s weight and bias in ``precision``'s dtype (bf16 / fp16), in place; returns how
+    many. Why: under autocast a GPU casts each fp32 weight inside every forward; held in that dtype, there is
+    nothing to cast, and the products see the same rounded weights.
 
     Example:
         >>> hold_linears_in(model, "bf16")
@@ -397,41 +350,3 @@ def hold_linears_in(model: nn.Module, precision: str) -> int:
     for module in linears:
         module.to(dtype)
     return len(linears)
-
-
-def run_forward_in(module: nn.Module, device_type: str, precision: str) -> None:
-    """Make every call of ``module`` run under :func:`autocast_context` (in place, undone by
-    :func:`restore_forward`); the output is returned in fp32 so callers see the dtype they expect.
-
-    Why on the instance: ``SentenceTransformer.encode`` calls ``self.forward``; wrapping that one
-    method applies the precision to every encode, whatever the caller (mteb, the trainer's
-    evaluator, the server) without a subclass.
-
-    Example:
-        >>> run_forward_in(model, "cpu", "bf16")
-        >>> model.encode(["a"]).dtype
-        dtype('float32')
-    """
-    restore_forward(module)
-    if precision not in AUTOCAST_DTYPES:
-        return
-    original = module.forward
-
-    def forward(*args, **kwargs):
-        with autocast_context(device_type, precision):
-            output = original(*args, **kwargs)
-        if isinstance(output, dict):
-            for key in ("sentence_embedding", "token_embeddings"):
-                value = output.get(key)
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    output[key] = value.float()
-        return output
-
-    forward.__wrapped__ = original  # type: ignore[attr-defined]
-    module.forward = forward  # type: ignore[method-assign]
-
-
-def restore_forward(module: nn.Module) -> None:
-    """Undo :func:`run_forward_in` (nothing when the forward was not wrapped)."""
-    if "forward" in vars(module):
-        del module.forward

@@ -19,9 +19,10 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
+from neobert_embed.inference import pipeline
 from neobert_embed.inference.artifact_hashes import verify_export
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
-from neobert_embed.inference.pipeline import collect, encode_chunks, plan_cpu_batches
+from neobert_embed.inference.pipeline import plan_cpu_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner
 from neobert_embed.inference.tokenized import Padding, Tokenized
 from neobert_embed.model_files import MODULES_FILE, SavedModule
@@ -243,9 +244,8 @@ class LightModel:
             prompt = self.prompts[prompt_name]
         elif prompt is None and self.default_prompt_name:
             prompt = self.prompts.get(self.default_prompt_name)
-        chunks = encode_chunks(self, list(texts), prompt=prompt or None, batch_size=batch_size,
+        return pipeline.encode(self, list(texts), prompt=prompt or None, batch_size=batch_size,
                                normalize=normalize_embeddings)
-        return collect(chunks, len(texts), self.dimension)
 
     @property
     def description(self) -> str:

@@ -1,30 +1,15 @@
 """Keeping a long CPU encoding job's native memory flat: bounded kernel caches, freed memory handed back,
 large blocks mapped on their own.
 
-Why: the Python objects of an ``encode`` job are small (the texts, one tokenized chunk, the output
-matrix), but its resident memory grew with the input (docs/performance.md, "Native memory of a long
-encode", has the measurements behind each bound). Three native causes, all outside this toolkit's objects:
+Why: a job's Python objects are small, but its resident memory grew with the input, for three native
+reasons (docs/performance.md, "Native memory of a long encode"): oneDNN and ideep keep one JIT kernel per
+new matrix shape (the un-padded forward makes many) in caches of 1,024 entries, capped here at
+:func:`kernel_cache_entries`; glibc keeps freed blocks in each thread's arena (``malloc_trim`` hands them
+back after each chunk); and glibc raises its mmap threshold after the first large free, so activations
+fragment the arenas (fixed at :data:`MMAP_THRESHOLD_BYTES`).
 
-1. **Kernel caches.** The un-padded forward multiplies ``(tokens in the batch) × hidden`` matrices,
-   and the token count differs from batch to batch. oneDNN (through PyTorch's ``mkldnn`` ops)
-   builds and keeps one JIT-compiled kernel per new shape, in two caches of 1,024 entries each
-   (oneDNN's primitive cache and ideep's LRU cache): the JIT code grows until both caches are full.
-   Capped at :data:`KERNEL_CACHE_ENTRIES` (more on a machine with many cores:
-   :func:`kernel_cache_entries`), it stays small at the same throughput: a batch of fresh texts
-   rarely repeats a shape an older entry was kept for.
-2. **Freed memory kept by the C allocator.** Activations are freed after every batch, but glibc
-   keeps freed blocks in each thread's arena (the tokenizing thread and one per side-by-side
-   batch) and returns only the top of a heap. ``malloc_trim`` hands them back after each chunk.
-3. **Large blocks kept for reuse.** glibc serves a block of 128 KiB or more from ``mmap`` and
-   returns it on ``free``, but after the first such free it raises that threshold (up to 32 MiB),
-   so a forward's activations then come from the arenas and fragment them. A fixed threshold of
-   :data:`MMAP_THRESHOLD_BYTES` keeps them on ``mmap`` at the same speed; a lower one costs page faults.
-
-All three are process-wide settings of native libraries, so they are set where a job starts (the
-CLI's entry point), never by a library call such as
-:func:`~neobert_embed.inference.runtime.load_inference_model` (a program that embeds the toolkit calls
-:func:`bound_native_memory` itself if it wants them), and never over a value the user set: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` or
-``MALLOC_MMAP_THRESHOLD_`` in the environment keeps the user's choice.
+These are process-wide settings, so the CLI sets them where a job starts, never a library call (a program
+embedding the toolkit calls :func:`bound_native_memory` itself), and never over a value in the environment.
 
 Example:
     >>> bound_native_memory()          # before the first oneDNN kernel is built
@@ -40,14 +25,11 @@ import os
 import sys
 from collections.abc import Callable
 
-#: Kernels each native cache keeps at least (oneDNN's and ideep's default is 1,024; see the module docstring).
+#: Kernels each native cache keeps at least (oneDNN's and ideep's default is 1,024).
 KERNEL_CACHE_ENTRIES = 64
-#: Kernels one side-by-side batch needs at once: a forward multiplies its token count by 4 weight shapes
-#: (attention in, attention out, MLP up, MLP down), doubled for headroom. A cache smaller than the
-#: batches running together need thrashes (docs/performance.md: 8 entries ran several times slower).
+#: Kernels one side-by-side batch needs at once: 4 weight shapes per token count, doubled (fewer thrash).
 KERNELS_PER_THREAD = 8
-#: The environment variables oneDNN and ideep (PyTorch's wrapper of it) read their cache sizes from,
-#: once, when the first kernel is built.
+#: The variables oneDNN and ideep read their cache sizes from, once, when the first kernel is built.
 KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 #: Blocks at least this large are mapped on their own and returned to the system when freed.
 MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
@@ -57,20 +39,15 @@ MMAP_THRESHOLD_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
 
 def bound_native_memory() -> None:
-    """Everything this module bounds, where the user has not chosen otherwise: the kernel caches
-    (:func:`bound_kernel_caches`) and the allocator's mmap threshold (:func:`fix_mmap_threshold`).
-
-    Example:
-        >>> bound_native_memory()
-    """
+    """Bound the kernel caches and fix the allocator's mmap threshold, where the user has not chosen otherwise."""
     bound_kernel_caches()
     if MMAP_THRESHOLD_VARIABLE not in os.environ:
         fix_mmap_threshold(MMAP_THRESHOLD_BYTES)
 
 
 def fix_mmap_threshold(size: int) -> bool:
-    """Serve blocks of ``size`` bytes or more from their own ``mmap`` from now on, with no dynamic
-    raise (glibc's ``mallopt(M_MMAP_THRESHOLD)``); False where the C library has no such call.
+    """Serve blocks of ``size`` bytes or more from their own ``mmap``, with no dynamic raise (glibc's
+    ``mallopt(M_MMAP_THRESHOLD)``); False where the C library has no such call.
 
     Example:
         >>> fix_mmap_threshold(4 * 1024 * 1024)
@@ -81,9 +58,8 @@ def fix_mmap_threshold(size: int) -> bool:
 
 
 def bound_kernel_caches() -> dict[str, str]:
-    """Cap the native kernel caches at :func:`kernel_cache_entries` unless the environment already
-    says otherwise; return the values in force. Effective only before the process builds its first
-    oneDNN kernel (the libraries read the variables once).
+    """Cap the native kernel caches at :func:`kernel_cache_entries` unless the environment says otherwise;
+    return the values in force (effective before the first oneDNN kernel is built).
 
     Example:
         >>> bound_kernel_caches()
@@ -94,8 +70,7 @@ def bound_kernel_caches() -> dict[str, str]:
 
 
 def kernel_cache_entries(cpus: int | None = None) -> int:
-    """Kernels each cache keeps: :data:`KERNEL_CACHE_ENTRIES`, or :data:`KERNELS_PER_THREAD` for each CPU
-    this process may run on (one side-by-side batch each) where that is more.
+    """Kernels each cache keeps: :data:`KERNEL_CACHE_ENTRIES`, or :data:`KERNELS_PER_THREAD` per CPU if more.
 
     Example:
         >>> kernel_cache_entries(2), kernel_cache_entries(16)
@@ -107,8 +82,7 @@ def kernel_cache_entries(cpus: int | None = None) -> int:
 
 
 def release_freed_memory() -> bool:
-    """Hand the memory the C allocator holds freed back to the operating system (glibc's
-    ``malloc_trim``); False where the C library has no such call (macOS, musl, Windows).
+    """Hand freed memory back to the operating system (glibc's ``malloc_trim``); False without glibc.
 
     Example:
         >>> release_freed_memory()

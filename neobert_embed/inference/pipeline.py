@@ -1,46 +1,16 @@
-"""The one path from texts to vectors: tokenize once, ahead of the model; batch by length and tokens; rows back in order.
+"""The one path from texts to vectors, for every runtime: tokenize once, ahead of the model; batch by
+length and tokens; rows back in order.
 
-Why: a forward pass is only as fast as what feeds it. sentence-transformers' ``encode`` tokenizes each
-batch just before its forward, so the model waits for the tokenizer and the tokenizer for the model,
-and this toolkit used to tokenize every text a second time to count what was truncated. On a GPU that
-costs most of the job on a GPU (docs/performance.md, "Why the encoding path is built as it is"). This
-module does what
-text-embeddings-inference's queue and infinity's batch handler do, once, for every command that encodes:
-
-1. :func:`tokenize` tokenizes each text once, exactly as the model's own ``preprocess`` would (its
-   prompts, lower-casing, truncation at ``max_seq_length``), in chunks of input order, on a worker
-   thread that stays :data:`CHUNKS_AHEAD` chunks ahead of the model (a bounded queue). The texts are
-   held unpadded (:class:`~neobert_embed.inference.tokenized.Tokenized`) and, where the tokenizer has
-   one, come straight from its Rust tokenizer, checked against ``preprocess`` first (many times
-   ``preprocess``'s speed: docs/performance.md). The same call says which texts
-   were cut, so truncation is counted without tokenizing again.
-2. :func:`plan_batches` orders a chunk's texts by token count and cuts them into batches: at most
-   ``max_texts`` texts (the ``--batch-size`` on a CPU), at most ``max_tokens`` padded tokens (the
-   budget on a GPU and in the server), and with ``min_fill`` a short text never pads up to a long one.
-3. :meth:`EncodePipeline.forward` pads one batch to its longest text and runs the model's modules
-   (its pooling, ``Normalize`` and ``truncate_dim`` as ``encode`` applies them). On a GPU the inputs go
-   from pinned memory without waiting, the vectors come back into pinned memory, and the host waits
-   once per chunk, not once per batch. On a CPU with several threads, batches run side by side, one
-   thread each (:data:`SIDE_BY_SIDE`; why: see :func:`~neobert_embed.inference.runtime.spreads_on`).
-4. Rows are written back in input order; a row that is not finite stops the job, naming it.
-5. :meth:`EncodePipeline.chunks` hands the vectors over a chunk at a time (``encode`` of a file writes
-   them as they come, never holding the matrix), and on a CPU the memory a chunk's batches freed goes
-   back to the system before the next (:mod:`~neobert_embed.inference.native_memory`).
-
-The vectors are those of ``SentenceTransformer.encode`` up to the rounding of a different batch
-composition (exactly the same arithmetic per text for NeoBERT and the un-padded BERT family, whose
-texts attend to their own tokens only).
-
-:func:`install` attaches it to a loaded model, whose class
-(:class:`~neobert_embed.inference.embedding_model.EmbeddingModel`) runs it as ``encode`` for the calls
-where each row depends on its own text only (float32 sentence embeddings, a prompt, normalization);
-other calls (int8 output, token embeddings, a process pool) run sentence-transformers' ``encode``
-unchanged (:func:`pipelined`). The light runtime runs the same loop (:func:`encode_chunks`), and the
-server plans its merged requests with :func:`plan_batches` and runs them with the engine's ``forward``.
+Why: sentence-transformers' ``encode`` tokenizes each batch just before its forward, so the model waits
+for the tokenizer and the tokenizer for the model (docs/performance.md, "Why the encoding path is built as
+it is"). Like text-embeddings-inference's queue, :func:`encode_chunks` tokenizes a chunk of texts on a
+worker thread ahead of the model (held unpadded, :class:`~neobert_embed.inference.tokenized.Tokenized`,
+counting what was cut), plans its batches (:func:`plan_batches`), runs them through an :class:`Engine`,
+stops on a row that is not finite and hands each chunk over in input order. :class:`EncodePipeline` is
+the torch engine; the light runtime's :class:`~neobert_embed.inference.light.LightModel` is the other.
 
 Example:
-    >>> pipeline = EncodePipeline(model)
-    >>> pipeline.encode(["a cat", "a dog on a mat"], prompt=None, batch_size=32).shape
+    >>> encode(engine_of(model), ["a cat", "a dog on a mat"], batch_size=32).shape
     (2, 384)
 """
 
@@ -49,10 +19,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import queue
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
@@ -70,24 +40,21 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Texts tokenized per call: enough for the tokenizer's own threads to share the work and for a
-#: length sort to leave little padding, few enough that the first forward starts early.
+#: Texts tokenized per call: enough for a length sort to leave little padding, few enough that the
+#: first forward starts early.
 CHUNK_TEXTS = 2048
 #: Tokenized chunks waiting for the model at most (the queue's bound: memory stays flat).
 CHUNKS_AHEAD = 1
-#: Padded tokens per batch on a GPU when batches are cut by tokens (text-embeddings-inference's
-#: ``max_batch_tokens`` is 16,384; a larger batch amortizes the per-layer kernel launches).
+#: Padded tokens per batch on a GPU (text-embeddings-inference's ``max_batch_tokens`` is 16,384; a larger
+#: batch amortizes the per-layer kernel launches).
 GPU_BATCH_TOKENS = 65536
-#: Padded tokens per batch on a CPU, on top of ``--batch-size`` texts: 32 texts of 512 tokens (the batches
-#: of a BERT-window model are unchanged), so 32 texts of 4,096 tokens run as 8 batches of 4 and never
-#: hold a 32 x 4,096 attention at once (docs/performance.md, "Long inputs").
+#: Padded tokens per batch on a CPU, on top of ``--batch-size`` texts: 32 texts of 512 tokens, so 32 texts
+#: of 4,096 tokens run as 8 batches of 4 (docs/performance.md, "Long inputs").
 CPU_BATCH_TOKENS = 16384
 #: How batches run on a multi-core CPU (what ``used:`` lines and records say).
 SIDE_BY_SIDE = "batches side by side, one per thread"
-#: ``encode`` arguments and the values under which each row depends on its own text only; a call
-#: with any other value runs sentence-transformers' ``encode`` (:func:`pipelined`). ``prompt``, ``prompt_name``,
-#: ``normalize_embeddings``, ``batch_size``, ``show_progress_bar``, ``convert_to_*`` and (without a Router)
-#: ``task`` are handled here.
+#: ``encode`` arguments and the values under which each row depends on its own text only; a call with any
+#: other value runs sentence-transformers' ``encode`` (:func:`pipelined`).
 PIPELINED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "output_value": ("sentence_embedding",),
     "precision": ("float32",),
@@ -96,144 +63,115 @@ PIPELINED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "chunk_size": (None,),
     "truncate_dim": (None,),
 }
-#: The other ``encode`` arguments the pipeline honours; a call with an argument outside both runs
+#: The other ``encode`` arguments the engine honours; a call with an argument outside both runs
 #: sentence-transformers' ``encode`` (which names what it does not know).
 HANDLED_ARGUMENTS = ("prompt", "prompt_name", "batch_size", "show_progress_bar", "convert_to_numpy",
                      "convert_to_tensor", "normalize_embeddings", "task")
+#: What the Rust tokenizer must tokenize exactly as ``preprocess`` does, with each prompt, before it is
+#: used: short, long, unicode, odd whitespace, empty; :class:`DirectTokenizer` adds an overlong text.
+PROBE_TEXTS = ("a cat", "The quick brown fox jumps over the lazy dog. " * 12, "Ünïcödé naïve café, 東京 🙂 Ελληνικά",
+               "  leading,\ttabs\nand  double  spaces  ", "", "don't stop-believing: C++ & e-mail@x.org 3.14%")
 
-
+#: One HF fast tokenizer must not be entered by two threads at once ("Already borrowed"); ``preprocess`` is
+#: the fallback path, so one lock for the process costs nothing measurable and keeps engines plain values.
+_PREPROCESS_LOCK = threading.RLock()
 #: The tokenizer's output that maps overflow rows to their text (dropped before the forward).
 _OVERFLOW_KEY = "overflow_to_sample_mapping"
+#: What ``preprocess`` is asked for: per-text lists, unpadded, and the overflow rows.
+_RAGGED_KWARGS = {"text": {"return_overflowing_tokens": True, "padding": False}, "common": {"return_tensors": None}}
 
 
-#: Texts tokenized both ways before the direct tokenizer is trusted with a model and prompt: the
-#: first call's first few and its longest few (by characters), and one text twice the length limit.
-PROBE_TEXTS = 8
-
-
-def tokenize(model: SentenceTransformer, texts: Sequence[str], prompt: str | None = None,
-             lock: contextlib.AbstractContextManager | None = None) -> Tokenized:
-    """Tokenize ``texts`` with ``prompt`` exactly as ``model.encode`` would, once, counting truncation.
-
-    Where the model's tokenizer has a Rust tokenizer, the ids come from it directly
-    (:class:`~neobert_embed.inference.fast_tokenizer.FastTokenizer`: a fraction of ``preprocess``'s
-    Python, docs/performance.md), once a probe of the first call (its first and longest texts, and
-    a text twice the length limit) gave exactly ``preprocess``'s ids, mask, type ids, padding, lengths
-    and truncation; the verdict holds for that model, prompt and tokenizer settings, whatever the size
-    of later calls (a server's one-text batches included). Otherwise (another input module, a chat
-    template, a custom ``preprocess``) every call goes through :func:`tokenize_with_preprocess`, under
-    ``lock`` when given (a transformers fast tokenizer must not be entered by two threads at once).
-
-    Example:
-        >>> tokenize(model, ["a cat", "word " * 600]).truncated
-        1
-    """
-    texts = list(texts)
-    direct = _direct_tokenizer(model)
-    if (direct is not None and direct.verdicts.get(prompt, True) is not False and texts
-            and all(isinstance(text, str) for text in texts)):
-        tokenized = _checked_direct(model, direct, texts, prompt, lock)
-        if tokenized is not None:
-            return tokenized
-    with lock or contextlib.nullcontext():
-        return tokenize_with_preprocess(model, texts, prompt)
-
-
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Agreement:
-    """What a probe of ``preprocess`` showed for one prompt: the keys it returns and its per-call values."""
+    """The keys ``preprocess`` returns for a prompt, and its per-call values (``prompt_length``, ``modality``)."""
 
     keys: tuple[str, ...]
     shared: dict[str, object]
 
 
-@dataclasses.dataclass
-class _Direct:
-    """A model's direct tokenizer, the settings it was made for, and per prompt: its agreement, or False."""
+class DirectTokenizer:
+    """A model's tokenizer, decided once: its Rust tokenizer called directly (:class:`FastTokenizer`, a
+    fraction of ``preprocess``'s Python: docs/performance.md) for each prompt with which it gives exactly
+    ``preprocess``'s ids, mask, type ids, lengths and truncation on :data:`PROBE_TEXTS` and a text twice
+    the length limit; ``preprocess`` otherwise (another input module, a chat template, a custom
+    ``preprocess``). The model's own prompts are checked when it is made (at load); another prompt on its
+    first use. A change of the model's length, sides or pad token makes the check again.
 
-    settings: tuple
-    tokenizer: FastTokenizer
-    verdicts: dict[str | None, _Agreement | bool] = dataclasses.field(default_factory=dict)
+    Example:
+        >>> DirectTokenizer(model).tokenize(model, ["a cat", "word " * 600], None).truncated
+        1
+    """
 
+    def __init__(self, model: SentenceTransformer) -> None:
+        self._decide(model)
 
-def _checked_direct(model: SentenceTransformer, direct: _Direct, texts: list[str],
-                    prompt: str | None, lock: contextlib.AbstractContextManager | None) -> Tokenized | None:
-    """``texts`` through the direct tokenizer; None (and the prompt's verdict False) when its first
-    call's probe differs from ``preprocess``."""
-    tokenized = direct.tokenizer.tokenize([prompt + text for text in texts] if prompt else texts)
-    agreement = direct.verdicts.get(prompt)
-    if agreement is None:
-        with lock or contextlib.nullcontext():
-            agreement = _probe(model, direct.tokenizer, texts, tokenized, prompt)
-        direct.verdicts[prompt] = agreement
-        if agreement is False:
-            logger.info("%s: its Rust tokenizer called directly differs from preprocess; tokenizing through "
-                        "preprocess", type(model[0]).__name__)
-    if not isinstance(agreement, _Agreement):
+    def _decide(self, model: SentenceTransformer) -> None:
+        self.settings = _tokenizer_settings(model)
+        tokenizer, limit = getattr(model, "tokenizer", None), self.settings[0]
+        self.fast = FastTokenizer.of(tokenizer, limit) if tokenizer is not None and limit else None
+        self.agreements: dict[str | None, _Agreement | None] = {}
+        for prompt in {None, *(getattr(model, "prompts", None) or {}).values()}:
+            self._agreement(model, prompt)
+
+    def tokenize(self, model: SentenceTransformer, texts: Sequence[str], prompt: str | None) -> Tokenized:
+        """``texts`` with ``prompt`` as ``model.encode`` tokenizes them, once, counting truncation; any thread."""
+        texts = list(texts)
+        with _PREPROCESS_LOCK:
+            if self.settings != _tokenizer_settings(model):
+                self._decide(model)
+            strings = bool(texts) and all(isinstance(text, str) for text in texts)
+            fast, agreement = self.fast, self._agreement(model, prompt) if strings else None
+            if agreement is None:
+                return tokenize_with_preprocess(model, texts, prompt)
+        tokenized = fast.tokenize([prompt + text for text in texts] if prompt else texts)
+        return dataclasses.replace(tokenized, values={key: tokenized.values[key] for key in agreement.keys},
+                                   shared=agreement.shared)
+
+    def _agreement(self, model: SentenceTransformer, prompt: str | None) -> _Agreement | None:
+        if prompt not in self.agreements:
+            self.agreements[prompt] = self._check(model, prompt) if self.fast is not None else None
+        return self.agreements[prompt]
+
+    def _check(self, model: SentenceTransformer, prompt: str | None) -> _Agreement | None:
+        texts = [*PROBE_TEXTS, "a " * (2 * self.fast.max_seq_length)]
+        try:
+            reference = tokenize_with_preprocess(model, texts, prompt)
+        except (UserInputError, TypeError, ValueError):  # no plain-text preprocess: every call then says why
+            return None
+        mine = self.fast.tokenize([(prompt or "") + text for text in texts])
+        if (mine.padding == reference.padding and np.array_equal(mine.lengths, reference.lengths)
+                and np.array_equal(mine.cut, reference.cut)
+                and all(key in mine.values and np.array_equal(mine.values[key], values)
+                        for key, values in reference.values.items())):
+            return _Agreement(tuple(reference.values), reference.shared)
+        logger.info("%s: its Rust tokenizer called directly differs from preprocess (prompt %r); tokenizing "
+                    "through preprocess", type(model[0]).__name__, prompt)
         return None
-    return dataclasses.replace(tokenized, values={key: tokenized.values[key] for key in agreement.keys},
-                               shared=agreement.shared)
 
 
-def _probe(model: SentenceTransformer, fast: FastTokenizer, texts: list[str], tokenized: Tokenized,
-           prompt: str | None) -> _Agreement | bool:
-    """Compare ``tokenized``'s first and longest rows, and a text twice the length limit (truncation shows
-    whatever the call holds), with what ``preprocess`` gives for them."""
-    probe = np.unique(np.concatenate([np.arange(min(PROBE_TEXTS, len(texts))),
-                                      np.argsort([-len(text) for text in texts], kind="stable")[:PROBE_TEXTS]]))
-    overlong = "a " * (2 * fast.max_seq_length)
-    reference = tokenize_with_preprocess(model, [*(texts[row] for row in probe), overlong], prompt)
-    cut = fast.tokenize([(prompt or "") + overlong])
-    rows = np.arange(len(probe))
-    if not (_same_tokens(tokenized, probe, reference, rows)
-            and _same_tokens(cut, np.zeros(1, dtype=np.int64), reference, rows[-1:] + 1)
-            and cut.truncated == 1):
-        return False
-    return _Agreement(tuple(reference.values), reference.shared)
-
-
-def _same_tokens(mine: Tokenized, rows: np.ndarray, reference: Tokenized, reference_rows: np.ndarray) -> bool:
-    """``mine``'s ``rows`` are ``reference``'s ``reference_rows``: ids, mask, type ids, lengths, padding."""
-    if mine.padding != reference.padding or not np.array_equal(mine.lengths[rows], reference.lengths[reference_rows]):
-        return False
-    ours, theirs = mine.batch(rows), reference.batch(reference_rows)
-    return all(key in mine.values and np.array_equal(ours[key], theirs[key]) for key in reference.values)
-
-
-_DIRECT: weakref.WeakKeyDictionary[object, _Direct | None] = weakref.WeakKeyDictionary()
-_DIRECT_LOCK = threading.Lock()
-
-
-def _direct_tokenizer(model: SentenceTransformer) -> _Direct | None:
-    """The model's direct tokenizer, made again when its length, sides or pad token change."""
+def _tokenizer_settings(model: SentenceTransformer) -> tuple:
+    """What the direct tokenizer is made for: the length limit, the tokenizer's sides and pad token."""
     tokenizer = getattr(model, "tokenizer", None)
-    limit = getattr(model, "max_seq_length", None)
-    if tokenizer is None or not limit:
-        return None
-    settings = (int(limit), getattr(tokenizer, "padding_side", None), getattr(tokenizer, "truncation_side", None),
-                getattr(tokenizer, "pad_token_id", None))
-    with _DIRECT_LOCK:
-        direct = _DIRECT.get(tokenizer)
-        if direct is None or direct.settings != settings:
-            fast = FastTokenizer.of(tokenizer, int(limit))
-            direct = _Direct(settings, fast) if fast is not None else None
-            _DIRECT[tokenizer] = direct
-    return direct
+    return (int(getattr(model, "max_seq_length", None) or 0), getattr(tokenizer, "padding_side", None),
+            getattr(tokenizer, "truncation_side", None), getattr(tokenizer, "pad_token_id", None))
 
 
 def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
                              prompt: str | None = None) -> Tokenized:
-    """``texts`` through the model's own ``preprocess``, asked for per-text lists, not a padded tensor
-    (see :class:`Tokenized`), and for the tokenizer's overflow rows, which mark the texts that were
-    longer than ``max_seq_length`` (their first row is the truncated text ``encode`` reads). An input
-    module that takes no such options is tokenized plainly and a text filling ``max_seq_length`` is
-    counted as cut.
+    """``texts`` through the model's own ``preprocess``, asked for per-text lists and for the tokenizer's
+    overflow rows, which mark the texts longer than ``max_seq_length`` (their first row is what ``encode``
+    reads). An input module that takes no such options is tokenized plainly and a text filling
+    ``max_seq_length`` is counted as cut.
 
     Example:
         >>> tokenize_with_preprocess(model, ["a cat", "word " * 600]).truncated
         1
     """
-    features = _preprocess(model, list(texts), prompt)
+    texts = list(texts)
+    if _takes_processing_kwargs(type(model[0])):
+        features = dict(model.preprocess(texts, prompt=prompt, processing_kwargs=_RAGGED_KWARGS))
+    else:
+        features = dict(model.preprocess(texts, prompt=prompt))
     mapping = features.pop(_OVERFLOW_KEY, None)
     rows = {key: value for key, value in features.items() if _is_rows(value)}
     shared = {key: value for key, value in features.items() if key not in rows}
@@ -258,6 +196,14 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
     return dataclasses.replace(tokenized, truncated=int(cut.sum()), cut=cut, lost_tokens=lost)
 
 
+@functools.cache
+def _takes_processing_kwargs(module_class: type) -> bool:
+    """Whether an input module's ``preprocess`` takes ``processing_kwargs`` (sentence-transformers'
+    ``Transformer`` does; an older or custom module may not)."""
+    preprocess = getattr(module_class, "preprocess", None)
+    return preprocess is not None and "processing_kwargs" in inspect.signature(preprocess).parameters
+
+
 def _overflow_tokens(model: SentenceTransformer, mask: list | torch.Tensor, first: np.ndarray) -> int | None:
     """Tokens of text in the overflow rows (every row but each text's first), less their special tokens."""
     specials = getattr(getattr(model, "tokenizer", None), "num_special_tokens_to_add", None)
@@ -267,17 +213,6 @@ def _overflow_tokens(model: SentenceTransformer, mask: list | torch.Tensor, firs
     overflow = np.ones(len(lengths), dtype=bool)
     overflow[first] = False
     return int(lengths[overflow].sum()) - int(overflow.sum()) * int(specials(pair=False))
-
-
-#: What ``tokenize`` asks of ``preprocess``: per-text lists, unpadded, and the overflow rows.
-_RAGGED_KWARGS = {"text": {"return_overflowing_tokens": True, "padding": False}, "common": {"return_tensors": None}}
-
-
-def _preprocess(model: SentenceTransformer, texts: list[str], prompt: str | None) -> dict[str, object]:
-    try:
-        return dict(model.preprocess(texts, prompt=prompt, processing_kwargs=_RAGGED_KWARGS))
-    except TypeError:  # an input module whose preprocess takes no processing_kwargs
-        return dict(model.preprocess(texts, prompt=prompt))
 
 
 def _first_rows(value: list | torch.Tensor, first: np.ndarray) -> list | torch.Tensor:
@@ -299,11 +234,10 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None =
                  max_tokens: int | None = None, min_fill: float = 0.0, padded: bool = True) -> list[np.ndarray]:
     """Cut texts of token counts ``lengths`` into batches, longest first: the one batching rule.
 
-    A batch takes the next text while it holds fewer than ``max_texts`` texts, its padded size
-    (texts × its longest; with ``padded=False``, for an engine that un-pads, its real tokens, as
-    text-embeddings-inference counts them) stays within ``max_tokens``, and the text is at least ``min_fill`` × its
-    longest (padding then wastes at most 1/``min_fill`` of a padded model's compute). Every batch holds
-    at least one text; equal lengths keep their input order.
+    A batch takes the next text while it holds fewer than ``max_texts`` texts, its padded size (texts ×
+    its longest; with ``padded=False``, for an engine that un-pads, its real tokens, as
+    text-embeddings-inference counts them) stays within ``max_tokens``, and the text is at least
+    ``min_fill`` × its longest. Every batch holds at least one text; equal lengths keep their input order.
 
     Example:
         >>> [b.tolist() for b in plan_batches([3, 9, 4, 9], max_tokens=20)]
@@ -330,8 +264,7 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, *, max_texts: int | None =
 
 def plan_cpu_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> list[np.ndarray]:
     """A chunk's batches on a CPU, for every runtime: ``batch_size`` texts each (as ``encode``), within
-    :data:`CPU_BATCH_TOKENS` padded tokens, so a batch of long texts does not hold 32 x 4,096 tokens of
-    activations at once.
+    :data:`CPU_BATCH_TOKENS` padded tokens.
 
     Example:
         >>> [b.tolist() for b in plan_cpu_batches([4096] * 5, 32)]
@@ -370,15 +303,35 @@ class Engine(Protocol):
     def release(self) -> None: ...
 
 
+def encode(engine: Engine, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
+           normalize: bool = False, advance: Callable[[int], None] | None = None,
+           on_truncated: Callable[[int], None] | None = None,
+           on_lost_tokens: Callable[[int | None], None] | None = None) -> np.ndarray:
+    """The (texts, dimension) float32 matrix of :func:`encode_chunks`; ``advance(n)`` is told after each chunk.
+
+    Example:
+        >>> encode(engine_of(model), ["a cat"], prompt="query: ").shape
+        (1, 384)
+    """
+    out = np.empty((len(texts), engine.dimension), dtype=np.float32)
+    start = 0
+    for vectors in encode_chunks(engine, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
+                                 on_truncated=on_truncated, on_lost_tokens=on_lost_tokens):
+        out[start:start + len(vectors)] = vectors
+        start += len(vectors)
+        if advance is not None:
+            advance(len(vectors))
+    return out
+
+
 def encode_chunks(engine: Engine, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
                   normalize: bool = False, on_truncated: Callable[[int], None] | None = None,
                   on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
-    """THE encoding loop, for every runtime: the vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows
-    at a time, in input order. Each chunk is tokenized once, ahead of the model (a worker thread), planned
-    and run by ``engine``; a row that is not finite stops the job naming it; what the chunk freed goes back
-    to the system before the next, so a long job's resident memory stays flat. ``on_truncated(n)`` is
-    called once the last chunk is done, with how many texts were cut at ``max_seq_length``, and
-    ``on_lost_tokens(n)`` with how many tokens lay past the cuts (None: the tokenizer did not say).
+    """THE encoding loop: the vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows at a time, in input
+    order. Each chunk is tokenized once, ahead (a worker thread), planned and run by ``engine``; a row that is
+    not finite stops the job naming it; what the chunk freed goes back to the system before the next.
+    ``on_truncated(n)`` is told at the end how many texts were cut at ``max_seq_length``, ``on_lost_tokens(n)``
+    how many tokens lay past the cuts (None: the tokenizer did not say).
 
     Example:
         >>> [len(vectors) for vectors in encode_chunks(engine, texts_5000)]
@@ -393,18 +346,16 @@ def encode_chunks(engine: Engine, texts: Sequence[str], *, prompt: str | None = 
 
 def encode_tokenized(engine: Engine, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False,
                      name_row: Callable[[int], str] | None = None) -> np.ndarray:
-    """Vectors of texts already tokenized (float32, rows in order) through :func:`encode_chunks`' loop (the
-    engine's plan, the CPU token budget, the finiteness stop, the release), with no tokenization: the passages
-    of long documents, cut from one tokenization of each document (:mod:`neobert_embed.index.passages`).
-    ``name_row(i)`` names row ``i`` in the error when its vector is not finite.
+    """Vectors of texts already tokenized (the passages of long documents, :mod:`neobert_embed.index.passages`)
+    through :func:`encode_chunks`' loop without its tokenization; ``name_row(i)`` names a non-finite row.
 
     Example:
         >>> encode_tokenized(engine_of(model), passages, batch_size=32).shape
         (96, 384)
     """
-    chunks = _run_chunks(engine, iter([(0, tokenized)]), batch_size, normalize,
-                         name_row or (lambda row: f"input row {row + 1}"))
-    return collect(chunks, len(tokenized), engine.dimension)
+    (vectors,) = _run_chunks(engine, iter([(0, tokenized)]), batch_size, normalize,
+                             name_row or (lambda row: f"input row {row + 1}"))
+    return vectors
 
 
 def _run_chunks(engine: Engine, tokenized_chunks: Iterator[tuple[int, Tokenized]], batch_size: int,
@@ -417,7 +368,10 @@ def _run_chunks(engine: Engine, tokenized_chunks: Iterator[tuple[int, Tokenized]
         truncated += tokenized.truncated
         lost = None if lost is None or tokenized.lost_tokens is None else lost + tokenized.lost_tokens
         vectors = engine.encode_chunk(tokenized, batch_size, normalize)
-        _check_finite(vectors, start, name_row)
+        finite = np.isfinite(vectors).all(axis=1)
+        if not finite.all():  # fp16 overflow, damaged weights: stop rather than store NaN
+            raise UserInputError(f"{name_row(start + int(np.argmin(finite)))}: the model produced NaN or Inf "
+                                 "values; nothing was written. Encode in --precision fp32, or check the model's weights")
         engine.release()
         yield vectors
     if on_truncated is not None:
@@ -460,40 +414,49 @@ def _tokenized_chunks(engine: Engine, texts: Sequence[str], prompt: str | None) 
             worker.join(timeout=0.05)
 
 
-class EncodePipeline:
-    """The torch :class:`Engine` of one loaded SentenceTransformer (see the module docstring).
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """How the loader runs a model's batches (:func:`~neobert_embed.inference.runtime.load_inference_model`).
 
-    Args:
-        model: the model, at its compute precision (:func:`~neobert_embed.inference.runtime.load_inference_model`).
-        side_by_side: on a multi-core CPU, run batches side by side, one thread each.
-        max_batch_tokens: the padded-token budget of a batch on a GPU (:data:`GPU_BATCH_TOKENS`).
-        unpads: the encoder skips pad tokens itself (NeoBERT, or BERT-family layers made un-padded),
-            so a server's batch budget counts real tokens.
+    Attributes:
+        side_by_side: on a multi-core CPU, batches run side by side, one thread each (:data:`SIDE_BY_SIDE`;
+            why: :func:`~neobert_embed.inference.runtime.spreads_on`).
+        max_batch_tokens: the padded-token budget of a batch on a GPU.
+        unpads: the encoder skips pad tokens itself (NeoBERT, un-padded BERT layers), so a server's batch
+            budget counts real tokens.
     """
 
-    def __init__(self, model: SentenceTransformer, *, side_by_side: bool = False,
-                 max_batch_tokens: int = GPU_BATCH_TOKENS, unpads: bool = False) -> None:
+    side_by_side: bool = False
+    max_batch_tokens: int = GPU_BATCH_TOKENS
+    unpads: bool = False
+
+
+class EncodePipeline:
+    """The torch :class:`Engine` of a SentenceTransformer: its tokenizer (:class:`DirectTokenizer`), its
+    modules' forward (pooling, ``Normalize``, ``truncate_dim`` as ``encode`` applies them) and the plan of a
+    chunk (on a GPU by tokens, overlapped, the host waiting once per chunk; on a CPU ``batch_size`` texts,
+    side by side on several threads). A model the loader built
+    (:class:`~neobert_embed.inference.embedding_model.EmbeddingModel`) brings its options and tokenizer.
+
+    Example:
+        >>> engine = EncodePipeline(model, side_by_side=True)
+        >>> engine.encode_chunk(engine.tokenize(["a cat"], None), 32, False).shape
+        (1, 384)
+    """
+
+    def __init__(self, model: SentenceTransformer, **options: object) -> None:
         self.model = model
-        self.side_by_side = side_by_side
-        self.max_batch_tokens = max_batch_tokens
-        self.unpads = unpads
-        #: one fast tokenizer must not be entered by two threads at once ("Already borrowed")
-        self.tokenizer_lock = threading.RLock()
+        self.options = dataclasses.replace(getattr(model, "engine_options", None) or EngineOptions(), **options)
+        self.direct = getattr(model, "direct_tokenizer", None) or DirectTokenizer(model)
 
-    def __deepcopy__(self, memo: dict[int, object]) -> EncodePipeline:
-        """A copy of the model (``auto``'s trial of a precision that replaces layers) gets its own pipeline."""
-        import copy
-
-        return EncodePipeline(copy.deepcopy(self.model, memo), side_by_side=self.side_by_side,
-                              max_batch_tokens=self.max_batch_tokens, unpads=self.unpads)
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.model.device.type != "cpu"
+    side_by_side = property(lambda self: self.options.side_by_side)
+    unpads = property(lambda self: self.options.unpads)
+    on_gpu = property(lambda self: self.model.device.type != "cpu")
+    dimension = property(lambda self: int(self.model.get_embedding_dimension()))
 
     @property
     def max_seq_length(self) -> int:
-        """Inputs are truncated to this many tokens."""
+        """Inputs are truncated to this many tokens (the model's; set it on the model or here)."""
         return int(self.model.max_seq_length)
 
     @max_seq_length.setter
@@ -501,18 +464,12 @@ class EncodePipeline:
         self.model.max_seq_length = int(value)
 
     @property
-    def dimension(self) -> int:
-        """Width of the sentence vectors."""
-        return int(self.model.get_embedding_dimension())
-
-    @property
     def normalizes(self) -> bool:
-        """True when the model's pipeline ends in a Normalize module (its outputs are unit vectors)."""
+        """True when the model's modules end in a Normalize module (its outputs are unit vectors)."""
         return any(type(module).__name__ == "Normalize" for module in self.model)
 
     def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
-        """``texts`` as the model's ``encode`` tokenizes them (:func:`tokenize`); safe from any thread."""
-        return tokenize(self.model, texts, prompt, self.tokenizer_lock)
+        return self.direct.tokenize(self.model, texts, prompt)
 
     def release(self) -> None:
         """On a CPU, hand the memory a chunk's activations freed back to the system."""
@@ -520,11 +477,10 @@ class EncodePipeline:
             release_freed_memory()
 
     def plan(self, tokenized: Tokenized, batch_size: int) -> list[np.ndarray]:
-        """Batches of a chunk: ``batch_size`` texts each on a CPU (as ``encode``), within :data:`CPU_BATCH_TOKENS`
-        padded tokens; on a GPU by tokens only
-        (``max_batch_tokens``), since a GPU's speed depends on the tokens in a batch, not its texts."""
+        """A chunk's batches: by tokens only on a GPU (its speed depends on the tokens in a batch), else
+        :func:`plan_cpu_batches`."""
         if self.on_gpu:
-            return plan_batches(tokenized.lengths, max_tokens=self.max_batch_tokens)
+            return plan_batches(tokenized.lengths, max_tokens=self.options.max_batch_tokens)
         return plan_cpu_batches(tokenized.lengths, batch_size)
 
     def forward(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> np.ndarray:
@@ -532,8 +488,8 @@ class EncodePipeline:
         return self.device_vectors(features, normalize=normalize).cpu().numpy()
 
     def device_vectors(self, features: dict[str, np.ndarray | object], *, normalize: bool = False) -> torch.Tensor:
-        """Sentence embeddings of one padded batch (float32, on the model's device, not yet on the host: what
-        a chunk's batches queue on a GPU, and what ``benchmarks/gpu.py`` times as the forward alone)."""
+        """Sentence embeddings of one padded batch, float32 on the model's device (what ``benchmarks/gpu.py``
+        times as the forward alone)."""
         import torch
         from torch.nn import functional
 
@@ -547,41 +503,19 @@ class EncodePipeline:
                 embeddings = functional.normalize(embeddings.float(), p=2, dim=1)
             return embeddings.float()
 
-    def encode(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
-               normalize: bool = False, advance: Callable[[int], None] | None = None,
-               on_truncated: Callable[[int], None] | None = None,
-               on_lost_tokens: Callable[[int | None], None] | None = None) -> np.ndarray:
-        """Vectors of ``texts`` (float32, (n, dimension), rows in input order); see the module docstring.
-
-        ``advance(n)`` is told as rows are done; ``on_truncated(n)`` once, with how many texts were cut,
-        and ``on_lost_tokens(n)`` with how many tokens lay past the cuts (None: the tokenizer did not say).
-        """
-        chunks = encode_chunks(self, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                               on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
-        return collect(chunks, len(texts), self.dimension, advance)
-
-    def chunks(self, texts: Sequence[str], *, prompt: str | None = None, batch_size: int = 32,
-               normalize: bool = False, on_truncated: Callable[[int], None] | None = None,
-               on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
-        """:func:`encode_chunks` through this engine."""
-        return encode_chunks(self, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                             on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
-
-    def encode_tokenized(self, tokenized: Tokenized, *, batch_size: int = 32, normalize: bool = False) -> np.ndarray:
-        """:func:`encode_tokenized` through this engine: texts already tokenized (the passages of long documents)."""
-        return encode_tokenized(self, tokenized, batch_size=batch_size, normalize=normalize)
-
     def encode_chunk(self, tokenized: Tokenized, batch_size: int, normalize: bool) -> np.ndarray:
-        """The vectors of one tokenized chunk (rows in its order): planned, then run on the GPU without
-        waiting per batch, or on the CPU's threads."""
+        """The vectors of one tokenized chunk (rows in its order)."""
+        import torch
+
         batches = self.plan(tokenized, batch_size)
         if self.on_gpu:
             return self._run_on_gpu(tokenized, batches, normalize)
         out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
-        if self.side_by_side and len(batches) > 1 and _threads() > 1:
-            results = _run_side_by_side(lambda rows: self._host_vectors(tokenized, rows, normalize), batches)
+        run = functools.partial(self._host_vectors, tokenized, normalize=normalize)
+        if self.side_by_side and len(batches) > 1 and torch.get_num_threads() > 1:
+            results = _run_side_by_side(run, batches)
         else:
-            results = [self._host_vectors(tokenized, rows, normalize) for rows in batches]
+            results = map(run, batches)
         for rows, vectors in zip(batches, results, strict=True):
             out[rows] = vectors
         return out
@@ -590,20 +524,20 @@ class EncodePipeline:
         return self.forward(tokenized.batch(rows), normalize=normalize)
 
     def _run_on_gpu(self, tokenized: Tokenized, batches: list[np.ndarray], normalize: bool) -> np.ndarray:
-        """Every batch of a chunk queued on the GPU, each result copied into one pinned host buffer without
-        waiting; the host waits once, for the chunk's last copy."""
+        """Every batch queued on the GPU, each result copied into one pinned host buffer without waiting."""
         import torch
 
         staged = torch.empty((len(tokenized), self.dimension), dtype=torch.float32).pin_memory()
-        order = np.concatenate(batches)
         cursor = 0
         for rows in batches:
-            vectors = self.device_vectors(_pinned(tokenized.batch(rows)), normalize=normalize)
+            pinned = {key: torch.from_numpy(np.ascontiguousarray(value)).pin_memory()
+                      if isinstance(value, np.ndarray) else value for key, value in tokenized.batch(rows).items()}
+            vectors = self.device_vectors(pinned, normalize=normalize)
             staged[cursor:cursor + len(rows)].copy_(vectors, non_blocking=True)
             cursor += len(rows)
         torch.cuda.synchronize(self.model.device)
         out = np.empty_like(staged.numpy())
-        out[order] = staged.numpy()
+        out[np.concatenate(batches)] = staged.numpy()
         return out
 
 
@@ -617,182 +551,47 @@ def _to_device(value: object, device: torch.device) -> object:
     return value
 
 
-def _pinned(features: dict[str, np.ndarray | object]) -> dict[str, object]:
-    """Row arrays as pinned host tensors, so their copy to the GPU does not make the host wait."""
-    import torch
-
-    return {key: torch.from_numpy(np.ascontiguousarray(value)).pin_memory() if isinstance(value, np.ndarray)
-            else value for key, value in features.items()}
-
-
-def _check_finite(vectors: np.ndarray, start: int, name_row: Callable[[int], str]) -> None:
-    finite = np.isfinite(vectors).all(axis=1)
-    if finite.all():
-        return
-    row = start + int(np.argmin(finite))  # fp16 overflow, damaged weights: stop rather than store NaN
-    raise UserInputError(f"{name_row(row)}: the model produced NaN or Inf values; nothing was written. "
-                         "Encode in --precision fp32, or check the model's weights")
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
 def _run_side_by_side(run: Callable[[np.ndarray], np.ndarray], batches: list[np.ndarray]) -> list[np.ndarray]:
     """``run`` over ``batches`` on the CPU's threads, each batch on one thread of its own."""
     import torch
 
     threads = torch.get_num_threads()
     workers = min(threads, len(batches))
-
-    def one(rows: np.ndarray) -> np.ndarray:
-        torch.set_num_threads(max(1, threads // workers))  # this worker's own operators
-        return run(rows)
-
     try:
-        return list(_pool(workers).map(one, batches))
+        return list(_pool(workers, max(1, threads // workers)).map(run, batches))
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # the count threads started later take: the caller's (see _pool)
 
 
 @functools.cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """One pool per worker count, kept for the process (its threads idle between calls)."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neobert-embed-batch")
+def _pool(workers: int, threads_each: int) -> ThreadPoolExecutor:
+    """One pool per shape, kept for the process (its threads idle between calls). Each worker sets its own
+    intra-op thread count once, when it starts: under OpenMP that count belongs to the calling thread (the
+    caller's is unchanged), but torch also keeps the last count set as the one later threads start with,
+    which :func:`_run_side_by_side` gives back to the caller's."""
+    import torch
 
-
-# --- model.encode through the pipeline ----------------------------------------------------------
-
-
-def install(model: SentenceTransformer, *, side_by_side: bool = False,
-            max_batch_tokens: int = GPU_BATCH_TOKENS, unpads: bool = False) -> EncodePipeline:
-    """Attach an :class:`EncodePipeline` to ``model``: the engine its ``encode`` runs when it is an
-    :class:`~neobert_embed.inference.embedding_model.EmbeddingModel` (what the loader builds), and the one
-    the toolkit's own callers use (:func:`engine_of`). Nothing of the instance's methods is replaced.
-
-    ``copy.deepcopy(model)`` gets a copy with its own pipeline. :func:`uninstall` detaches it.
-
-    Example:
-        >>> pipeline = install(model, side_by_side=True)
-        >>> model.encode(texts, batch_size=32).shape   # tokenized once, ahead, length-batched
-        (1024, 384)
-    """
-    pipeline = EncodePipeline(model, side_by_side=side_by_side, max_batch_tokens=max_batch_tokens, unpads=unpads)
-    vars(model)["_neobert_embed_pipeline"] = pipeline
-    return pipeline
-
-
-def uninstall(model: SentenceTransformer) -> None:
-    """Undo :func:`install`: ``model.encode`` is sentence-transformers' own again."""
-    vars(model).pop("_neobert_embed_pipeline", None)
-
-
-def pipeline_for(model: SentenceTransformer) -> EncodePipeline:
-    """The model's installed pipeline, or a plain one (no batches side by side) for a model loaded elsewhere."""
-    return pipeline_of(model) or EncodePipeline(model)
-
-
-def encode_with(model: SentenceTransformer | Engine, texts: Sequence[str], *, prompt: str | None,
-                batch_size: int = 32, normalize: bool = False, advance: Callable[[int], None] | None = None,
-                on_truncated: Callable[[int], None] | None = None,
-                on_lost_tokens: Callable[[int | None], None] | None = None) -> np.ndarray:
-    """Vectors of ``texts`` through ``model``'s pipeline (float32, rows in input order): the matrix of
-    :func:`chunks_with`'s chunks.
-
-    Example:
-        >>> encode_with(model, ["a cat"], prompt="query: ").shape
-        (1, 384)
-    """
-    chunks = chunks_with(model, texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                         on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
-    return collect(chunks, len(texts), int(model.get_embedding_dimension()), advance)
-
-
-def chunks_with(model: SentenceTransformer | Engine, texts: Sequence[str], *, prompt: str | None,
-                batch_size: int = 32, normalize: bool = False,
-                on_truncated: Callable[[int], None] | None = None,
-                on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
-    """The vectors of ``texts`` through ``model``'s engine (:func:`engine_of`), one chunk of rows at a time
-    in input order (:func:`encode_chunks`, the same loop for the torch and the light runtime).
-
-    Example:
-        >>> sum(len(vectors) for vectors in chunks_with(model, texts, prompt=None))
-        5000
-    """
-    yield from encode_chunks(engine_of(model), texts, prompt=prompt, batch_size=batch_size, normalize=normalize,
-                             on_truncated=on_truncated, on_lost_tokens=on_lost_tokens)
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neobert-embed-batch",
+                              initializer=torch.set_num_threads, initargs=(threads_each,))
 
 
 def engine_of(model: SentenceTransformer | Engine) -> Engine:
-    """The :class:`Engine` that encodes for ``model``: a light model is its own; a SentenceTransformer's
-    is the pipeline its loader gave it (:func:`install`), else a plain one.
+    """The :class:`Engine` that encodes for ``model``: a light model is its own; a SentenceTransformer's is an
+    :class:`EncodePipeline` with the options and tokenizer its loader gave it (a plain one elsewhere).
 
     Example:
-        >>> engine_of(load_inference_model("runs/minilm-onnx", backend="onnx").model).unpads
-        False
+        >>> engine_of(load_inference_model("runs/my-embedder", "fp32").model).unpads
+        True
     """
     if hasattr(model, "encode_chunk"):
         return model  # type: ignore[return-value]
-    return pipeline_for(model)  # type: ignore[arg-type]
-
-
-def collect(chunks: Iterator[np.ndarray], rows: int, dimension: int,
-            advance: Callable[[int], None] | None = None) -> np.ndarray:
-    """The ``rows`` × ``dimension`` float32 matrix of ``chunks`` (consecutive rows, in order); ``advance(n)``
-    is told after each chunk.
-
-    Example:
-        >>> collect(iter([np.ones((2, 3)), np.zeros((1, 3))]), 3, 3).sum()
-        6.0
-    """
-    out = np.empty((rows, dimension), dtype=np.float32)
-    start = 0
-    for vectors in chunks:
-        out[start:start + len(vectors)] = vectors
-        start += len(vectors)
-        if advance is not None:
-            advance(len(vectors))
-    if start != rows:
-        raise ValueError(f"the chunks held {start} rows, not {rows}")
-    return out
-
-
-def pipeline_of(model: SentenceTransformer) -> EncodePipeline | None:
-    """The pipeline :func:`install` gave ``model`` (the one bound to this very object), else None."""
-    pipeline = vars(model).get("_neobert_embed_pipeline")
-    return pipeline if isinstance(pipeline, EncodePipeline) and pipeline.model is model else None
-
-
-def pipelined_encode(model: SentenceTransformer, inputs: object, *args: object, **kwargs: object) -> object:
-    """``SentenceTransformer.encode`` through the model's pipeline for a list of texts and the arguments
-    :func:`pipelined` accepts; any other call is sentence-transformers' own ``encode``."""
-    from sentence_transformers import SentenceTransformer
-
-    pipeline = pipeline_of(model)
-    batch_size = kwargs.get("batch_size", 32)
-    if (pipeline is None or args or not pipelined(model, inputs, kwargs)
-            or not isinstance(batch_size, int) or batch_size < 1):
-        return SentenceTransformer.encode(model, inputs, *args, **kwargs)  # type: ignore[arg-type]
-    texts: list[str] = inputs  # type: ignore[assignment]
-    vectors = pipeline.encode(texts, prompt=_prompt(model, kwargs), batch_size=batch_size,
-                              normalize=bool(kwargs.get("normalize_embeddings", False)))
-    if kwargs.get("convert_to_tensor"):
-        import torch
-
-        return torch.from_numpy(vectors)
-    if kwargs.get("convert_to_numpy", True):
-        return vectors
-    import torch
-
-    return list(torch.from_numpy(vectors))
+    return EncodePipeline(model)  # type: ignore[arg-type]
 
 
 def pipelined(model: SentenceTransformer, inputs: object, kwargs: dict[str, object]) -> bool:
     """The one rule for which ``encode`` calls the engine runs: a non-empty list of strings; every argument
-    in :data:`PIPELINED_DEFAULTS` (at a value listed there) or :data:`HANDLED_ARGUMENTS`; ``task`` only
-    for a model without a Router module (for which it changes nothing).
+    in :data:`PIPELINED_DEFAULTS` (at a value listed there) or :data:`HANDLED_ARGUMENTS`; ``task`` only for
+    a model without a Router module (for which it changes nothing); a positive int ``batch_size``.
 
     Example:
         >>> pipelined(model, ["a cat"], {"batch_size": 8}), pipelined(model, ["a cat"], {"precision": "int8"})
@@ -804,14 +603,7 @@ def pipelined(model: SentenceTransformer, inputs: object, kwargs: dict[str, obje
         return False
     if kwargs.get("task") is not None and any(type(module).__name__ == "Router" for module in model):
         return False
+    batch_size = kwargs.get("batch_size", 32)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        return False
     return all(kwargs.get(name, allowed[0]) in allowed for name, allowed in PIPELINED_DEFAULTS.items())
-
-
-def _prompt(model: SentenceTransformer, kwargs: dict[str, object]) -> str | None:
-    """The prompt ``encode`` would prepend: ``prompt``, else ``prompt_name``'s, else the model's default."""
-    from neobert_embed.sentence import resolve_prompt
-
-    if kwargs.get("prompt") is not None:
-        return str(kwargs["prompt"])
-    name = kwargs.get("prompt_name")
-    return resolve_prompt(model, name if isinstance(name, str) else None, required="prompt_name") or None

@@ -1,33 +1,19 @@
 """Loading a model to run at a compute precision, and ``auto``'s measured choice of that precision.
 
-Why measured: which precision is fastest depends on the machine (bf16 wins on an AMX Xeon, int8
-on an AMD EPYC with VNNI, fp32 on a CPU with neither) and on the model (a small model on short
-texts spends more of its time outside the matrix products). Which precision is *safe* depends on
-the model's numbers. So ``auto`` encodes a few of the real inputs with fp32 and with every
-precision the hardware has units for (:mod:`neobert_embed.machine`), and takes the
-fastest whose sentence vectors stay within :data:`AUTO_TOLERANCE` of fp32 (mean cosine ≥ 0.9999,
-minimum ≥ 0.999) and that is at least :data:`AUTO_MIN_SPEEDUP` × faster than fp32, else fp32. The choice and its reason are in :attr:`PrecisionChoice.description`,
-which every command prints on its ``used:`` line and stores in its output record.
+Why measured: which precision is fastest depends on the machine and the model (docs/performance.md), and
+which is *safe* on the model's numbers. So ``auto`` encodes a sample with fp32 and with every precision the
+hardware has units for (:mod:`neobert_embed.machine`) and takes the fastest within :data:`AUTO_TOLERANCE` of
+fp32 and at least :data:`AUTO_MIN_SPEEDUP` × faster, else fp32; the choice is kept per machine and model
+(:func:`precision_cache`), and its reason is printed on every ``used:`` line and stored in records.
 
-The precisions (``--precision`` on every command that runs a model forward):
-
-=========  ==============================================================================
-``fp32``   the weights as saved, fp32 everywhere.
-``bf16``   matrix products in bf16 under autocast; norms, softmax, residual stream in fp32. On a
-           CPU with bf16 units the Linear layers run oneDNN-packed, BERT's GELU fused
-           (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`), and un-padded BERT
-           layers add the residual inside the product, keeping the stream in bf16 between blocks.
-``fp16``   the same with fp16 (GPUs; CPUs have no fp16 units).
-``int8``   Linear layers on int8 units (per-channel weights, per-token activations,
-           :class:`~neobert_embed.inference.kernels.Int8Linear`); attention in bf16 where the
-           CPU has bf16 units. CPU only. Mean cosine ≈ 0.997 to fp32: ``auto`` never picks it
-           under its 0.9999 tolerance; ask for it when speed matters more.
-``auto``   the measured choice above.
-=========  ==============================================================================
+Precisions: ``fp32`` as saved; ``bf16``/``fp16`` matrix products under autocast, norms and softmax in fp32
+(on a CPU with bf16 units, oneDNN-packed Linear layers:
+:class:`~neobert_embed.inference.kernels.PackedBf16Linear`); ``int8`` per-channel/per-token int8 Linear
+layers (:class:`~neobert_embed.inference.kernels.Int8Linear`, CPU only, mean cosine ≈ 0.997 to fp32, so
+``auto`` never takes it); ``auto`` the measured choice.
 
 Example:
-    >>> loaded = load_inference_model("sentence-transformers/all-MiniLM-L6-v2", "auto",
-    ...                               sample_texts=texts[:64])
+    >>> loaded = load_inference_model("sentence-transformers/all-MiniLM-L6-v2", "auto", sample_texts=texts[:64])
     >>> loaded.choice.description
     'bf16 (avx512_bf16: 1.9× fp32, cosine to fp32 ≥ 0.99997, mean 0.99999, on 64 texts)'
 """
@@ -36,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import gc
 import hashlib
 import json
 import logging
@@ -69,22 +54,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "onnx", "openvino")
-AUTO_SAMPLE = 32  # texts auto encodes per candidate on a CPU at least (twice: the faster pass counts)
-#: Characters (~4 per token) ``auto``'s CPU sample holds at least, the texts repeated up to
-#: :data:`AUTO_SAMPLE_MAX` texts: a few short texts are mostly per-call overhead, and timed on them two
-#: starts of the same model on the same machine took different precisions (docs/performance.md).
-AUTO_SAMPLE_CHARS = 32_000
-AUTO_SAMPLE_MAX = 512
-#: Where ``auto``'s choices are kept, per machine, model weights and torch version, so that every start
-#: computes the same way (the directory; default ``$XDG_CACHE_HOME/neobert-embed`` or ``~/.cache/neobert-embed``).
-CACHE_VARIABLE = "NEOBERT_EMBED_CACHE"
-#: Texts ``auto`` encodes per candidate on a GPU: a batch of 32 texts is all kernel launches there
-#: (a small sample once timed bf16 slower than fp32 on a GPU where it is several times faster:
-#: docs/performance.md), so the sample is repeated up to a few of the pipeline's token-budgeted batches.
+#: ``auto``'s sample on a CPU: at least AUTO_SAMPLE texts, repeated up to AUTO_SAMPLE_MAX until they hold
+#: AUTO_SAMPLE_CHARS characters (a few short texts time mostly per-call overhead, docs/performance.md).
+AUTO_SAMPLE, AUTO_SAMPLE_MAX, AUTO_SAMPLE_CHARS = 32, 512, 32_000
+#: ``auto``'s sample on a GPU: a few of the engine's token-budgeted batches (32 texts are all kernel launches).
 AUTO_SAMPLE_GPU = 4096
-#: A precision other than fp32 must be at least this much faster than fp32 on the sample to be taken:
-#: timing noise must not flip a job between two precisions that are nearly as fast (tiny models,
-#: short texts), so that reruns of the same job on the same machine compute the same vectors.
+#: Where ``auto``'s choices are kept (a directory; default ``$XDG_CACHE_HOME/neobert-embed``).
+CACHE_VARIABLE = "NEOBERT_EMBED_CACHE"
+#: How much faster than fp32 another precision must be, so that timing noise does not flip a job between two.
 AUTO_MIN_SPEEDUP = 1.15
 
 
@@ -102,8 +79,7 @@ class Tolerance:
 
 AUTO_TOLERANCE = Tolerance(mean=0.9999, minimum=0.999)
 
-#: Texts ``auto`` measures on when a command has none of its own yet (``serve`` without an index):
-#: short questions to paragraph-length passages, so the trial sees the lengths a server sees.
+#: ``auto``'s sample when a command has no texts of its own (``serve``): questions to paragraphs.
 BUILTIN_SAMPLE = (
     "how do I reset my password?",
     "A man is playing a guitar on stage.",
@@ -139,19 +115,9 @@ class Trial:
 
 @dataclass(frozen=True)
 class PrecisionChoice:
-    """The compute precision a model runs at, and why.
-
-    Attributes:
-        precision: ``fp32`` | ``bf16`` | ``fp16`` | ``int8`` (never ``auto``).
-        requested: what was asked for (``auto`` or the same as ``precision``).
-        reason: one phrase: the unit and the measured figures, or "asked for".
-        machine: :meth:`Machine.summary` of where it runs.
-        trials: what ``auto`` measured (empty when a precision was asked for).
-        layout: how this toolkit runs the model's batches, where it changed that:
-            ``un-padded BertModel layers`` (:mod:`neobert_embed.inference.unpadded`) and, on a CPU,
-            :data:`~neobert_embed.inference.pipeline.SIDE_BY_SIDE` (:mod:`neobert_embed.inference.pipeline`);
-            None when neither applies.
-    """
+    """The compute precision a model runs at (never ``auto``), what was ``requested``, the ``reason`` (the unit
+    and measured figures, or "asked for"), the ``machine``, ``auto``'s ``trials``, and the ``layout`` this
+    toolkit gave its batches (un-padded layers, batches side by side; None when neither)."""
 
     precision: str
     requested: str
@@ -162,8 +128,7 @@ class PrecisionChoice:
 
     @property
     def description(self) -> str:
-        """``bf16 (avx512_bf16: 1.9× fp32, …); un-padded BertModel layers``: what the ``used:`` line
-        and records show."""
+        """``bf16 (avx512_bf16: 1.9× fp32, …); un-padded BertModel layers``: what ``used:`` lines show."""
         return f"{self.precision} ({self.reason})" + (f"; {self.layout}" if self.layout else "")
 
     def to_json(self) -> dict[str, object]:
@@ -175,10 +140,8 @@ class PrecisionChoice:
 
 @dataclass
 class InferenceModel:
-    """A SentenceTransformer set to compute at :attr:`choice`, and the fingerprint of its fp32 weights
-    (what an index records, so a model is recognised whatever precision it runs at). An exported model
-    (``backend`` onnx/openvino) is a :class:`~neobert_embed.inference.light.LightModel`, whose fingerprint
-    is that of the weights it was exported from."""
+    """A model set to compute at :attr:`choice` (an EmbeddingModel, or for an export a
+    :class:`~neobert_embed.inference.light.LightModel`) and the fingerprint of its fp32 weights."""
 
     model: SentenceTransformer | LightModel
     choice: PrecisionChoice
@@ -192,16 +155,11 @@ class InferenceModel:
 
 
 def model_fingerprint(model: SentenceTransformer) -> str:
-    """``WEIGHTS-SETTINGS``: a hash of every parameter and buffer (names, shapes, dtypes, bytes) of a
-    SentenceTransformer, and one of what else decides its vectors (:func:`pipeline_settings`).
+    """``WEIGHTS-SETTINGS``: a hash of every parameter and buffer of a SentenceTransformer (fp32, as saved)
+    and one of what else decides its vectors (:func:`pipeline_settings`).
 
-    Why: a fingerprint, not the model's name, decides whether a model matches an index (a path can be
-    retrained in place; two names can hold the same weights), and the same weights pooled by CLS
-    instead of mean, or tokenized without lower-casing, give other vectors. It is taken before any
-    precision is applied, so it names the fp32 weights as saved; an export records its source's, so
-    the export matches the source's index (its files are pinned: :mod:`~neobert_embed.inference.artifact_hashes`).
-    An index built before the settings were hashed recorded the weights' part alone
-    (:func:`fingerprints_match`).
+    Why: a fingerprint, not a name, decides whether a model matches an index (a path can be retrained in
+    place; the same weights pooled otherwise give other vectors); an export records its source's.
 
     Example:
         >>> model_fingerprint(load_sentence_model("runs/my-embedder"))
@@ -224,9 +182,8 @@ TOKENIZER_PARTS = ("normalizer", "pre_tokenizer", "model", "post_processor", "ad
 
 
 def pipeline_settings(model: SentenceTransformer) -> list[dict[str, object]]:
-    """What decides a SentenceTransformer's vectors besides its weights: each module's kind and saved
-    settings (pooling modes, ``include_prompt``, a Normalize), the Transformer's ``do_lower_case`` and its
-    tokenizer (:data:`TOKENIZER_PARTS`). ``max_seq_length`` is left out: it may be set per command.
+    """What decides a SentenceTransformer's vectors besides its weights: each module's kind and saved settings,
+    ``do_lower_case`` and the tokenizer (:data:`TOKENIZER_PARTS`); not ``max_seq_length`` (set per command).
 
     Example:
         >>> [part["module"] for part in pipeline_settings(model)]
@@ -248,8 +205,8 @@ def pipeline_settings(model: SentenceTransformer) -> list[dict[str, object]]:
 
 
 def fingerprints_match(recorded: str | None, current: str | None) -> bool:
-    """Whether a model of fingerprint ``current`` is the one ``recorded`` (an index's manifest): equal, or
-    ``recorded`` is of the weights alone (an index built before the settings were hashed) and they agree.
+    """Whether fingerprint ``current`` is the ``recorded`` one: equal, or ``recorded`` is of the weights alone
+    (an index built before the settings were hashed) and they agree.
 
     Example:
         >>> fingerprints_match("b1946ac92492d234", "b1946ac92492d234-5e0c1f9a")
@@ -261,39 +218,36 @@ def fingerprints_match(recorded: str | None, current: str | None) -> bool:
 
 
 def apply_precision(model: SentenceTransformer, precision: str, machine: Machine) -> None:
-    """Set ``model`` (fp32, as loaded) to compute at ``precision`` on ``machine``, in place.
+    """Set ``model`` (fp32, as loaded) to compute at ``precision`` on ``machine``, in place: its Linear layers
+    replaced where the precision does (:func:`replaces_layers`), and its ``autocast``, which
+    :class:`~neobert_embed.inference.embedding_model.EmbeddingModel`'s forward enters.
 
     Example:
         >>> apply_precision(model, "int8", describe_machine())
     """
     from neobert_embed.inference.kernels import (
+        AUTOCAST_DTYPES,
         hold_linears_in,
         pack_linears_bf16,
         quantize_linears_int8,
-        run_forward_in,
     )
 
-    device_type = "cpu" if machine.is_cpu else machine.device.split(":")[0]
+    autocast = precision
     if precision == "int8":
         quantize_linears_int8(model)
-        run_forward_in(model, device_type, "bf16" if machine.bf16_units else "fp32")
-        return
-    if replaces_layers(precision, machine):
+        autocast = "bf16" if machine.bf16_units else "fp32"
+    elif replaces_layers(precision, machine):
         if machine.is_cpu:
             pack_linears_bf16(model)
         else:  # a GPU: the weights in the compute dtype, no cast inside each forward
             hold_linears_in(model, precision)
-    run_forward_in(model, device_type, precision)
+    device_type = "cpu" if machine.is_cpu else machine.device.split(":")[0]
+    model.autocast = (device_type, autocast) if autocast in AUTOCAST_DTYPES else None
 
 
 def replaces_layers(precision: str, machine: Machine) -> bool:
-    """True when :func:`apply_precision` swaps the model's Linear layers for its own, which cannot be
-    undone (``auto`` tries such a precision on a copy): int8 (:class:`~neobert_embed.inference.kernels.Int8Linear`),
-    bf16 on a CPU with bf16 units, whose Linear layers run oneDNN-packed with BERT's GELU and
-    NeoBERT's SwiGLU fused (:class:`~neobert_embed.inference.kernels.PackedBf16Linear`, faster than autocast's
-    Linear: docs/performance.md; on a CPU without bf16 units bf16 stays autocast), and
-    bf16/fp16 on a GPU, whose Linear weights are held in that dtype (:func:`~neobert_embed.inference.kernels.hold_linears_in`).
-    """
+    """True when :func:`apply_precision` replaces the model's Linear layers, which cannot be undone (``auto``
+    tries it on a copy): int8; bf16 on a CPU that packs it; bf16/fp16 on a GPU (weights held in that dtype)."""
     from neobert_embed.inference.kernels import packed_bf16_available
 
     if precision == "int8":
@@ -304,34 +258,17 @@ def replaces_layers(precision: str, machine: Machine) -> bool:
 
 
 def spreads_on(machine: Machine, precision: str) -> bool:
-    """True when a model computing at ``precision`` on ``machine`` runs long ``encode`` calls as batches
-    side by side (:mod:`neobert_embed.inference.pipeline`): on a CPU with more than one torch thread
-    when the model is loaded, except int8 on int8 units.
+    """True when a model computing at ``precision`` on ``machine`` runs batches side by side: on a CPU with more
+    than one torch thread, except int8 on int8 units (``torch._int_mm`` ran slower so).
 
-    Why side by side: a small encoder's batch is too little work to keep several threads busy inside
-    each operator (PyTorch runs most element-wise operators on one thread below its 32,768-element
-    grain, and every parallel region makes its threads wait for each other); docs/performance.md,
-    "Batches side by side", has the measurements.
-
-    Why not int8 there: ``torch._int_mm`` on int8 units ran slower side by side than one batch after
-    another, while fp32 and bf16 gained; on a CPU without int8 units int8 runs fp32 products and gains
-    like fp32 (docs/performance.md).
+    Why: a small encoder's batch is too little work to keep several threads busy inside each operator
+    (docs/performance.md, "Batches side by side").
     """
     return machine.is_cpu and machine.threads > 1 and not (precision == "int8" and machine.int8_units)
 
 
-def _taken_evenly(texts: Sequence[str], count: int) -> list[str]:
-    """Up to ``count`` texts taken evenly through ``texts`` (so lengths are representative)."""
-    if len(texts) <= count:
-        return list(texts)
-    step = len(texts) / count
-    return [texts[int(i * step)] for i in range(count)]
-
-
 def trial_texts(sample_texts: Sequence[str], machine: Machine) -> list[str]:
-    """What ``auto`` times each precision on: on a CPU :data:`AUTO_SAMPLE` of the texts or more, up to
-    :data:`AUTO_SAMPLE_MAX`, until they hold :data:`AUTO_SAMPLE_CHARS` characters; on a GPU
-    :data:`AUTO_SAMPLE_GPU`, the texts repeated, so the trial runs batches of the size real jobs run.
+    """What ``auto`` times each precision on (see :data:`AUTO_SAMPLE`, :data:`AUTO_SAMPLE_GPU`), taken evenly.
 
     Example:
         >>> len(trial_texts(["a", "b"], describe_machine("cuda")))
@@ -348,18 +285,12 @@ def trial_texts(sample_texts: Sequence[str], machine: Machine) -> list[str]:
 
 def _spread(texts: Sequence[str], count: int) -> list[str]:
     """``count`` texts taken evenly through ``texts``, repeated where there are fewer."""
-    return [texts[int(i * len(texts) / count)] for i in range(count)] if len(texts) < count else _taken_evenly(
-        texts, count)
+    return [texts[int(i * len(texts) / count)] for i in range(count)]
 
 
 def _timed_encode(model: SentenceTransformer, texts: list[str], batch_size: int) -> tuple[np.ndarray, float]:
-    """Vectors of ``texts`` and their texts/s: the faster of two passes over the same batches.
-
-    Why two full passes: the first call of each batch shape pays one-time costs (CUDA loads each
-    kernel on first use; oneDNN may build kernels for each new shape), and a warm-up of
-    a few short texts does not meet the shapes the timed batches have: timed once after such a
-    warm-up, bf16 on a GPU measured far slower than fp32 and ``auto`` never took it.
-    """
+    """Vectors of ``texts`` and their texts/s: the faster of two passes, since the first call of each batch
+    shape pays one-time costs (CUDA kernel loading, oneDNN kernels per shape) a short warm-up does not meet."""
     import torch
 
     best = float("inf")
@@ -393,10 +324,8 @@ def candidates_for(machine: Machine) -> list[str]:
 
 def choose_precision(model: SentenceTransformer, sample_texts: Sequence[str], machine: Machine,
                      batch_size: int = 32, tolerance: Tolerance = AUTO_TOLERANCE) -> PrecisionChoice:
-    """Measure fp32 and each candidate on ``sample_texts``; the fastest within ``tolerance`` wins.
-
-    ``model`` is left at fp32; a precision that replaces its layers (:func:`replaces_layers`) is
-    tried on a copy.
+    """Measure fp32 and each candidate on ``sample_texts``; the fastest within ``tolerance`` wins. ``model`` is
+    left at fp32 (a precision that replaces layers is tried on a copy).
 
     Example:
         >>> choose_precision(model, texts[:64], describe_machine()).precision
@@ -445,8 +374,8 @@ def precision_cache() -> Path:
 
 def _remembered_choice(model: SentenceTransformer, sample_texts: Sequence[str], machine: Machine, batch_size: int,
                        fingerprint: str) -> PrecisionChoice:
-    """``auto``'s choice for this machine, model weights and torch version: the one an earlier start measured
-    (:func:`precision_cache`), else measured now (:func:`choose_precision`) and kept, so restarts agree."""
+    """``auto``'s choice for this machine, model and torch version: kept from an earlier start, else measured now
+    and kept, so restarts agree."""
     import torch
 
     key = hashlib.blake2b(json.dumps([machine.summary(), fingerprint, torch.__version__, batch_size,
@@ -485,27 +414,16 @@ def load_inference_model(
     unpadded: bool = True,
     spread: bool = True,
 ) -> InferenceModel:
-    """Load ``source`` (anything :func:`~neobert_embed.sentence.load_sentence_model` takes, a preflight's
-    :class:`~neobert_embed.model_files.CheckedModel` included) to compute
-    at ``precision``; ``auto`` measures on ``sample_texts`` (else a built-in mixed-length sample).
+    """Load ``source`` (a name, path or preflight's :class:`~neobert_embed.model_files.CheckedModel`) as an
+    :class:`~neobert_embed.inference.embedding_model.EmbeddingModel` computing at ``precision`` (``auto``:
+    measured on ``sample_texts``, else :data:`BUILTIN_SAMPLE`), with its own prompts, length, pooling and
+    normalization, its engine's options and its tokenizer decided here.
 
-    The model keeps its own prompts, max_seq_length, pooling and normalization. ``fingerprint``
-    hashes the fp32 weights before any quantization, so an index built at one precision is
-    recognised by the same model at another. ``backend="onnx"|"openvino"`` runs the files written
-    by ``neobert-embed export`` through the light runtime (:mod:`neobert_embed.inference.light`: no
-    torch is imported; the model is a ``LightModel`` and its fingerprint that of the weights it was
-    exported from; their runtime picks its own kernels; ``precision`` must be ``auto``/``fp32`` there,
-    or ``int8`` for the quantized file). The torch backend where torch, transformers or
-    sentence-transformers cannot be imported is one error naming what to install. ``agree`` makes several processes
-    of one job take one choice: it runs the measurement on one of them and hands its result to all
-    (``functools.partial(on_main, world)`` under torchrun), so every rank's vectors come from the
-    same arithmetic. Every torch model encodes through :mod:`neobert_embed.inference.pipeline` (tokenized once, ahead of
-    the model, length-batched). ``unpadded`` runs BERT-family encoders on their real tokens only
-    (:mod:`neobert_embed.inference.unpadded`: the same vectors up to fp32 rounding, fewer FLOPs);
-    ``False`` keeps the library's padded forward (what the benchmarks compare against). ``spread``
-    runs the batches of a long ``encode`` side by side on a multi-core CPU (:func:`spreads_on` says
-    where); ``serve`` passes ``False``: its batcher forms one forward per token-budgeted batch of
-    requests.
+    ``fingerprint`` hashes the fp32 weights first. ``backend="onnx"|"openvino"`` runs an export through the
+    light runtime (no torch; ``precision`` auto/fp32, or int8 for the quantized file). ``agree`` runs the
+    measurement on one process of a job and hands its result to all (``functools.partial(on_main, world)``
+    under torchrun). ``unpadded=False`` keeps BERT's padded forward (the benchmarks' baseline);
+    ``spread=False`` never runs batches side by side (``serve``, whose batcher forms its own batches).
 
     Example:
         >>> loaded = load_inference_model("runs/my-embedder", "bf16")
@@ -518,38 +436,33 @@ def load_inference_model(
     if backend != "torch":  # the light runtime: no torch, transformers or sentence-transformers
         return _load_exported(source, precision, backend, device, max_seq_length)
     require_torch_stack()  # process-wide settings (native_memory.bound_native_memory) are the CLI's, not a library call's
-    # torch runs on the toolkit's default device (devices.default_device: a GPU when there is one),
-    # the one training and index ranks use too, and the one the precision is chosen for
     machine = describe_machine(device)
     check_precision_fits(precision, machine)
     from neobert_embed.inference.embedding_model import EmbeddingModel
+    from neobert_embed.inference.pipeline import SIDE_BY_SIDE, DirectTokenizer, EngineOptions
+    from neobert_embed.inference.unpadded import unpad_encoders
     from neobert_embed.sentence import load_sentence_model
 
     model = load_sentence_model(source if isinstance(source, CheckedModel) else str(source), max_seq_length,
                                 device=device or machine.device, revision=revision, model_class=EmbeddingModel)
     model.eval()
     digest = model_fingerprint(model) if fingerprint else None
-    from neobert_embed.inference.unpadded import unpad_encoders
-
     encoders = unpad_encoders(model) if unpadded else []
     layout = f"un-padded {', '.join(sorted(set(encoders)))} layers" if encoders else None
-    from neobert_embed.inference.pipeline import SIDE_BY_SIDE, install
-
     unpads = bool(encoders) or _model_type(model) == "neobert"  # NeoBERT drops padding in its own forward
-    pipeline = install(model, side_by_side=spread and spreads_on(machine, "fp32"), unpads=unpads)  # auto measures through it
-    if precision == "auto":
+    model.direct_tokenizer = DirectTokenizer(model)
+    model.engine_options = EngineOptions(side_by_side=spread and spreads_on(machine, "fp32"), unpads=unpads)
+    if precision == "auto":  # measured through the engine (model.encode), each trial on a copy of its own
         measure = functools.partial(_remembered_choice, model, sample_texts or BUILTIN_SAMPLE, machine, batch_size,
                                     digest or model_fingerprint(model))
         choice = agree(measure) if agree is not None else measure()
     else:
         choice = PrecisionChoice(precision, precision, "asked for", machine.summary())
     apply_precision(model, choice.precision, machine)
-    pipeline.side_by_side = spread and spreads_on(machine, choice.precision)
-    if pipeline.side_by_side:
+    model.engine_options = replace(model.engine_options, side_by_side=spread and spreads_on(machine, choice.precision))
+    if model.engine_options.side_by_side:
         layout = "; ".join(filter(None, (layout, SIDE_BY_SIDE)))
     choice = replace(choice, layout=layout)
-    if precision == "auto":  # the trial copies are reference cycles (their pipeline is bound to them)
-        gc.collect()
     release_freed_memory()  # what the measurement's copies and trial batches held
     logger.debug("compute precision: %s on %s", choice.description, machine.summary())
     return InferenceModel(model, choice, "torch", digest)
@@ -557,11 +470,10 @@ def load_inference_model(
 
 def load(name_or_path: str | Path, precision: str = "auto", *, device: str | None = None,
          max_seq_length: int | None = None, backend: str = "torch") -> SentenceTransformer | LightModel:
-    """The public way to load a model to encode with: a ``SentenceTransformer``
-    (:class:`~neobert_embed.inference.embedding_model.EmbeddingModel`) whose ``encode``,
-    ``encode_query`` and ``encode_document`` (and so mteb's and sentence-transformers' utilities) run
-    the toolkit's engine at ``precision`` (``auto``: measured on this machine); ``backend="onnx"`` or
-    ``"openvino"`` gives an export's light model (no torch). Its precision is ``model.compute_precision``.
+    """The public way to load a model to encode with: a ``SentenceTransformer`` whose ``encode``,
+    ``encode_query`` and ``encode_document`` (so mteb's and sentence-transformers' utilities too) run the
+    toolkit's engine at ``precision``; ``backend="onnx"|"openvino"`` gives an export's light model.
+    Its precision is ``model.compute_precision``.
 
     Example:
         >>> model = neobert_embed.load("sentence-transformers/all-MiniLM-L6-v2", precision="fp32")
@@ -581,8 +493,8 @@ def _model_type(model: SentenceTransformer) -> str | None:
 
 
 def require_torch_stack() -> None:
-    """Refuse, in one line naming what to install, a torch backend where torch, transformers or
-    sentence-transformers cannot be imported (an environment set up for the light runtime only).
+    """Refuse, in one line naming what to install, a torch backend without torch, transformers or
+    sentence-transformers (an environment set up for the light runtime only).
 
     Example:
         >>> require_torch_stack()   # in an environment without torch
@@ -601,8 +513,7 @@ def require_torch_stack() -> None:
 
 def _load_exported(source: str | Path, precision: str, backend: str, device: str | None,
                    max_seq_length: int | None) -> InferenceModel:
-    """An ``export`` output run by ONNX Runtime or OpenVINO through the light runtime (fp32 graph, or its
-    int8 file) on ``device`` (their CPU device when None); no torch is imported for it."""
+    """An ``export`` output run through the light runtime (fp32 graph, or its int8 file); no torch imported."""
     from neobert_embed.inference.light import default_threads, load_light_model
 
     if precision not in ("auto", "fp32", "int8"):

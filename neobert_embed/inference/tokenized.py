@@ -1,9 +1,5 @@
-"""One tokenization call's output, held without padding until a batch is made.
-
-Why a module of its own: the toolkit's pipeline (:mod:`~neobert_embed.inference.pipeline`), its direct
-tokenizer and the light runtime (:mod:`~neobert_embed.inference.fast_tokenizer`,
-:mod:`~neobert_embed.inference.light`) all hand the model the same thing, and the light runtime must
-not import torch.
+"""One tokenization call's output, held without padding until a batch is made: what every engine's
+tokenizer hands the model (a module of its own: the light runtime must not import torch).
 
 Example:
     >>> tokenized = Tokenized.from_lists({"input_ids": [[101, 102], [101, 7, 102]],
@@ -54,12 +50,9 @@ class Padding:
 
 @dataclass(frozen=True)
 class Tokenized:
-    """The output of one tokenization call, one row per text, rows in the order the texts were given,
-    held without padding: a batch is padded to its own longest text when it is made.
-
-    Why un-padded: padding a call's texts to its longest and turning the tokenizer's lists into one
-    tensor took most of the time of tokenization, and made tokenization, not the GPU, the bound of a
-    whole encode (docs/performance.md, "Why the encoding path is built as it is").
+    """The output of one tokenization call, one row per text in input order, held without padding: a batch
+    is padded to its own longest text when it is made (padding a whole call and making it one tensor took
+    most of tokenization's time: docs/performance.md).
 
     Attributes:
         values: per key (``input_ids``, ``attention_mask``, ``token_type_ids``), every text's tokens one
@@ -112,8 +105,7 @@ class Tokenized:
 
     @classmethod
     def gather(cls, picks: Sequence[tuple[Tokenized, int]]) -> Tokenized:
-        """One row from each of several calls (the same tokenizer and prompt), in ``picks``' order: a
-        server's batch of rows from several requests, each tokenized once when it came.
+        """One row from each of several calls (same tokenizer and prompt), in order: a server's batch.
 
         Example:
             >>> Tokenized.gather([(first, 0), (second, 2)]).lengths.tolist()

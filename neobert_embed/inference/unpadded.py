@@ -1,42 +1,23 @@
 """Un-padded inference for BERT-family encoders: only real tokens go through the Linear layers.
 
-Why: a batch of texts is padded to its longest text, and a BERT layer spends ~80% of its CPU time
-in Linear layers that multiply every padded position as if it were a token. Length-sorted batching
-(what ``SentenceTransformer.encode`` does) still adds 11% padded positions to the real tokens of
-1,024 mixed STS-B/AG News texts, and 48% to those of 256 of them. NeoBERT in this toolkit never pads (:mod:`neobert_embed.modeling`);
-this module gives Hugging Face's own BERT, RoBERTa and XLM-RoBERTa models the same treatment at
-inference, without a new model class: the embeddings run as the library computes them, then the
-hidden states of the real tokens are gathered into one ``(tokens, hidden)`` matrix; each layer runs
-its own Linear/LayerNorm/activation modules on that matrix, and attention runs on it too, each
-text attending to its own tokens through NeoBERT's un-padded kernel
-(:func:`~neobert_embed.modeling.attention.varlen_attention`: one SDPA call per group of equal-length
-texts, no mask; on a CUDA GPU in fp16/bf16, PyTorch's ``varlen_attn``, one call per layer, and in
-fp32 there the library's own forward). The result is the library's padded forward up to fp32 rounding (every MiniLM
-sentence vector at cosine 1.0000000), at 1.30× the texts/s on the 1,024 texts above (1 thread, AMD
-EPYC, fp32; see ``benchmarks/cpu_inference.py``). Attending per text instead of over the padded
-batch with a padding mask skips the padded scores: half the attention work on those texts (Σ n²
-against batch × longest², with batches sorted by characters, not tokens), 1.11× the texts/s in bf16
-at 1 thread on an AMD EPYC with avx512_bf16 (interleaved A/B, medians of 5), the same in fp32.
-
-It is applied by :func:`~neobert_embed.inference.runtime.load_inference_model`, so every command
-that encodes (``encode``, ``index``, ``mine-negatives``, ``serve``, ``mteb``, ``compare``) runs it,
-at every compute precision: the layers' own modules are called, so autocast and
-:class:`~neobert_embed.inference.kernels.Int8Linear` apply as in the padded forward. Where the
-Linear layers are packed bf16 ones (``bf16`` on a CPU with bf16 units), each output block adds the
-residual inside its product and the residual stream between blocks is bf16 (:func:`_residual_block`).
-A call asking for anything beyond the last hidden state (hidden states of every layer, attentions,
-``inputs_embeds``, ``position_ids``) runs the library's forward unchanged, and so does a batch without
-padding, except with packed layers (its texts then get the same bf16 stream as any other batch's).
+Why: a batch is padded to its longest text, and a BERT layer spends most of its CPU time in Linear layers
+that multiply every padded position as if it were a token (docs/performance.md has the figures). NeoBERT
+never pads (:mod:`neobert_embed.modeling`); this gives Hugging Face's BERT, RoBERTa and XLM-RoBERTa the
+same at inference: the embeddings run as the library computes them, the real tokens are gathered into one
+``(tokens, hidden)`` matrix, each layer runs its own modules on it, and each text attends to its own tokens
+through NeoBERT's un-padded kernel (:func:`~neobert_embed.modeling.attention.varlen_attention`). The
+vectors are the padded forward's up to fp32 rounding. With packed bf16 Linear layers each output block adds
+the residual inside its product and the residual stream stays bf16 (:func:`_residual_block`). A call asking
+for more than the last hidden state runs the library's forward.
 
 Example:
     >>> unpad_encoders(sentence_model)          # in place; the encoders it changed
     ['BertModel']
-    >>> vectors = sentence_model.encode(texts)  # same vectors, fewer FLOPs
 """
 
 from __future__ import annotations
 
-import types
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -90,33 +71,42 @@ def _is_bert_layer(layer: nn.Module) -> bool:
 
 
 def unpad_encoders(model: nn.Module) -> list[str]:
-    """Make every supported encoder inside ``model`` run un-padded (in place); returns their class
-    names (empty when there is none, e.g. NeoBERT, which is un-padded already, or MPNet).
-
-    The new forward is bound to its encoder, so ``copy.deepcopy(model)`` (``auto``'s int8 trial)
-    gets a copy that runs its own layers. :func:`restore_padded` undoes it.
-    """
+    """Make every supported encoder inside ``model`` an instance of its :func:`unpadded_class` (in place, as
+    ``torch.nn.utils.parametrize`` does); returns their class names (none for NeoBERT, un-padded already, or
+    MPNet). :func:`restore_padded` undoes it."""
     changed = []
     for module in model.modules():
-        if supports_unpadded(module):
-            module.forward = types.MethodType(_unpadded_forward, module)  # type: ignore[method-assign]
+        if supports_unpadded(module) and type(module).forward is not _unpadded_forward:
+            module.__class__ = unpadded_class(type(module))
             changed.append(type(module).__name__)
     return changed
 
 
 def restore_padded(model: nn.Module) -> None:
-    """Undo :func:`unpad_encoders`: every encoder inside ``model`` runs the library's forward again."""
+    """Undo :func:`unpad_encoders`: every encoder inside ``model`` is of the library's class again."""
     for module in model.modules():
-        bound = vars(module).get("forward")
-        if isinstance(bound, types.MethodType) and bound.__func__ is _unpadded_forward:
-            del module.forward
+        if type(module).forward is _unpadded_forward:
+            module.__class__ = type(module).__bases__[0]
+
+
+@functools.cache
+def unpadded_class(encoder_class: type[nn.Module]) -> type[nn.Module]:
+    """``encoder_class`` with the un-padded forward, under the same module and name: a saved config names the
+    library's class, and transformers finds what its class records (its output registry is keyed by name).
+
+    Example:
+        >>> unpadded_class(BertModel).__bases__, unpadded_class(BertModel).__name__
+        ((<class 'transformers.models.bert.modeling_bert.BertModel'>,), 'BertModel')
+    """
+    names = {"__module__": encoder_class.__module__, "__qualname__": encoder_class.__qualname__}
+    return type(encoder_class.__name__, (encoder_class,), {"forward": _unpadded_forward, **names})
 
 
 def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
                       attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
                       **kwargs: object) -> BaseModelOutput:
     """The encoder's forward on the real tokens only (see the module docstring)."""
-    padded_forward = type(self).forward
+    padded_forward = type(self).__bases__[0].forward
     asks_more = any(kwargs.get(name) not in (None, False) for name in _PADDED_ONLY)
     packed = _runs_packed_bf16(self)
     # a batch without padding gains nothing here, except where the layers are packed: it then runs the
@@ -150,42 +140,30 @@ def _unpadded_forward(self: nn.Module, input_ids: torch.Tensor | None = None,
 
 
 def _kernel(encoder: nn.Module, attention_mask: torch.Tensor) -> str:
-    """The attention kernel for this batch (NeoBERT's dispatch, :func:`attention_kernel_for`): on a CUDA
-    GPU in fp16/bf16 PyTorch's ``varlen_attn``, one call per layer; other CUDA inputs ``padded``, which
-    runs the library's own forward (one masked SDPA call, never a call per length); the CPU
-    ``sdpa_varlen``, one call per group of equal-length texts."""
+    """The attention kernel for this batch (NeoBERT's dispatch, :func:`attention_kernel_for`); ``padded``
+    (CUDA in fp32) runs the library's own forward."""
     dtype = compute_dtype(attention_mask.device, encoder.embeddings.word_embeddings.weight.dtype)
     head_dim = encoder.encoder.layer[0].attention.self.attention_head_size
     return attention_kernel_for("auto", attention_mask.device, dtype, head_dim, unpad=True)
 
 
 def _runs_packed_bf16(encoder: nn.Module) -> bool:
-    """Whether every output block's product of ``encoder`` is a packed bf16 layer (``--precision bf16``
-    on a CPU with bf16 units: inference only, so the blocks' dropout is the identity)."""
+    """Whether every output block's product of ``encoder`` is a packed bf16 layer (bf16 on a CPU with units)."""
     return all(isinstance(block.dense, PackedBf16Linear)
                for layer in encoder.encoder.layer for block in (layer.attention.output, layer.output))
 
 
 def _residual_block(block: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """BERT's output block, ``LayerNorm(dense(x) + residual)`` (``BertSelfOutput``, ``BertOutput``).
-
-    Where the product is a packed bf16 layer, the bias and the residual addition run inside it
-    (:meth:`~neobert_embed.inference.kernels.PackedBf16Linear.forward_add`) and the residual stream
-    between blocks is kept in bf16: each block's sum is formed in fp32 and rounded once, and the
-    LayerNorm computes in fp32 on it. That removes a mixed-dtype addition and the casts
-    of each block's input; on all-MiniLM-L6-v2 (1,024 texts, AMD EPYC with avx512_bf16) 1.03× the
-    texts/s at 1 thread and 1.02× at 2 (medians of 7 interleaved passes), with every vector at cosine
-    ≥ 0.99995 of fp32 (mean 0.999975; the fp32 stream: 0.999987). Elsewhere the block runs as is.
-    """
+    """BERT's output block, ``LayerNorm(dense(x) + residual)``. Where the product is a packed bf16 layer, the
+    bias and residual addition run inside it (:meth:`~neobert_embed.inference.kernels.PackedBf16Linear.forward_add`)
+    and the residual stream between blocks stays bf16 (each sum formed in fp32, rounded once)."""
     if isinstance(block.dense, PackedBf16Linear):
         return block.LayerNorm(block.dense.forward_add(x, residual))
     return block(x, residual)
 
 
 def _attend(attention: nn.Module, hidden: torch.Tensor, plan: VarlenBatch) -> torch.Tensor:
-    """Self-attention of the real tokens ``hidden`` (tokens, width), each text attending to its own
-    tokens only (:func:`~neobert_embed.modeling.attention.varlen_attention`, NeoBERT's un-padded
-    kernel): no padded scores, no mask, no scatter to a padded batch and back."""
+    """Self-attention of the real tokens ``hidden`` (tokens, width), each text attending to its own tokens only."""
     heads, head_dim = attention.num_attention_heads, attention.attention_head_size
     query, key, value = (projection(hidden).view(-1, heads, head_dim)
                          for projection in (attention.query, attention.key, attention.value))
