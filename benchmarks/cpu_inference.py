@@ -227,7 +227,7 @@ def neobert_fraction_of_peak(precision: str, repeats: int) -> dict[str, object]:
     peak (the best of 1024² and 2048² products, before and after) and two forward passes (the
     faster counts); the median round is reported, every round is kept.
     """
-    from neobert_embed.inference.kernels import autocast_context, pack_linears_bf16
+    from neobert_embed.inference.kernels import pack_linears_bf16
     from neobert_embed.inference.runtime import replaces_layers
     from neobert_embed.modeling import NeoBERTConfig, NeoBERTModel
 
@@ -247,7 +247,7 @@ def neobert_fraction_of_peak(precision: str, repeats: int) -> dict[str, object]:
         return max(measured_matmul_tflops(dtype, size=size, repeats=3) for size in (1024, 2048))
 
     rounds = []
-    with torch.inference_mode(), autocast_context("cpu", precision):
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         model(ids, mask)
         for _ in range(max(1, repeats)):
             before = peak()

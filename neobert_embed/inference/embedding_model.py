@@ -1,17 +1,9 @@
-"""The model the toolkit hands users and third-party libraries: a ``SentenceTransformer`` whose ``encode``
-runs the toolkit's engine and whose forward runs at its compute precision.
+"""The model the toolkit hands users and third-party libraries (:class:`EmbeddingModel`).
 
 Why a subclass: mteb, sentence-transformers' utilities (``mine_hard_negatives``, evaluators) and user code
-call ``model.encode`` / ``encode_query`` / ``encode_document``. The loader
-(:func:`~neobert_embed.inference.runtime.load_inference_model`, :func:`neobert_embed.load`) builds this
-class, so those calls get the loop of :mod:`neobert_embed.inference.pipeline` with no method replaced on an
-instance. A call the engine does not handle goes to sentence-transformers' own ``encode`` by one visible rule
-(:func:`~neobert_embed.inference.pipeline.pipelined`).
-
-Example:
-    >>> model = neobert_embed.load("sentence-transformers/all-MiniLM-L6-v2", precision="fp32")
-    >>> model.encode_query(["how do I reset my password?"]).shape
-    (1, 384)
+call ``model.encode`` / ``encode_query`` / ``encode_document``; the loader builds this class, so those calls
+get the toolkit's engine with no method replaced on an instance. A call the engine does not handle goes to
+sentence-transformers' own ``encode`` by one visible rule (:func:`~neobert_embed.inference.pipeline.pipelined`).
 """
 
 from __future__ import annotations
@@ -19,13 +11,20 @@ from __future__ import annotations
 import torch
 from sentence_transformers import SentenceTransformer
 
-from neobert_embed.inference.kernels import autocast_context
+from neobert_embed.inference.kernels import AUTOCAST_DTYPES
 from neobert_embed.inference.pipeline import DirectTokenizer, EngineOptions, encode, engine_of, pipelined
 
 
 class EmbeddingModel(SentenceTransformer):
     """A ``SentenceTransformer`` that encodes lists of texts through its engine
-    (:func:`~neobert_embed.inference.pipeline.engine_of`); saved and reloaded as any SentenceTransformer."""
+    (:func:`~neobert_embed.inference.pipeline.engine_of`) and computes at its precision; saved and reloaded as
+    any SentenceTransformer.
+
+    Example:
+        >>> model = neobert_embed.load("sentence-transformers/all-MiniLM-L6-v2", precision="fp32")
+        >>> model.encode_query(["how do I reset my password?"]).shape
+        (1, 384)
+    """
 
     #: How the engine runs this model's batches, and its tokenizer decided at load (set by the loader).
     engine_options: EngineOptions | None = None
@@ -37,7 +36,8 @@ class EmbeddingModel(SentenceTransformer):
     def forward(self, input, **kwargs):  # noqa: A002, ANN001, ANN003, ANN201  (sentence-transformers' signature)
         if self.autocast is None:
             return super().forward(input, **kwargs)
-        with autocast_context(*self.autocast):
+        device_type, precision = self.autocast
+        with torch.autocast(device_type, dtype=AUTOCAST_DTYPES[precision]):
             output = super().forward(input, **kwargs)
         for key in ("sentence_embedding", "token_embeddings"):  # callers see the dtype they expect
             value = output.get(key)

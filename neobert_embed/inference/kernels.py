@@ -1,25 +1,16 @@
-"""Compute-precision kernels: int8 Linear layers that keep accuracy, oneDNN-packed bf16 Linear layers, autocast.
+"""Compute-precision kernels: int8 Linear layers that keep accuracy (:func:`quantize_linears_int8`) and
+oneDNN-packed bf16 Linear layers (:func:`pack_linears_bf16`); docs/performance.md has their measurements.
 
-Why bf16 by autocast, not by casting the weights: a plain ``model.to(torch.bfloat16)`` also rounds the
-residual stream, norms and softmax, which costs more accuracy than the matrix products do. On a CPU with
-bf16 units the Linear layers are packed once for oneDNN (:class:`PackedBf16Linear`), with the activation
-that follows fused in; NeoBERT's SwiGLU runs as :class:`PackedSwiGLU`.
-
-Why this int8: ``torch.ao.quantization.quantize_dynamic`` quantizes each activation matrix with ONE scale,
-so a few outlier features flatten every other token (sentence vectors at cosine 0.90 of fp32).
-:class:`Int8Linear` scales per output channel of the weight and per token of the activation, and multiplies
-on the CPU's int8 units. docs/performance.md has the measurements behind each kernel.
-
-Example:
-    >>> quantize_linears_int8(model)             # in place; returns how many layers were replaced
-    36
+Why bf16 by autocast, not by casting the weights: ``model.to(torch.bfloat16)`` also rounds the residual
+stream, norms and softmax, which costs more accuracy than the matrix products do. Why this int8:
+``torch.ao.quantization.quantize_dynamic`` quantizes each activation matrix with ONE scale, so a few outlier
+features flatten every other token (cosine 0.90 of fp32); :class:`Int8Linear` scales per token.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -162,26 +153,17 @@ class PackedBf16Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T + b + residual`` in one oneDNN call (its binary post-op), as bf16: BERT's output blocks.
+        """``x @ W.T + b + residual`` in one oneDNN call, as bf16: BERT's output blocks."""
+        return self.forward_binary(x, residual, "add")
 
-        Example:
-            >>> layer = PackedBf16Linear.from_linear(nn.Linear(1536, 384))
-            >>> layer.forward_add(torch.randn(7, 1536), torch.randn(7, 384)).shape
-            torch.Size([7, 384])
-        """
-        return self._forward_binary(x, residual, "add")
-
-    def forward_mul(self, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-        """``(x @ W.T + b) * factor`` in one oneDNN call, as bf16: a SwiGLU's value half times its gate.
+    def forward_binary(self, x: torch.Tensor, other: torch.Tensor, operation: str) -> torch.Tensor:
+        """``(x @ W.T + b) <operation> other`` (``add``, ``mul``) in one oneDNN call (its binary post-op), as bf16.
 
         Example:
             >>> layer = PackedBf16Linear.from_linear(nn.Linear(768, 2048, bias=False))
-            >>> layer.forward_mul(torch.randn(7, 768), torch.randn(7, 2048)).shape
+            >>> layer.forward_binary(torch.randn(7, 768), torch.randn(7, 2048), "mul").shape
             torch.Size([7, 2048])
         """
-        return self._forward_binary(x, factor, "mul")
-
-    def _forward_binary(self, x: torch.Tensor, other: torch.Tensor, operation: str) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         other = other.reshape(-1, self.out_features).to(torch.bfloat16)
         out = torch.ops.mkldnn._linear_pointwise.binary(rows, other, self.packed_weight, self.bias, operation)
@@ -218,7 +200,7 @@ class PackedSwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.to(torch.bfloat16)  # cast once for both halves
-        return self.w3(self.value.forward_mul(rows, self.gate(rows)))
+        return self.w3(self.value.forward_binary(rows, self.gate(rows), "mul"))
 
 
 class RMSNormToBf16(nn.Module):
@@ -266,7 +248,7 @@ def packed_bf16_available() -> bool:
         probe = PackedBf16Linear.from_linear(nn.Linear(16, 16), activation="gelu")
         silu = PackedBf16Linear.from_linear(nn.Linear(16, 16), activation="silu")
         outputs = (probe(torch.ones(2, 16)), probe.forward_add(torch.ones(2, 16), torch.ones(2, 16)),
-                   probe.forward_mul(torch.ones(2, 16), silu(torch.ones(2, 16))))
+                   probe.forward_binary(torch.ones(2, 16), silu(torch.ones(2, 16)), "mul"))
         return all(bool(torch.isfinite(out.float()).all()) for out in outputs)
     except RuntimeError:  # oneDNN: "bf16 path needs the cpu support avx512bw, avx512vl and avx512dq"
         return False
@@ -318,22 +300,6 @@ def _pack_neobert_layers(model: nn.Module) -> int:
             if isinstance(norm, nn.RMSNorm):
                 setattr(layer, name, RMSNormToBf16.from_norm(norm))
     return replaced
-
-
-@contextlib.contextmanager
-def autocast_context(device_type: str, precision: str) -> Iterator[None]:
-    """``torch.autocast`` for ``bf16``/``fp16`` matrix products on ``device_type``; nothing for fp32.
-
-    Example:
-        >>> with autocast_context("cpu", "bf16"):
-        ...     hidden = encoder(**batch).last_hidden_state
-    """
-    dtype = AUTOCAST_DTYPES.get(precision)
-    if dtype is None:
-        yield
-        return
-    with torch.autocast(device_type, dtype=dtype):
-        yield
 
 
 def hold_linears_in(model: nn.Module, precision: str) -> int:
