@@ -1,17 +1,9 @@
-"""A model's tokenizer called straight through its Rust ``tokenizers.Tokenizer``, unpadded.
+"""A model's tokenizer called straight through its Rust ``tokenizers.Tokenizer``, unpadded (:class:`FastTokenizer`).
 
-Why: ``SentenceTransformer.preprocess`` spends most of a call in Python after the Rust tokenizer (per-text
-lists, modality checks; docs/performance.md), on one core, while the Rust part spreads over all of them.
-Like text-embeddings-inference, this asks the Rust tokenizer for the ids and keeps them as flat arrays
-(:class:`~neobert_embed.inference.tokenized.Tokenized`), set up as sentence-transformers' ``Transformer``
-calls it (special tokens, ``longest_first`` truncation at ``max_seq_length``, no padding). The torch engine
-uses it where it agrees with ``preprocess`` (:class:`~neobert_embed.inference.pipeline.DirectTokenizer`);
-the light runtime builds it from the exported files.
-
-Example:
-    >>> fast = FastTokenizer.of(model.tokenizer, model.max_seq_length)
-    >>> fast.tokenize(["a cat", "a black cat"]).lengths.tolist()
-    [4, 5]
+Why: ``SentenceTransformer.preprocess`` spends most of a call in Python after the Rust tokenizer, on one core,
+while the Rust part spreads over all of them (docs/performance.md). Like text-embeddings-inference, this keeps
+the ids as flat arrays, set up as sentence-transformers' ``Transformer`` calls the tokenizer (special tokens,
+``longest_first`` truncation at ``max_seq_length``, no padding).
 """
 
 from __future__ import annotations
@@ -49,11 +41,14 @@ class TokenOffsets:
 
 class FastTokenizer:
     """A ``tokenizers.Tokenizer`` that truncates at ``max_seq_length`` and never pads; not changed while
-    in use, so safe to call from several threads.
+    in use, so safe to call from several threads. The torch engine uses it where it agrees with
+    ``preprocess`` (:class:`~neobert_embed.inference.pipeline.DirectTokenizer`); the light runtime builds it
+    from the exported files.
 
     Example:
-        >>> FastTokenizer(rust_tokenizer, 256).batch(["a cat"])["attention_mask"].tolist()
-        [[1, 1, 1, 1]]
+        >>> fast = FastTokenizer.of(model.tokenizer, model.max_seq_length)
+        >>> fast.tokenize(["a cat", "a black cat"]).lengths.tolist()
+        [4, 5]
     """
 
     def __init__(self, batching: Tokenizer, max_seq_length: int, truncation_side: str = "right",

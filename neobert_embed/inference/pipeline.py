@@ -1,17 +1,9 @@
-"""The one path from texts to vectors, for every runtime: tokenize once, ahead of the model; batch by
-length and tokens; rows back in order.
+"""The one path from texts to vectors, for every runtime (:func:`encode_chunks`; examples on each function).
 
-Why: sentence-transformers' ``encode`` tokenizes each batch just before its forward, so the model waits
-for the tokenizer and the tokenizer for the model (docs/performance.md, "Why the encoding path is built as
-it is"). Like text-embeddings-inference's queue, :func:`encode_chunks` tokenizes a chunk of texts on a
-worker thread ahead of the model (held unpadded, :class:`~neobert_embed.inference.tokenized.Tokenized`,
-counting what was cut), plans its batches (:func:`plan_batches`), runs them through an :class:`Engine`,
-stops on a row that is not finite and hands each chunk over in input order. :class:`EncodePipeline` is
-the torch engine; the light runtime's :class:`~neobert_embed.inference.light.LightModel` is the other.
-
-Example:
-    >>> encode(engine_of(model), ["a cat", "a dog on a mat"], batch_size=32).shape
-    (2, 384)
+Why: sentence-transformers' ``encode`` tokenizes each batch just before its forward, so the model waits for
+the tokenizer and the tokenizer for the model (docs/performance.md). Like text-embeddings-inference's queue,
+this tokenizes ahead on a worker thread, batches by length and tokens (:func:`plan_batches`) and runs the
+batches through an :class:`Engine`: :class:`EncodePipeline` (torch) or the light runtime's ``LightModel``.
 """
 
 from __future__ import annotations
@@ -43,8 +35,6 @@ logger = logging.getLogger(__name__)
 #: Texts tokenized per call: enough for a length sort to leave little padding, few enough that the
 #: first forward starts early.
 CHUNK_TEXTS = 2048
-#: Tokenized chunks waiting for the model at most (the queue's bound: memory stays flat).
-CHUNKS_AHEAD = 1
 #: Padded tokens per batch on a GPU (text-embeddings-inference's ``max_batch_tokens`` is 16,384; a larger
 #: batch amortizes the per-layer kernel launches).
 GPU_BATCH_TOKENS = 65536
@@ -56,13 +46,8 @@ SIDE_BY_SIDE = "batches side by side, one per thread"
 #: ``encode`` arguments and the values under which each row depends on its own text only; a call with any
 #: other value runs sentence-transformers' ``encode`` (:func:`pipelined`).
 PIPELINED_DEFAULTS: dict[str, tuple[object, ...]] = {
-    "output_value": ("sentence_embedding",),
-    "precision": ("float32",),
-    "pool": (None,),
-    "device": (None,),
-    "chunk_size": (None,),
-    "truncate_dim": (None,),
-}
+    "output_value": ("sentence_embedding",), "precision": ("float32",), "pool": (None,), "device": (None,),
+    "chunk_size": (None,), "truncate_dim": (None,)}
 #: The other ``encode`` arguments the engine honours; a call with an argument outside both runs
 #: sentence-transformers' ``encode`` (which names what it does not know).
 HANDLED_ARGUMENTS = ("prompt", "prompt_name", "batch_size", "show_progress_bar", "convert_to_numpy",
@@ -75,8 +60,6 @@ PROBE_TEXTS = ("a cat", "The quick brown fox jumps over the lazy dog. " * 12, "Ã
 #: One HF fast tokenizer must not be entered by two threads at once ("Already borrowed"); ``preprocess`` is
 #: the fallback path, so one lock for the process costs nothing measurable and keeps engines plain values.
 _PREPROCESS_LOCK = threading.RLock()
-#: The tokenizer's output that maps overflow rows to their text (dropped before the forward).
-_OVERFLOW_KEY = "overflow_to_sample_mapping"
 #: What ``preprocess`` is asked for: per-text lists, unpadded, and the overflow rows.
 _RAGGED_KWARGS = {"text": {"return_overflowing_tokens": True, "padding": False}, "common": {"return_tensors": None}}
 
@@ -91,11 +74,9 @@ class _Agreement:
 
 class DirectTokenizer:
     """A model's tokenizer, decided once: its Rust tokenizer called directly (:class:`FastTokenizer`, a
-    fraction of ``preprocess``'s Python: docs/performance.md) for each prompt with which it gives exactly
-    ``preprocess``'s ids, mask, type ids, lengths and truncation on :data:`PROBE_TEXTS` and a text twice
-    the length limit; ``preprocess`` otherwise (another input module, a chat template, a custom
-    ``preprocess``). The model's own prompts are checked when it is made (at load); another prompt on its
-    first use. A change of the model's length, sides or pad token makes the check again.
+    fraction of ``preprocess``'s time) for each prompt with which it gives exactly ``preprocess``'s output
+    on :data:`PROBE_TEXTS` and a text twice the length limit; ``preprocess`` otherwise. The model's prompts
+    are checked at load, another prompt on its first use, all again when the length, sides or pad token change.
 
     Example:
         >>> DirectTokenizer(model).tokenize(model, ["a cat", "word " * 600], None).truncated
@@ -168,11 +149,9 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
         1
     """
     texts = list(texts)
-    if _takes_processing_kwargs(type(model[0])):
-        features = dict(model.preprocess(texts, prompt=prompt, processing_kwargs=_RAGGED_KWARGS))
-    else:
-        features = dict(model.preprocess(texts, prompt=prompt))
-    mapping = features.pop(_OVERFLOW_KEY, None)
+    ragged = {"processing_kwargs": _RAGGED_KWARGS} if _takes_processing_kwargs(type(model[0])) else {}
+    features = dict(model.preprocess(texts, prompt=prompt, **ragged))
+    mapping = features.pop("overflow_to_sample_mapping", None)  # overflow rows -> their text
     rows = {key: value for key, value in features.items() if _is_rows(value)}
     shared = {key: value for key, value in features.items() if key not in rows}
     if "attention_mask" not in rows:
@@ -184,7 +163,8 @@ def tokenize_with_preprocess(model: SentenceTransformer, texts: Sequence[str],
         _, first = np.unique(samples, return_index=True)  # each text's first row: what encode reads
         cut = np.bincount(samples) > 1  # a text cut once or more: its overflow rows
         lost = _overflow_tokens(model, rows["attention_mask"], first)
-        rows = {key: _first_rows(value, first) for key, value in rows.items()}
+        rows = {key: [value[index] for index in first.tolist()] if isinstance(value, list) else value[first]
+                for key, value in rows.items()}
     details = {"padding": Padding.of(getattr(model, "tokenizer", None)), "shared": shared}
     if isinstance(rows["attention_mask"], list):
         tokenized = Tokenized.from_lists(rows, **details)
@@ -210,15 +190,8 @@ def _overflow_tokens(model: SentenceTransformer, mask: list | torch.Tensor, firs
     if specials is None:
         return None
     lengths = np.asarray([sum(row) for row in mask] if isinstance(mask, list) else mask.sum(dim=1).numpy())
-    overflow = np.ones(len(lengths), dtype=bool)
-    overflow[first] = False
-    return int(lengths[overflow].sum()) - int(overflow.sum()) * int(specials(pair=False))
-
-
-def _first_rows(value: list | torch.Tensor, first: np.ndarray) -> list | torch.Tensor:
-    if isinstance(value, list):
-        return [value[index] for index in first.tolist()]
-    return value[first]
+    overflow = np.delete(lengths, first)
+    return int(overflow.sum()) - len(overflow) * int(specials(pair=False))
 
 
 def _is_rows(value: object) -> bool:
@@ -274,14 +247,10 @@ def plan_cpu_batches(lengths: Sequence[int] | np.ndarray, batch_size: int) -> li
 
 
 class Engine(Protocol):
-    """What :func:`encode_chunks` (the one encoding loop) and the server need of a runtime: the torch
-    engine (:class:`EncodePipeline`) or the light runtime's (:class:`~neobert_embed.inference.light.LightModel`).
-
-    ``tokenize`` is the engine's tokenizer (truncating at ``max_seq_length``, counting what it cut);
-    ``forward`` turns one padded batch into float32 sentence vectors on the host; ``encode_chunk``
-    plans a tokenized chunk into batches and runs them (the torch engine overlaps them on a GPU and
-    runs them side by side on a CPU); ``release`` hands back what a chunk's batches freed.
-    """
+    """What :func:`encode_chunks` and the server need of a runtime: ``tokenize`` truncates at
+    ``max_seq_length`` and counts what it cut; ``forward`` turns one padded batch into float32 vectors on the
+    host; ``encode_chunk`` plans a tokenized chunk into batches and runs them; ``release`` hands back what a
+    chunk's batches freed."""
 
     max_seq_length: int
 
@@ -328,8 +297,7 @@ def encode_chunks(engine: Engine, texts: Sequence[str], *, prompt: str | None = 
                   normalize: bool = False, on_truncated: Callable[[int], None] | None = None,
                   on_lost_tokens: Callable[[int | None], None] | None = None) -> Iterator[np.ndarray]:
     """THE encoding loop: the vectors of ``texts`` one chunk of :data:`CHUNK_TEXTS` rows at a time, in input
-    order. Each chunk is tokenized once, ahead (a worker thread), planned and run by ``engine``; a row that is
-    not finite stops the job naming it; what the chunk freed goes back to the system before the next.
+    order, each tokenized ahead on a worker thread; a row that is not finite stops the job naming it.
     ``on_truncated(n)`` is told at the end how many texts were cut at ``max_seq_length``, ``on_lost_tokens(n)``
     how many tokens lay past the cuts (None: the tokenizer did not say).
 
@@ -386,7 +354,7 @@ def _tokenized_chunks(engine: Engine, texts: Sequence[str], prompt: str | None) 
     if len(starts) <= 1:  # one chunk: nothing to overlap
         yield from ((start, engine.tokenize(texts[start:start + CHUNK_TEXTS], prompt)) for start in starts)
         return
-    ready: queue.Queue[tuple[int, Tokenized] | BaseException | None] = queue.Queue(maxsize=CHUNKS_AHEAD)
+    ready: queue.Queue[tuple[int, Tokenized] | BaseException | None] = queue.Queue(maxsize=1)  # memory stays flat
     stop = threading.Event()
 
     def produce() -> None:
@@ -416,15 +384,9 @@ def _tokenized_chunks(engine: Engine, texts: Sequence[str], prompt: str | None) 
 
 @dataclasses.dataclass(frozen=True)
 class EngineOptions:
-    """How the loader runs a model's batches (:func:`~neobert_embed.inference.runtime.load_inference_model`).
-
-    Attributes:
-        side_by_side: on a multi-core CPU, batches run side by side, one thread each (:data:`SIDE_BY_SIDE`;
-            why: :func:`~neobert_embed.inference.runtime.spreads_on`).
-        max_batch_tokens: the padded-token budget of a batch on a GPU.
-        unpads: the encoder skips pad tokens itself (NeoBERT, un-padded BERT layers), so a server's batch
-            budget counts real tokens.
-    """
+    """How the loader runs a model's batches: ``side_by_side`` on a multi-core CPU (one thread each; why:
+    :func:`~neobert_embed.inference.runtime.spreads_on`); ``max_batch_tokens`` padded per batch on a GPU;
+    ``unpads``: the encoder skips pad tokens itself, so a server's batch budget counts real tokens."""
 
     side_by_side: bool = False
     max_batch_tokens: int = GPU_BATCH_TOKENS
@@ -433,10 +395,8 @@ class EngineOptions:
 
 class EncodePipeline:
     """The torch :class:`Engine` of a SentenceTransformer: its tokenizer (:class:`DirectTokenizer`), its
-    modules' forward (pooling, ``Normalize``, ``truncate_dim`` as ``encode`` applies them) and the plan of a
-    chunk (on a GPU by tokens, overlapped, the host waiting once per chunk; on a CPU ``batch_size`` texts,
-    side by side on several threads). A model the loader built
-    (:class:`~neobert_embed.inference.embedding_model.EmbeddingModel`) brings its options and tokenizer.
+    modules' forward (with ``truncate_dim``, as ``encode``) and the plan of a chunk (on a GPU by tokens,
+    overlapped; on a CPU ``batch_size`` texts, side by side). A loaded ``EmbeddingModel`` brings its options.
 
     Example:
         >>> engine = EncodePipeline(model, side_by_side=True)
@@ -463,10 +423,8 @@ class EncodePipeline:
     def max_seq_length(self, value: int) -> None:
         self.model.max_seq_length = int(value)
 
-    @property
-    def normalizes(self) -> bool:
-        """True when the model's modules end in a Normalize module (its outputs are unit vectors)."""
-        return any(type(module).__name__ == "Normalize" for module in self.model)
+    #: True when the model's modules hold a Normalize module (its outputs are unit vectors).
+    normalizes = property(lambda self: any(type(module).__name__ == "Normalize" for module in self.model))
 
     def tokenize(self, texts: Sequence[str], prompt: str | None) -> Tokenized:
         return self.direct.tokenize(self.model, texts, prompt)
@@ -511,7 +469,10 @@ class EncodePipeline:
         if self.on_gpu:
             return self._run_on_gpu(tokenized, batches, normalize)
         out = np.empty((len(tokenized), self.dimension), dtype=np.float32)
-        run = functools.partial(self._host_vectors, tokenized, normalize=normalize)
+
+        def run(rows: np.ndarray) -> np.ndarray:
+            return self.forward(tokenized.batch(rows), normalize=normalize)
+
         if self.side_by_side and len(batches) > 1 and torch.get_num_threads() > 1:
             results = _run_side_by_side(run, batches)
         else:
@@ -519,9 +480,6 @@ class EncodePipeline:
         for rows, vectors in zip(batches, results, strict=True):
             out[rows] = vectors
         return out
-
-    def _host_vectors(self, tokenized: Tokenized, rows: np.ndarray, normalize: bool) -> np.ndarray:
-        return self.forward(tokenized.batch(rows), normalize=normalize)
 
     def _run_on_gpu(self, tokenized: Tokenized, batches: list[np.ndarray], normalize: bool) -> np.ndarray:
         """Every batch queued on the GPU, each result copied into one pinned host buffer without waiting."""

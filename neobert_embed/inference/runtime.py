@@ -1,21 +1,10 @@
-"""Loading a model to run at a compute precision, and ``auto``'s measured choice of that precision.
+"""Loading a model to run at a compute precision (:func:`load_inference_model`, :func:`load`), and ``auto``'s
+measured choice of that precision (:func:`choose_precision`).
 
 Why measured: which precision is fastest depends on the machine and the model (docs/performance.md), and
-which is *safe* on the model's numbers. So ``auto`` encodes a sample with fp32 and with every precision the
-hardware has units for (:mod:`neobert_embed.machine`) and takes the fastest within :data:`AUTO_TOLERANCE` of
-fp32 and at least :data:`AUTO_MIN_SPEEDUP` × faster, else fp32; the choice is kept per machine and model
-(:func:`precision_cache`), and its reason is printed on every ``used:`` line and stored in records.
-
-Precisions: ``fp32`` as saved; ``bf16``/``fp16`` matrix products under autocast, norms and softmax in fp32
-(on a CPU with bf16 units, oneDNN-packed Linear layers:
-:class:`~neobert_embed.inference.kernels.PackedBf16Linear`); ``int8`` per-channel/per-token int8 Linear
-layers (:class:`~neobert_embed.inference.kernels.Int8Linear`, CPU only, mean cosine ≈ 0.997 to fp32, so
-``auto`` never takes it); ``auto`` the measured choice.
-
-Example:
-    >>> loaded = load_inference_model("sentence-transformers/all-MiniLM-L6-v2", "auto", sample_texts=texts[:64])
-    >>> loaded.choice.description
-    'bf16 (avx512_bf16: 1.9× fp32, cosine to fp32 ≥ 0.99997, mean 0.99999, on 64 texts)'
+which is *safe* on the model's numbers. ``fp32`` runs as saved; ``bf16``/``fp16`` run the matrix products
+under autocast (:func:`apply_precision`); ``int8`` runs int8 Linear layers (CPU only; ``auto`` never takes
+it, at cosine ≈ 0.997 to fp32). The choice is kept per machine and model, so restarts agree.
 """
 
 from __future__ import annotations
@@ -399,21 +388,12 @@ def _remembered_choice(model: SentenceTransformer, sample_texts: Sequence[str], 
     return choice
 
 
-def load_inference_model(
-    source: str | Path | CheckedModel,
-    precision: str = "auto",
-    *,
-    device: str | None = None,
-    max_seq_length: int | None = None,
-    revision: str | None = None,
-    sample_texts: Sequence[str] | None = None,
-    batch_size: int = 32,
-    fingerprint: bool = False,
-    backend: str = "torch",
-    agree: Callable[[Callable[[], PrecisionChoice]], PrecisionChoice] | None = None,
-    unpadded: bool = True,
-    spread: bool = True,
-) -> InferenceModel:
+def load_inference_model(source: str | Path | CheckedModel, precision: str = "auto", *, device: str | None = None,
+                         max_seq_length: int | None = None, revision: str | None = None,
+                         sample_texts: Sequence[str] | None = None, batch_size: int = 32, fingerprint: bool = False,
+                         backend: str = "torch",
+                         agree: Callable[[Callable[[], PrecisionChoice]], PrecisionChoice] | None = None,
+                         unpadded: bool = True, spread: bool = True) -> InferenceModel:
     """Load ``source`` (a name, path or preflight's :class:`~neobert_embed.model_files.CheckedModel`) as an
     :class:`~neobert_embed.inference.embedding_model.EmbeddingModel` computing at ``precision`` (``auto``:
     measured on ``sample_texts``, else :data:`BUILTIN_SAMPLE`), with its own prompts, length, pooling and
@@ -449,7 +429,8 @@ def load_inference_model(
     digest = model_fingerprint(model) if fingerprint else None
     encoders = unpad_encoders(model) if unpadded else []
     layout = f"un-padded {', '.join(sorted(set(encoders)))} layers" if encoders else None
-    unpads = bool(encoders) or _model_type(model) == "neobert"  # NeoBERT drops padding in its own forward
+    config = getattr(getattr(model[0], "auto_model", None), "config", None)
+    unpads = bool(encoders) or getattr(config, "model_type", None) == "neobert"  # NeoBERT drops padding itself
     model.direct_tokenizer = DirectTokenizer(model)
     model.engine_options = EngineOptions(side_by_side=spread and spreads_on(machine, "fp32"), unpads=unpads)
     if precision == "auto":  # measured through the engine (model.encode), each trial on a copy of its own
@@ -486,21 +467,9 @@ def load(name_or_path: str | Path, precision: str = "auto", *, device: str | Non
     return loaded.model
 
 
-def _model_type(model: SentenceTransformer) -> str | None:
-    """The encoder's ``config.model_type`` (``neobert``, ``bert`` ...), None for another first module."""
-    auto_model = getattr(model[0], "auto_model", None)
-    return getattr(getattr(auto_model, "config", None), "model_type", None)
-
-
 def require_torch_stack() -> None:
-    """Refuse, in one line naming what to install, a torch backend without torch, transformers or
-    sentence-transformers (an environment set up for the light runtime only).
-
-    Example:
-        >>> require_torch_stack()   # in an environment without torch
-        Traceback (most recent call last):
-        UserInputError: --backend torch needs torch, transformers and sentence-transformers (No module named 'torch') ...
-    """
+    """Refuse, in one line naming what to install, a torch backend in an environment set up for the light
+    runtime only (no torch, transformers or sentence-transformers)."""
     try:
         import sentence_transformers  # noqa: F401  (imports torch and transformers too)
         import torch  # noqa: F401

@@ -1,11 +1,5 @@
-"""One tokenization call's output, held without padding until a batch is made: what every engine's
-tokenizer hands the model (a module of its own: the light runtime must not import torch).
-
-Example:
-    >>> tokenized = Tokenized.from_lists({"input_ids": [[101, 102], [101, 7, 102]],
-    ...                                   "attention_mask": [[1, 1], [1, 1, 1]]})
-    >>> tokenized.batch([0, 1])["input_ids"].tolist()
-    [[101, 102, 0], [101, 7, 102]]
+"""One tokenization call's output, held without padding until a batch is made (:class:`Tokenized`): what
+every engine's tokenizer hands the model (a module of its own: the light runtime must not import torch).
 """
 
 from __future__ import annotations
@@ -86,8 +80,10 @@ class Tokenized:
         """The features of ``rows`` as one padded batch (int64), as wide as its longest text.
 
         Example:
-            >>> tokenized.batch([2, 0])["input_ids"].shape
-            (2, 7)
+            >>> tokenized = Tokenized.from_lists({"input_ids": [[101, 102], [101, 7, 102]],
+            ...                                   "attention_mask": [[1, 1], [1, 1, 1]]})
+            >>> tokenized.batch([0, 1])["input_ids"].tolist()
+            [[101, 102, 0], [101, 7, 102]]
         """
         rows = np.asarray(rows, dtype=np.int64)
         lengths = self.lengths[rows]
@@ -142,10 +138,7 @@ class Tokenized:
             [2, 3]
         """
         real = mask.astype(bool)
-        values = {key: _narrowed(np.asarray(array)[real]) for key, array in rows.items()}
+        values = {key: np.asarray(array)[real] for key, array in rows.items()}
+        values = {key: array.astype(np.int32) if array.dtype == np.int64 else array  # as from_lists
+                  for key, array in values.items()}
         return cls(values, real.sum(axis=1).astype(np.int64), **details)  # type: ignore[arg-type]
-
-
-def _narrowed(values: np.ndarray) -> np.ndarray:
-    """Token ids, masks and type ids fit int32 (vocabularies stay far below 2**31)."""
-    return values.astype(np.int32) if values.dtype == np.int64 else values

@@ -1,18 +1,11 @@
-"""Un-padded inference for BERT-family encoders: only real tokens go through the Linear layers.
+"""Un-padded inference for BERT-family encoders (:func:`unpad_encoders`): only real tokens go through the
+Linear layers.
 
 Why: a batch is padded to its longest text, and a BERT layer spends most of its CPU time in Linear layers
-that multiply every padded position as if it were a token (docs/performance.md has the figures). NeoBERT
-never pads (:mod:`neobert_embed.modeling`); this gives Hugging Face's BERT, RoBERTa and XLM-RoBERTa the
-same at inference: the embeddings run as the library computes them, the real tokens are gathered into one
-``(tokens, hidden)`` matrix, each layer runs its own modules on it, and each text attends to its own tokens
-through NeoBERT's un-padded kernel (:func:`~neobert_embed.modeling.attention.varlen_attention`). The
-vectors are the padded forward's up to fp32 rounding. With packed bf16 Linear layers each output block adds
-the residual inside its product and the residual stream stays bf16 (:func:`_residual_block`). A call asking
-for more than the last hidden state runs the library's forward.
-
-Example:
-    >>> unpad_encoders(sentence_model)          # in place; the encoders it changed
-    ['BertModel']
+that multiply every padded position as if it were a token (docs/performance.md). NeoBERT never pads; this
+gives Hugging Face's BERT, RoBERTa and XLM-RoBERTa the same at inference: the real tokens are gathered into
+one ``(tokens, hidden)`` matrix, each layer runs its own modules on it, and each text attends to its own
+tokens through NeoBERT's un-padded kernel. The vectors are the padded forward's up to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -72,8 +65,12 @@ def _is_bert_layer(layer: nn.Module) -> bool:
 
 def unpad_encoders(model: nn.Module) -> list[str]:
     """Make every supported encoder inside ``model`` an instance of its :func:`unpadded_class` (in place, as
-    ``torch.nn.utils.parametrize`` does); returns their class names (none for NeoBERT, un-padded already, or
-    MPNet). :func:`restore_padded` undoes it."""
+    ``torch.nn.utils.parametrize`` does); returns their class names. :func:`restore_padded` undoes it.
+
+    Example:
+        >>> unpad_encoders(sentence_model)
+        ['BertModel']
+    """
     changed = []
     for module in model.modules():
         if supports_unpadded(module) and type(module).forward is not _unpadded_forward:
