@@ -1,7 +1,7 @@
 """What verifying what is read costs: export hash pins and index checksums against the whole process.
 
 Why: every load of an export now hashes the files that decide its vectors
-(:mod:`neobert_embed.inference.artifact_hashes`), and every search, add and serve hashes the index's
+(:mod:`neobert_embed.artifact_hashes`), and every search, add and serve hashes the index's
 files (:func:`neobert_embed.index.integrity.check_checksums`). The target (issue 49) is ≤ 5% of the
 whole-process time of the README's examples:
 
@@ -106,9 +106,9 @@ def main() -> None:
             wall["encode"].append(_run(encode))
             wall["search"].append(_run(search))
 
+        from neobert_embed.artifact_hashes import verify_export
         from neobert_embed.index.integrity import check_checksums
         from neobert_embed.index.manifest import read_manifest
-        from neobert_embed.inference.artifact_hashes import verify_export
         from neobert_embed.inference.runners import graph_file
 
         graph = graph_file(paths["export"], "onnx")  # what `encode --backend onnx` loads (auto: the fp32 graph)

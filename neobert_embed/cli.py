@@ -24,8 +24,8 @@ from neobert_embed.errors import UserInputError, system_failure
 from neobert_embed.evaluation import commands as evaluation_commands
 from neobert_embed.glue import commands as glue_commands
 from neobert_embed.index import commands as index_commands
-from neobert_embed.inference.native_memory import bound_native_memory
 from neobert_embed.modeling import commands as modeling_commands
+from neobert_embed.native_memory import bound_native_memory
 from neobert_embed.pretraining import commands as pretraining_commands
 from neobert_embed.runs import Interrupted
 from neobert_embed.serve import commands as serve_commands
@@ -98,7 +98,7 @@ def main() -> None:
     :mod:`atexit`, so a process that calls ``main()`` several times (the tests) still collects
     until it exits.
     """
-    bound_native_memory()  # before any command builds a kernel (inference.native_memory says why)
+    bound_native_memory()  # before any command builds a kernel (native_memory says why)
     atexit.unregister(gc.freeze)  # once, however often main() runs in this process
     atexit.register(gc.freeze)
     console = user_console(stream=sys.stderr)  # the handler of the command is gone when it fails

@@ -256,7 +256,7 @@ def _check_files(name_or_path: str | Path) -> None:
         check_safetensors(weights)
     for weights in sorted({*directory.glob("pytorch_model*.bin"), *directory.glob("*/pytorch_model*.bin")}):
         check_torch_bin(weights)
-    from neobert_embed.inference.artifact_hashes import verify_export
+    from neobert_embed.artifact_hashes import verify_export
 
     verify_export(directory, None)  # an export's files as it wrote them (none of its graphs: torch reads none)
     check_memory_for(str(directory), weights_size(directory))

@@ -1,5 +1,5 @@
 """A big ``encode`` holds one chunk, not its matrix, and its native memory stays flat
-(:mod:`neobert_embed.inference.native_memory`, :func:`neobert_embed.encoding.encode_file`)."""
+(:mod:`neobert_embed.native_memory`, :func:`neobert_embed.encoding.encode_file`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from neobert_embed import native_memory
 from neobert_embed.cli import app
 from neobert_embed.encoding import encode_texts, quantize, streams
-from neobert_embed.inference import native_memory
 from neobert_embed.inference import pipeline as pipeline_module
 from neobert_embed.inference.runtime import load_inference_model
 from neobert_embed.quantization import load_calibration
@@ -118,7 +118,7 @@ def test_freed_memory_goes_back_to_the_operating_system():
     disappears from the C library or stops being found."""
     script = textwrap.dedent("""
         import ctypes, threading
-        from neobert_embed.inference.native_memory import release_freed_memory
+        from neobert_embed.native_memory import release_freed_memory
         def rss():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024
         def fill():  # 1,600 blocks of 64 KiB (under the mmap threshold) in this thread's arena, the last kept: the heap cannot shrink
@@ -175,7 +175,7 @@ def test_large_freed_blocks_go_back_at_once_under_the_fixed_threshold():
     threshold); with the threshold fixed they are mapped on their own and returned when freed."""
     script = textwrap.dedent("""
         import ctypes, sys
-        from neobert_embed.inference.native_memory import MMAP_THRESHOLD_BYTES, fix_mmap_threshold
+        from neobert_embed.native_memory import MMAP_THRESHOLD_BYTES, fix_mmap_threshold
         def rss():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024
         if sys.argv[1] == "fixed":

@@ -161,7 +161,7 @@ def test_loading_a_model_as_a_library_changes_no_process_setting(tiny_bert, monk
     import sklearn  # noqa: F401
     import torch
 
-    from neobert_embed.inference import native_memory
+    from neobert_embed import native_memory
     from neobert_embed.inference.runtime import load_inference_model
 
     for name in (*native_memory.KERNEL_CACHE_VARIABLES, native_memory.MMAP_THRESHOLD_VARIABLE):

@@ -15,7 +15,6 @@ Modules:
     unpadded: BERT-family layers run on the real tokens only.
     pipeline: the one path from texts to vectors: tokenized once and ahead of the model, batched by
         length and tokens, batches side by side on a multi-core CPU, pinned copies on a GPU.
-    native_memory: a long CPU job's native memory kept flat (kernel caches capped, freed arenas handed back).
     export: the ONNX / OpenVINO files of ``neobert-embed export`` (sentence-transformers' layout).
     runners: ONNX Runtime and OpenVINO sessions over those files (no torch).
     light: running them without torch (tokenizers + a runner + numpy pooling): ``--backend onnx|openvino``.

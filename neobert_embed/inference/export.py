@@ -176,8 +176,8 @@ def export_model(
     output = Path(output_dir)
     check_export_output(output, source, overwrite)
 
+    from neobert_embed.artifact_hashes import PINS_KEY, pin_export
     from neobert_embed.files import atomic_directory, check_free_space, remove_debris
-    from neobert_embed.inference.artifact_hashes import PINS_KEY, pin_export
     from neobert_embed.inference.runners import GRAPH_FILES
     from neobert_embed.inference.runtime import model_fingerprint
     from neobert_embed.model_files import model_bytes

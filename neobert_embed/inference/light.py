@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from neobert_embed.artifact_hashes import verify_export
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import read_json
 from neobert_embed.inference import pipeline
-from neobert_embed.inference.artifact_hashes import verify_export
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
 from neobert_embed.inference.pipeline import plan_cpu_batches
 from neobert_embed.inference.runners import BACKENDS, GRAPH_FILES, Runner, locate_graph, make_runner

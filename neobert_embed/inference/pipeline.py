@@ -23,8 +23,8 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.inference.fast_tokenizer import FastTokenizer
-from neobert_embed.inference.native_memory import release_freed_memory
 from neobert_embed.inference.tokenized import Padding, Tokenized
+from neobert_embed.native_memory import release_freed_memory
 
 if TYPE_CHECKING:
     import torch

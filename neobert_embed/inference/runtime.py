@@ -25,7 +25,6 @@ import numpy as np
 
 from neobert_embed.errors import UserInputError
 from neobert_embed.files import atomic_write_json, read_json_object_or_none
-from neobert_embed.inference.native_memory import release_freed_memory
 from neobert_embed.machine import (
     Machine,
     check_compute_precision,
@@ -34,6 +33,7 @@ from neobert_embed.machine import (
     describe_machine,
 )
 from neobert_embed.model_files import CheckedModel
+from neobert_embed.native_memory import release_freed_memory
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
