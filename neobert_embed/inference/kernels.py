@@ -110,12 +110,11 @@ _ONEDNN_ACTIVATIONS = {"none": ("none", ""), "gelu": ("gelu", "none"), "silu": (
 
 class PackedBf16Linear(nn.Module):
     """A Linear layer computing ``x @ W.T + b`` in bf16 on oneDNN, its weight packed once into oneDNN's
-    blocked layout, optionally with the activation that follows fused in (BERT's exact GELU, the SiLU of
-    NeoBERT's SwiGLU gate); bf16 in and out, as autocast's Linear.
+    blocked layout, optionally with the activation that follows fused in; bf16 in and out, as autocast's.
 
     Why: under autocast every call casts the fp32 weight to bf16 and hands matmul a row-major weight, and
     the GELU reads and writes the activation once more. These are the kernels ``torch.compile`` emits for a
-    frozen bf16 CPU model (``torch.ops.mkldnn._linear_pointwise``), without its compile time.
+    frozen bf16 CPU model, without its compile time.
 
     Example:
         >>> layer = PackedBf16Linear.from_linear(nn.Linear(384, 1536), activation="gelu")

@@ -52,8 +52,7 @@ class Tokenized:
         values: per key (``input_ids``, ``attention_mask``, ``token_type_ids``), every text's tokens one
             after another, int32 (vocabularies stay far below 2**31; a batch hands back int64).
         lengths: tokens of each text after truncation (its row in ``values``).
-        padding: how a batch pads (the tokenizer's pad id, pad type id and side; on the left, a
-            batch's texts end at its last column).
+        padding: how a batch pads (:class:`Padding`).
         shared: what ``preprocess`` returned for the whole call (``modality``, ``prompt_length``).
         truncated: how many texts were longer than the model reads (cut at ``max_seq_length``).
         lost_tokens: how many of their tokens lay past the cut (None where the tokenizer does not say).
