@@ -66,7 +66,8 @@ def _long_documents(count: int, articles_per_document: int,
     """
     rows = _articles()
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(rows))
+    rounds = -(-count * articles_per_document // len(rows))  # more documents than articles: reuse them, reshuffled
+    order = np.concatenate([rng.permutation(len(rows)) for _ in range(rounds)])
     documents, articles, queries = [], [], {}
     thirds = np.array_split(np.arange(articles_per_document), len(POSITIONS))
     for i in range(count):
